@@ -1,0 +1,235 @@
+"""VTA hardware configuration: the JSON parameters of ``vta_config.json`` plus a timing model.
+
+The parameters follow the public VTA config (``LOG_BATCH``, ``LOG_BLOCK_IN``, ``LOG_BLOCK_OUT``,
+widths, buffer sizes); every derived quantity (tile shapes, entry bytes, buffer depths, ISA field
+widths) is computed here once and used by the encoder, the strategy and the simulator binding.
+
+Timing parameters (our addition; the public VTA simulator has no cycle model):
+
+- ``CLOCK_MHZ``: clock used to turn cycles into time (333 MHz as on the ZCU104/Ultra96 builds).
+- ``DRAM_BYTES_PER_CYCLE``: DMA bandwidth (16 = a 128-bit AXI port).
+- ``DRAM_LATENCY_CYCLES``: fixed cost of every LOAD/STORE burst.
+- ``GEMM_CYCLES_PER_UOP`` / ``ALU_CYCLES_PER_UOP``: 1 and 2 (GEMM pipelined at II=1, ALU at II=2).
+- ``PIPELINE_LATENCY_CYCLES``: fill latency paid once per GEMM/ALU instruction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tvm_accel.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_CONFIG = "vta_1x16x16"
+
+_INT_FIELDS = (
+    "LOG_INP_WIDTH", "LOG_WGT_WIDTH", "LOG_ACC_WIDTH", "LOG_BATCH", "LOG_BLOCK_IN", "LOG_BLOCK_OUT",
+    "LOG_UOP_BUFF_SIZE", "LOG_INP_BUFF_SIZE", "LOG_WGT_BUFF_SIZE", "LOG_ACC_BUFF_SIZE",
+    "DRAM_LATENCY_CYCLES", "GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP", "PIPELINE_LATENCY_CYCLES",
+)
+_FLOAT_FIELDS = ("CLOCK_MHZ", "DRAM_BYTES_PER_CYCLE")
+_OPTIONAL = {"TARGET": "sim", "HW_VER": "0.0.2"}
+
+
+@dataclass(frozen=True)
+class VTAConfig:
+    """One VTA instance. Construct with :func:`load_config`; fields mirror the JSON keys."""
+
+    LOG_INP_WIDTH: int
+    LOG_WGT_WIDTH: int
+    LOG_ACC_WIDTH: int
+    LOG_BATCH: int
+    LOG_BLOCK_IN: int
+    LOG_BLOCK_OUT: int
+    LOG_UOP_BUFF_SIZE: int
+    LOG_INP_BUFF_SIZE: int
+    LOG_WGT_BUFF_SIZE: int
+    LOG_ACC_BUFF_SIZE: int
+    CLOCK_MHZ: float
+    DRAM_BYTES_PER_CYCLE: float
+    DRAM_LATENCY_CYCLES: int
+    GEMM_CYCLES_PER_UOP: int
+    ALU_CYCLES_PER_UOP: int
+    PIPELINE_LATENCY_CYCLES: int
+    TARGET: str = "sim"
+    HW_VER: str = "0.0.2"
+    name: str = "custom"
+
+    # --- GEMM intrinsic shape -------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return 1 << self.LOG_BATCH
+
+    @property
+    def block_in(self) -> int:
+        return 1 << self.LOG_BLOCK_IN
+
+    @property
+    def block_out(self) -> int:
+        return 1 << self.LOG_BLOCK_OUT
+
+    @property
+    def macs_per_cycle(self) -> int:
+        """Useful MACs of one GEMM uop iteration (the intrinsic's peak per cycle)."""
+        return self.batch * self.block_in * self.block_out
+
+    # --- SRAM entries (one tile each) -----------------------------------------------------
+    @property
+    def inp_entry_bytes(self) -> int:
+        return self.batch * self.block_in
+
+    @property
+    def wgt_entry_bytes(self) -> int:
+        return self.block_out * self.block_in
+
+    @property
+    def acc_entry_bytes(self) -> int:
+        return self.batch * self.block_out * 4
+
+    @property
+    def out_entry_bytes(self) -> int:
+        return self.batch * self.block_out
+
+    @property
+    def log_uop_depth(self) -> int:
+        return self.LOG_UOP_BUFF_SIZE - 2
+
+    @property
+    def log_inp_depth(self) -> int:
+        return self.LOG_INP_BUFF_SIZE - self.LOG_BATCH - self.LOG_BLOCK_IN
+
+    @property
+    def log_wgt_depth(self) -> int:
+        return self.LOG_WGT_BUFF_SIZE - self.LOG_BLOCK_OUT - self.LOG_BLOCK_IN
+
+    @property
+    def log_acc_depth(self) -> int:
+        return self.LOG_ACC_BUFF_SIZE - self.LOG_BATCH - self.LOG_BLOCK_OUT - 2
+
+    @property
+    def uop_depth(self) -> int:
+        return 1 << self.log_uop_depth
+
+    @property
+    def inp_depth(self) -> int:
+        return 1 << self.log_inp_depth
+
+    @property
+    def wgt_depth(self) -> int:
+        return 1 << self.log_wgt_depth
+
+    @property
+    def acc_depth(self) -> int:
+        return 1 << self.log_acc_depth
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("name")
+        return d
+
+    @property
+    def fingerprint(self) -> bytes:
+        """16-byte digest of every parameter; a blob built for another config is rejected by it."""
+        text = json.dumps(self.to_json(), sort_keys=True).encode()
+        return hashlib.sha256(text).digest()[:16]
+
+    def validate(self, where: str = "config") -> None:
+        """Reject configs the ISA or this compiler cannot express, naming the field."""
+
+        def bad(field: str, msg: str) -> ConfigError:
+            return ConfigError(f"{where}: field {field}: {msg}")
+
+        if (self.LOG_INP_WIDTH, self.LOG_WGT_WIDTH, self.LOG_ACC_WIDTH) != (3, 3, 5):
+            raise bad("LOG_INP_WIDTH/LOG_WGT_WIDTH/LOG_ACC_WIDTH",
+                      "only int8 inputs/weights with int32 accumulators (3/3/5) are supported")
+        for f in ("LOG_BATCH", "LOG_BLOCK_IN", "LOG_BLOCK_OUT"):
+            v = getattr(self, f)
+            if not 0 <= v <= 6:
+                raise bad(f, f"{v} is outside 0..6")
+        if self.LOG_BLOCK_IN != self.LOG_BLOCK_OUT:
+            raise bad("LOG_BLOCK_OUT", "must equal LOG_BLOCK_IN (tensors are packed once and "
+                      "chained between layers, as in VTA's pkg_config)")
+        if self.wgt_entry_bytes > 4096 or self.acc_entry_bytes > 4096:
+            raise bad("LOG_BLOCK_IN", "a WGT or ACC entry would exceed the 4 KiB DMA page")
+        for f, depth_log in (("LOG_UOP_BUFF_SIZE", self.log_uop_depth),
+                             ("LOG_INP_BUFF_SIZE", self.log_inp_depth),
+                             ("LOG_WGT_BUFF_SIZE", self.log_wgt_depth),
+                             ("LOG_ACC_BUFF_SIZE", self.log_acc_depth)):
+            if depth_log < 4:
+                raise bad(f, f"buffer holds only {1 << max(depth_log, 0)} entries; need at least 16")
+            if depth_log > 16:
+                raise bad(f, "buffer depth exceeds the 16-bit sram_base field")
+        if 8 + 2 * self.log_uop_depth + 1 + 28 > 64:
+            raise bad("LOG_UOP_BUFF_SIZE", "uop_bgn/uop_end/iter fields would not fit in 64 bits")
+        if self.log_acc_depth + self.log_inp_depth + self.log_wgt_depth > 32:
+            raise bad("LOG_*_BUFF_SIZE", "a micro-op (acc+inp+wgt index bits) would exceed 32 bits")
+        if 2 * self.log_acc_depth + 2 * self.log_inp_depth + 2 * self.log_wgt_depth > 64:
+            raise bad("LOG_*_BUFF_SIZE", "GEMM factor fields would exceed 64 bits")
+        if 2 * self.log_acc_depth + 2 * self.log_inp_depth + 20 > 64:
+            raise bad("LOG_*_BUFF_SIZE", "ALU factor fields would exceed 64 bits")
+        if self.CLOCK_MHZ <= 0:
+            raise bad("CLOCK_MHZ", "must be positive")
+        if self.DRAM_BYTES_PER_CYCLE <= 0:
+            raise bad("DRAM_BYTES_PER_CYCLE", "must be positive")
+        for f in ("DRAM_LATENCY_CYCLES", "PIPELINE_LATENCY_CYCLES"):
+            if getattr(self, f) < 0:
+                raise bad(f, "must be >= 0")
+        for f in ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP"):
+            if getattr(self, f) < 1:
+                raise bad(f, "must be >= 1")
+
+
+def config_from_dict(d: dict, where: str = "config", name: str = "custom") -> VTAConfig:
+    """Build and validate a config from parsed JSON, naming any bad or missing field."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a JSON object of VTA parameters")
+    kw: dict = {}
+    for f in _INT_FIELDS:
+        if f not in d:
+            raise ConfigError(f"{where}: missing field {f}")
+        v = d[f]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{where}: field {f}: expected an integer, got {v!r}")
+        kw[f] = v
+    for f in _FLOAT_FIELDS:
+        if f not in d:
+            raise ConfigError(f"{where}: missing field {f}")
+        v = d[f]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{where}: field {f}: expected a number, got {v!r}")
+        kw[f] = float(v)
+    for f, default in _OPTIONAL.items():
+        kw[f] = str(d.get(f, default))
+    known = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | set(_OPTIONAL)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]} (known: {', '.join(sorted(known))})")
+    cfg = VTAConfig(**kw, name=name)
+    cfg.validate(where)
+    return cfg
+
+
+def load_config(path_or_name: str | Path | None = None) -> VTAConfig:
+    """Load a config by file path or bundled name (``vta_1x16x16`` default, ``vta_8x8x8``)."""
+    if path_or_name is None:
+        path_or_name = DEFAULT_CONFIG
+    if isinstance(path_or_name, VTAConfig):
+        return path_or_name
+    p = Path(path_or_name)
+    if not p.exists():
+        bundled = CONFIG_DIR / f"{path_or_name}.json"
+        if bundled.exists():
+            p = bundled
+        else:
+            names = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.json")))
+            raise ConfigError(f"{path_or_name}: no such config file or bundled config ({names})")
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read config: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    return config_from_dict(d, where=str(p), name=p.stem)

@@ -1,0 +1,1 @@
+int accelsim_abi_version(void) { return 1; }
