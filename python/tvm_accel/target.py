@@ -52,6 +52,10 @@ class AccelTarget:
         """Compile one offloaded function's layer graph into a program blob."""
         raise NotImplementedError
 
+    def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
+        """Readable assembly of a blob, one instruction per line with its dependency flags."""
+        raise NotImplementedError
+
 
 _TARGETS: dict[str, AccelTarget] = {}
 

@@ -300,3 +300,108 @@ def queue_of(insn: Insn) -> int:
             return QUEUE_STORE
         return QUEUE_LOAD if insn.memory_type in (MEM_INP, MEM_WGT) else QUEUE_COMPUTE
     return QUEUE_COMPUTE
+
+
+# --- program blob -------------------------------------------------------------------------------
+BLOB_TARGET = "vta"
+
+
+def build_blob(program, cfg: VTAConfig, name: str = "") -> bytes:
+    """Serialize a planned :class:`~tvm_vta_cp.strategy.VTAProgram` into a program blob.
+
+    Sections: ``HWCF`` (config JSON), ``META`` (memory map, layer table), ``INSN`` (all layers'
+    instruction streams back to back), ``CNST`` (constant DRAM image: weights, biases, uops).
+    """
+    import json
+
+    from tvm_accel.blob import Blob, pack_blob
+
+    insn_parts, layers, off = [], [], 0
+    for ly in program.layers:
+        insn_parts.append(ly.insns)
+        layers.append({"name": ly.name, "op": ly.op, "insn_offset": off, "n_insns": ly.n_insns,
+                       "macs": ly.macs, "padded_macs": ly.padded_macs, "shape": ly.shape,
+                       "knobs": ly.knobs})
+        off += len(ly.insns)
+    const_parts, consts, coff = [], [], 0
+    for dram_off, data in program.const_image:
+        consts.append([dram_off, coff, len(data)])
+        const_parts.append(bytes(data))
+        coff += len(data)
+    tensors = {t.name: {"shape": list(t.shape), "dtype": t.dtype, "offset": t.offset,
+                        "halo": list(t.halo), "fill": t.fill, "nbytes": t.nbytes}
+               for t in program.tensors.values()}
+    meta = {"name": name, "dram_size": program.dram_size, "inputs": program.inputs,
+            "outputs": program.outputs, "tensors": tensors, "layers": layers, "const": consts}
+    cfg_json = dict(cfg.to_json(), name=cfg.name)
+    return pack_blob(Blob(BLOB_TARGET, cfg.fingerprint, {
+        "HWCF": json.dumps(cfg_json).encode(),
+        "META": json.dumps(meta).encode(),
+        "INSN": b"".join(insn_parts),
+        "CNST": b"".join(const_parts),
+    }))
+
+
+def load_blob(data: bytes, expect_config: VTAConfig | None = None):
+    """Validate a VTA blob and rebuild ``(VTAProgram, VTAConfig)``; errors are ``BlobError``."""
+    from tvm_accel.blob import unpack_blob
+    from tvm_accel.errors import BlobError, ConfigError
+    from tvm_vta_cp.hw_config import config_from_dict
+    from tvm_vta_cp.strategy import LayerProgram, TensorPlacement, VTAProgram
+
+    blob = unpack_blob(data, expect_target=BLOB_TARGET,
+                       expect_fingerprint=expect_config.fingerprint if expect_config else None)
+    raw = blob.json_section("HWCF")
+    try:
+        cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
+                               where="blob HWCF section", name=str(raw.get("name", "custom")))
+    except ConfigError as e:
+        raise BlobError(f"vta blob carries an invalid hardware config: {e}") from None
+    if cfg.fingerprint != blob.fingerprint:
+        raise BlobError("vta blob: embedded hardware config does not match its fingerprint")
+    meta = blob.json_section("META")
+    insn, cnst = blob.section("INSN"), blob.section("CNST")
+    try:
+        dram_size = int(meta["dram_size"])
+        tensors = {}
+        for tname, t in meta["tensors"].items():
+            p = TensorPlacement(name=tname, shape=tuple(int(s) for s in t["shape"]),
+                                dtype=str(t["dtype"]), offset=int(t["offset"]),
+                                halo=tuple(int(h) for h in t["halo"]), fill=int(t["fill"]),
+                                nbytes=int(t["nbytes"]))
+            if p.dtype not in ("int8", "uint8"):
+                raise BlobError(f"vta blob: tensor {tname} has unsupported dtype {p.dtype}")
+            if p.offset < 0 or p.nbytes < 0 or p.offset + p.nbytes > dram_size:
+                raise BlobError(f"vta blob: tensor {tname} [{p.offset}, {p.offset + p.nbytes}) "
+                                f"lies outside DRAM of {dram_size} bytes")
+            tensors[tname] = p
+        layers = []
+        for ly in meta["layers"]:
+            lo, n = int(ly["insn_offset"]), int(ly["n_insns"])
+            if lo < 0 or n < 0 or lo + 16 * n > len(insn):
+                raise BlobError(f"vta blob: layer {ly['name']} instructions [{lo}, {lo + 16 * n})"
+                                f" lie outside the INSN section ({len(insn)} bytes)")
+            layers.append(LayerProgram(name=str(ly["name"]), op=str(ly["op"]),
+                                       insns=insn[lo : lo + 16 * n], n_insns=n,
+                                       macs=int(ly["macs"]), padded_macs=int(ly["padded_macs"]),
+                                       shape=str(ly["shape"]), knobs=dict(ly["knobs"])))
+        const_image = []
+        for dram_off, c_off, size in meta["const"]:
+            dram_off, c_off, size = int(dram_off), int(c_off), int(size)
+            if c_off < 0 or size < 0 or c_off + size > len(cnst):
+                raise BlobError("vta blob: a constant range lies outside the CNST section")
+            if dram_off < 0 or dram_off + size > dram_size:
+                raise BlobError(f"vta blob: constant at DRAM [{dram_off}, {dram_off + size}) "
+                                f"exceeds DRAM of {dram_size} bytes")
+            const_image.append((dram_off, cnst[c_off : c_off + size]))
+        inputs = [str(n) for n in meta["inputs"]]
+        outputs = [str(n) for n in meta["outputs"]]
+        for n in inputs + outputs:
+            if n not in tensors:
+                raise BlobError(f"vta blob: function tensor {n} has no memory placement")
+    except (KeyError, TypeError, ValueError) as e:
+        raise BlobError(f"vta blob: malformed META section ({type(e).__name__}: {e}); "
+                        "recompile the model") from None
+    program = VTAProgram(dram_size=dram_size, const_image=const_image, tensors=tensors,
+                         inputs=inputs, outputs=outputs, layers=layers)
+    return program, cfg, str(meta.get("name", ""))

@@ -1,0 +1,104 @@
+"""The compile flow as one Relax pipeline per target (ARCHITECTURE.md section 2).
+
+``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` runs: FoldConstant -> canonicalize
+(QDQ -> integer, target recipe) -> partition -> lower offloads to blobs -> TVM's default
+pipeline for the host ops. :func:`compile_model` is the same walk with a report for the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from tvm_accel.lower import LoweredFunction, lower_offloads
+from tvm_accel.partition import OffloadRecord, explain, partition
+from tvm_accel.target import AccelTarget
+
+
+@dataclass
+class CompileReport:
+    """Everything a user may want to know about one compile."""
+
+    target: str
+    config_name: str = ""
+    offloads: list[OffloadRecord] = field(default_factory=list)
+    numerics: list = field(default_factory=list)
+    functions: list[LoweredFunction] = field(default_factory=list)
+
+
+def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: CompileReport | None
+                     = None) -> tvm.IRModule:
+    """FoldConstant + QDQ canonicalization with the target's requantize recipe."""
+    from tvm_accel.canonicalize import canonicalize
+
+    mod = relax.transform.FoldConstant()(mod)
+    mod, records = canonicalize(mod, target)
+    if report is not None:
+        report.numerics = list(records)
+    return mod
+
+
+def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | None = None,
+            report: CompileReport | None = None) -> tvm.IRModule:
+    """Partition a canonical module and lower the offloaded functions (host ops untouched)."""
+    patterns = target.pattern_table()
+    parted = partition(mod, patterns)
+    if report is not None:
+        report.offloads = explain(mod, patterns, target.name, parted)
+    return lower_offloads(parted, target, config, knobs,
+                          report.functions if report is not None else None)
+
+
+def target_pipeline(target: AccelTarget, config: Any = None, knobs: dict | None = None,
+                    report: CompileReport | None = None) -> tvm.transform.Pass:
+    """The full pipeline for ``target`` as a module pass usable as ``relax_pipeline=``."""
+    cfg = target.load_config(config)
+
+    @tvm.transform.module_pass(opt_level=0, name=f"{target.name}_pipeline")
+    def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        mod = canonicalize_for(mod, target, report)
+        mod = offload(mod, target, cfg, knobs, report)
+        host = tvm.target.Target.current()
+        default = relax.get_default_pipeline(host) if host else relax.get_pipeline("default")
+        return default(mod)
+
+    return _pipeline
+
+
+def reference_pipeline(target: AccelTarget | None) -> tvm.transform.Pass:
+    """The numerics-contract reference: the canonical integer graph, all on the CPU."""
+
+    @tvm.transform.module_pass(opt_level=0, name="reference_pipeline")
+    def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        mod = canonicalize_for(mod, target)
+        host = tvm.target.Target.current()
+        default = relax.get_default_pipeline(host) if host else relax.get_pipeline("default")
+        return default(mod)
+
+    return _pipeline
+
+
+def register_target_pipeline(target: AccelTarget) -> None:
+    """Register ``relax_pipeline="<target name>"`` (default config); safe on re-import."""
+    from tvm.relax.pipeline import PIPELINE_MAP
+
+    if target.name not in PIPELINE_MAP:
+        relax.register_pipeline(target.name)(lambda: target_pipeline(target))
+
+
+def compile_model(mod: tvm.IRModule, target: AccelTarget, config: Any = None,
+                  knobs: dict | None = None, host: str = "llvm"):
+    """Compile for ``target`` and return ``(executable, report)``."""
+    cfg = target.load_config(config)
+    report = CompileReport(target=target.name, config_name=getattr(cfg, "name", ""))
+    ex = tvm.compile(mod, target=host,
+                     relax_pipeline=target_pipeline(target, cfg, knobs, report))
+    return ex, report
+
+
+def compile_reference(mod: tvm.IRModule, target: AccelTarget | None, host: str = "llvm"):
+    """Compile the CPU reference of ``mod`` for ``target``'s numerics."""
+    return tvm.compile(mod, target=host, relax_pipeline=reference_pipeline(target))

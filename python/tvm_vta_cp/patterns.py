@@ -1,0 +1,128 @@
+"""VTA pattern table: which canonical integer layers the GEMM/ALU datapath takes.
+
+Offloaded: quantized conv2d (any kernel, stride, padding; groups 1, dilation 1), dense, and the
+quantized residual add (on the ALU). Each check below is named; its docstring is the reason a
+layer stays on the CPU. Later entries of ``PATTERNS`` have lower priority.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_accel.partition import (
+    OffloadPattern,
+    const_value,
+    dtype_of,
+    qadd_pattern,
+    qlinear_pattern,
+    static_shape,
+)
+
+_I8 = ("int8", "uint8")
+_IMM_MAX = (1 << 15) - 1
+
+
+def input_is_8bit(m: dict) -> bool:
+    """input is not an int8/uint8 tensor (VTA's INP buffer holds 8-bit data)"""
+    return dtype_of(m["data"]) in _I8
+
+
+def output_is_8bit(m: dict) -> bool:
+    """output is not int8/uint8 (VTA stores 8-bit results)"""
+    return str(m["root"].attrs.dtype) in _I8
+
+
+def static_shapes(m: dict) -> bool:
+    """shapes are not static (VTA programs are compiled for fixed shapes)"""
+    return static_shape(m["data"]) is not None and static_shape(m["core"]) is not None
+
+
+def conv_nchw(m: dict) -> bool:
+    """layout is not NCHW/OIHW (the static template packs NCHW into NCHWnc)"""
+    a = m["core"].attrs
+    return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+
+
+def conv_groups_one(m: dict) -> bool:
+    """grouped or depthwise convolution (the GEMM intrinsic reduces over all input channels)"""
+    return int(m["core"].attrs.groups) == 1
+
+
+def conv_no_dilation(m: dict) -> bool:
+    """dilated convolution (the static template has no dilated stencil)"""
+    return all(int(d) == 1 for d in m["core"].attrs.dilation)
+
+
+def dense_is_2d(m: dict) -> bool:
+    """matmul is not a 2-D (batch, in) x (in, out) dense layer"""
+    return len(static_shape(m["data"]) or ()) == 2 and len(static_shape(m["weight"]) or ()) == 2
+
+
+def weights_fit_int8(m: dict) -> bool:
+    """weights minus their zero point do not fit int8 (VTA's WGT buffer is 8-bit)"""
+    w = const_value(m["weight"])
+    return bool(w.min() >= -128 and w.max() <= 127)
+
+
+def zero_point_fits_int8(m: dict) -> bool:
+    """input zero point does not fit VTA's 8-bit padding value"""
+    zx = int(const_value(m["input_zero_point"]))
+    if dtype_of(m["data"]) == "uint8":
+        zx -= 128
+    return -128 <= zx <= 127
+
+
+def bias_fits_int32(m: dict) -> bool:
+    """bias with the folded zero-point correction overflows int32"""
+    w = const_value(m["weight"]).astype(np.int64)
+    zx = int(const_value(m["input_zero_point"])) - (128 if dtype_of(m["data"]) == "uint8" else 0)
+    axes = tuple(range(1, w.ndim)) if m["core"].op.name == "relax.nn.conv2d" else (0,)
+    b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
+    return bool(np.abs(b).max() < 2**31)
+
+
+def requant_fits_alu(m: dict) -> bool:
+    """requantize recipe does not fit VTA's ALU (scalar shifts 0..31, multiplier 1..32767)"""
+    pre, sh = const_value(m["pre_shift"]), const_value(m["shift"])
+    mult = const_value(m["multiplier"])
+    return (pre.size == 1 and sh.size == 1 and 0 <= int(pre) <= 31 and 0 <= int(sh) <= 31
+            and mult.min() >= 1 and mult.max() <= _IMM_MAX
+            and all(const_value(m[k]).size == 1 for k in ("zero_point", "qmin", "qmax")))
+
+
+def add_same_shape(m: dict) -> bool:
+    """operands differ in shape (the ALU add has no broadcasting)"""
+    a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
+    return a is not None and a == b and len(a) == 4
+
+
+def add_operands_8bit(m: dict) -> bool:
+    """an operand is not an int8/uint8 tensor"""
+    return dtype_of(m["lhs"]) in _I8 and dtype_of(m["rhs"]) in _I8
+
+
+def add_recipe_fits_alu(m: dict) -> bool:
+    """add multipliers or zero points do not fit VTA's 16-bit ALU immediates"""
+    vals = [int(const_value(m[k])) for k in ("lhs_multiplier", "rhs_multiplier")]
+    zps = [int(const_value(m[k])) for k in ("lhs_zero_point", "rhs_zero_point")]
+    sh = int(const_value(m["shift"]))
+    return all(1 <= v <= _IMM_MAX for v in vals) and all(-256 <= z <= 255 for z in zps) and (
+        0 <= sh <= 31)
+
+
+_COMMON = [input_is_8bit, output_is_8bit, static_shapes, weights_fit_int8, zero_point_fits_int8,
+           bias_fits_int32, requant_fits_alu]
+
+
+def pattern_table() -> list[OffloadPattern]:
+    """VTA's pattern table, highest priority first."""
+    conv, conv_ann = qlinear_pattern("conv2d")
+    dense, dense_ann = qlinear_pattern("matmul")
+    add, add_ann = qadd_pattern()
+    return [
+        OffloadPattern("vta.qconv2d", "conv2d", conv, conv_ann,
+                       [conv_nchw, conv_groups_one, conv_no_dilation, *_COMMON]),
+        OffloadPattern("vta.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
+        OffloadPattern("vta.qadd", "add", add, add_ann,
+                       [add_operands_8bit, add_same_shape, output_is_8bit, add_recipe_fits_alu]),
+    ]
