@@ -1,6 +1,6 @@
 """The compile flow as one Relax pipeline per target (ARCHITECTURE.md section 2).
 
-``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` runs: FoldConstant -> canonicalize
+``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` runs: canonicalize
 (QDQ -> integer, target recipe) -> partition -> lower offloads to blobs -> TVM's default
 pipeline for the host ops. :func:`compile_model` is the same walk with a report for the CLI.
 """
@@ -31,10 +31,9 @@ class CompileReport:
 
 def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: CompileReport | None
                      = None) -> tvm.IRModule:
-    """FoldConstant + QDQ canonicalization with the target's requantize recipe."""
+    """QDQ canonicalization with the target's requantize recipe (weights stay quantized)."""
     from tvm_accel.canonicalize import canonicalize
 
-    mod = relax.transform.FoldConstant()(mod)
     mod, records = canonicalize(mod, target)
     if report is not None:
         report.numerics = list(records)
