@@ -1,0 +1,49 @@
+/* Status codes and the one-line error message buffer shared by every simulator target.
+ *
+ * Every exported entry point returns an accel_status (0 = ok) and, on failure, writes one line of
+ * text (no newline) into a caller-provided buffer: what went wrong and where, e.g.
+ * "insn 17 (LOAD INP): DRAM range [4096, 8192) exceeds DRAM size 6000". Only the first error of a
+ * run is kept; later calls to accel_fail() leave it untouched.
+ */
+#ifndef ACCEL_COMMON_STATUS_H
+#define ACCEL_COMMON_STATUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bumped whenever an exported signature or struct layout changes; checked by tvm_accel/simlib.py. */
+#define ACCELSIM_ABI_VERSION 2
+
+typedef enum {
+    ACCEL_OK = 0,
+    ACCEL_ERR_ARG = 1,      /* bad argument from the host (NULL pointer, size not a multiple) */
+    ACCEL_ERR_CONFIG = 2,   /* hardware config outside the supported limits */
+    ACCEL_ERR_DECODE = 3,   /* unknown opcode / memory type / ALU opcode, misused flag */
+    ACCEL_ERR_BOUNDS = 4,   /* SRAM / DRAM / uop index outside the memory it names */
+    ACCEL_ERR_PROTOCOL = 5, /* token protocol: deadlock, unbalanced tokens, missing FINISH */
+    ACCEL_ERR_BUDGET = 6,   /* cycle budget exceeded */
+    ACCEL_ERR_IO = 7,       /* trace file could not be written */
+    ACCEL_ERR_NOMEM = 8     /* host allocation failed */
+} accel_status;
+
+typedef struct {
+    char *buf;   /* may be NULL */
+    size_t len;  /* capacity of buf in bytes, including the terminating NUL */
+    int code;    /* first error recorded, ACCEL_OK if none */
+} accel_err;
+
+int accelsim_abi_version(void);
+
+/* Name of a status code ("bounds", "protocol", ...); never NULL. */
+const char *accel_status_name(int code);
+
+void accel_err_init(accel_err *e, char *buf, uint64_t len);
+
+/* Record an error (printf-style one-line message) unless one is already recorded; returns the
+ * recorded code so callers can write `return accel_fail(e, ACCEL_ERR_BOUNDS, ...)`. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+int accel_fail(accel_err *e, int code, const char *fmt, ...);
+
+#endif
