@@ -1,0 +1,346 @@
+"""Fixed-point requantize recipes: solver, Relax emitter and error report.
+
+A recipe is a :class:`tvm_accel.layers.Requant`::
+
+    t = acc >> pre_shift                      # arithmetic (floor) shift, scalar
+    t = t * multiplier[c] + round_add[c]      # per output channel
+    t = (t >> shift) + zero_point             # scalar shift and zero point
+    y = clip(t, qmin, qmax)
+
+approximating ``round(acc * scale[c]) + zero_point``. Hardware differs in how wide the
+multiplier may be, how wide the lanes that hold every intermediate are, and whether a pre-shift
+exists; :class:`RecipeLimits` captures that and :func:`solve_requant` / :func:`solve_add` pick the
+best integers under those limits. A target's ``requant_recipe`` is normally a one-line call with
+its own limits (see ``tvm_vta_cp.numerics``); ``target=None`` in canonicalize uses
+:data:`CPU_LIMITS` (int64 lanes, 31-bit multipliers).
+
+How "best" is measured (:func:`recipe_error`). The recipe's output differs from the exact
+``acc * scale`` by two terms, both expressed in output LSBs:
+
+- the multiplier's relative error ``|m / 2^(p+s) - scale| / scale`` times the largest output that
+  is not saturated anyway, ``R = max(qmax - zp, zp - qmin) + 1`` (or ``acc_bound * scale`` if
+  smaller): beyond ``R`` the clip hides any scale error;
+- the pre-shift's floor, which drops up to ``2^p - 1`` accumulator units, i.e. up to
+  ``eff_scale * (2^p - 1)`` LSBs.
+
+The solver minimises the worst channel's sum of the two, subject to "no intermediate exceeds
+the lane width for any ``|acc| <= acc_bound``" (checked exactly, in Python integers). For a fixed
+pre-shift every constraint is monotone in ``shift``, so the best shift is the largest feasible
+one; the pre-shift is searched exhaustively. The final rounding (``round_add = 2^(shift-1)``,
+round half up) is common to all recipes and not counted.
+
+Per-channel shifts are not part of the shared form (``Requant.shift`` and the canonical graph's
+``right_shift`` constant are scalars), so the solver has no such option: a hardware with
+per-channel shifts can run every recipe returned here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tvm_accel.layers import DTYPE_RANGE, Requant
+
+
+class RecipeError(ValueError):
+    """No recipe satisfies the limits (scale out of range for the hardware)."""
+
+
+@dataclass(frozen=True)
+class RecipeLimits:
+    """Hardware limits of a requantize unit."""
+
+    #: multipliers lie in [1, multiplier_max] (0 only for a zero scale)
+    multiplier_max: int = (1 << 31) - 1
+    #: every intermediate must fit a signed integer of this many bits
+    intermediate_bits: int = 64
+    #: largest shift (after the multiply); shifts are >= 0
+    max_shift: int = 62
+    #: largest pre-shift (before the multiply); 0 = the hardware has no pre-shift
+    max_pre_shift: int = 31
+
+    @property
+    def lane_max(self) -> int:
+        return (1 << (self.intermediate_bits - 1)) - 1
+
+
+#: the generic CPU recipe (target=None): int64 intermediates, 31-bit multipliers
+CPU_LIMITS = RecipeLimits()
+
+
+def _as_channels(scale, acc_bound) -> tuple[np.ndarray, list[int]]:
+    s = np.atleast_1d(np.asarray(scale, dtype=np.float64)).ravel()
+    b = np.broadcast_to(np.atleast_1d(np.asarray(acc_bound)), s.shape)
+    if np.any(~np.isfinite(s)) or np.any(s < 0):
+        raise RecipeError(f"scales must be finite and >= 0 (got min {s.min()}, max {s.max()})")
+    bounds = [int(np.ceil(float(x))) for x in b]
+    if any(x < 0 for x in bounds):
+        raise RecipeError("accumulator bounds must be >= 0")
+    return s, bounds
+
+
+def _multipliers(scale: np.ndarray, total_shift: int) -> list[int]:
+    m = np.rint(scale * 2.0 ** total_shift)
+    return [0 if sc == 0 else max(1, int(x)) for sc, x in zip(scale, m, strict=True)]
+
+
+def _fits(mults: list[int], bounds: list[int], pre_shift: int, shift: int, round_adds,
+          zero_point: int, limits: RecipeLimits) -> bool:
+    """Exact overflow check of the whole chain for every channel and ``|acc| <= bound``."""
+    hi = limits.lane_max
+    lo = -hi - 1
+    for m, b, r in zip(mults, bounds, round_adds, strict=True):
+        if m > limits.multiplier_max or b > hi:  # the accumulator itself must fit the lane
+            return False
+        a_hi = b >> pre_shift                                 # floor(b / 2^p)
+        a_lo = -((b + (1 << pre_shift) - 1) >> pre_shift)     # floor(-b / 2^p)
+        p_hi, p_lo = a_hi * m, a_lo * m
+        if p_hi > hi or p_lo < lo or p_hi + r > hi or p_lo + r < lo:
+            return False
+        t_hi, t_lo = ((p_hi + r) >> shift) + zero_point, ((p_lo + r) >> shift) + zero_point
+        if t_hi > hi or t_lo < lo:
+            return False
+    return True
+
+
+def _round_add(shift: int) -> int:
+    return (1 << (shift - 1)) if shift > 0 else 0
+
+
+def _error_terms(scale: np.ndarray, bounds, mults, pre_shift: int, shift: int, zero_point: int,
+                 qmin: int, qmax: int) -> tuple[float, float]:
+    eff = np.asarray(mults, dtype=np.float64) / 2.0 ** (pre_shift + shift)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale == 0, 0.0, np.abs(eff - scale) / np.where(scale == 0, 1, scale))
+    reach = max(qmax - zero_point, zero_point - qmin) + 1
+    span = np.minimum(np.asarray(bounds, dtype=np.float64) * scale, reach)
+    lsb = span * rel + eff * ((1 << pre_shift) - 1)
+    return float(lsb.max(initial=0.0)), float(rel.max(initial=0.0))
+
+
+def solve_requant(scale, acc_bound, zero_point: int, qmin: int, qmax: int,
+                  limits: RecipeLimits = CPU_LIMITS) -> Requant:
+    """Best :class:`Requant` for per-channel ``scale`` and ``|acc| <= acc_bound`` under ``limits``.
+
+    ``round_add`` is ``2^(shift-1)`` for every channel (round half up; 0 when ``shift`` is 0).
+    Raises :class:`RecipeError` if no (pre_shift, shift) satisfies the limits, e.g. a scale
+    larger than ``multiplier_max`` or an accumulator bound wider than the lanes.
+    """
+    s, bounds = _as_channels(scale, acc_bound)
+    best = None
+    for p in range(limits.max_pre_shift + 1):
+        if p and all((b >> (p - 1)) == 0 for b in bounds):
+            break  # further pre-shifting only discards information
+        # largest feasible shift for this pre-shift (constraints are monotone in shift)
+        lo_s, hi_s = -1, limits.max_shift
+        while lo_s < hi_s:
+            mid = (lo_s + hi_s + 1) // 2
+            if _fits(_multipliers(s, p + mid), bounds, p, mid, [_round_add(mid)] * len(bounds),
+                     zero_point, limits):
+                lo_s = mid
+            else:
+                hi_s = mid - 1
+        if lo_s < 0:
+            continue
+        mults = _multipliers(s, p + lo_s)
+        lsb, rel = _error_terms(s, bounds, mults, p, lo_s, zero_point, qmin, qmax)
+        key = (lsb, rel, p)
+        if best is None or key < best[0]:
+            best = (key, p, lo_s, mults)
+    if best is None:
+        raise RecipeError(
+            f"no requantize recipe fits: scale up to {s.max():.3g} with accumulators up to "
+            f"{max(bounds)} exceed a {limits.multiplier_max}-max multiplier on "
+            f"{limits.intermediate_bits}-bit lanes")
+    _, p, sh, mults = best
+    r = _round_add(sh)
+    return Requant(pre_shift=p, multiplier=np.asarray(mults, dtype=np.int64),
+                   round_add=np.full(len(mults), r, dtype=np.int64), shift=sh,
+                   zero_point=int(zero_point), qmin=int(qmin), qmax=int(qmax), scale=s.copy())
+
+
+def solve_add(scale_a: float, scale_b: float, zero_point: int, qmin: int, qmax: int,
+              limits: RecipeLimits = CPU_LIMITS,
+              operand_bound: int = 255) -> tuple[int, int, Requant]:
+    """Residual add ``round((a - za) * scale_a + (b - zb) * scale_b) + zero_point``.
+
+    Scales are already divided by the output scale. Returns ``(ma, mb, requant)`` with
+    ``requant`` of the add form (pre_shift 0, multiplier 1, round_add ``2^(shift-1)``) applied to
+    ``(a - za) * ma + (b - zb) * mb``; ``|a - za|, |b - zb| <= operand_bound`` (255 for 8 bits).
+    The shift minimising the worst operand error ``operand_bound * |m / 2^shift - scale|`` is
+    chosen among those where ``ma, mb <= multiplier_max`` and nothing overflows the lanes.
+    """
+    sa, sb = float(scale_a), float(scale_b)
+    if not (np.isfinite(sa) and np.isfinite(sb)) or sa < 0 or sb < 0:
+        raise RecipeError(f"add scales must be finite and >= 0 (got {sa}, {sb})")
+    best = None
+    for sh in range(limits.max_shift + 1):
+        ma, mb = _multipliers(np.array([sa, sb]), sh)
+        r = _round_add(sh)
+        top = operand_bound * (ma + mb) + r
+        if (max(ma, mb) > limits.multiplier_max or top > limits.lane_max
+                or (top >> sh) + abs(zero_point) > limits.lane_max):
+            continue
+        err = operand_bound * max(abs(ma / 2.0 ** sh - sa), abs(mb / 2.0 ** sh - sb))
+        if best is None or err <= best[0]:
+            best = (err, sh, ma, mb)
+    if best is None:
+        raise RecipeError(f"no add recipe fits: scales {sa:.3g}, {sb:.3g} need multipliers "
+                          f"above {limits.multiplier_max}")
+    _, sh, ma, mb = best
+    rq = Requant(pre_shift=0, multiplier=np.ones(1, dtype=np.int64),
+                 round_add=np.full(1, _round_add(sh), dtype=np.int64),
+                 shift=sh, zero_point=int(zero_point), qmin=int(qmin), qmax=int(qmax),
+                 scale=np.full(1, 2.0 ** -sh))
+    return int(ma), int(mb), rq
+
+
+@dataclass(frozen=True)
+class ApproximationError:
+    """How far a recipe is from its float scales."""
+
+    #: largest relative error of the integer scale (``multiplier / 2^(pre_shift+shift)``)
+    max_rel_error: float
+    #: worst-case deviation from ``acc * scale`` before the final rounding, in output LSBs
+    #: (scale error over the unsaturated output range plus the pre-shift's floor)
+    max_lsb_error: float
+
+
+def recipe_error(rq: Requant, acc_bound=None) -> ApproximationError:
+    """Approximation error of a requantize recipe against ``rq.scale``.
+
+    ``acc_bound`` (per channel) limits the scale-error term to reachable accumulators; without
+    it only the output range bounds it."""
+    s = np.broadcast_to(np.asarray(rq.scale, dtype=np.float64),
+                        np.asarray(rq.multiplier).shape).ravel()
+    bounds = ([np.inf] * s.size if acc_bound is None
+              else np.broadcast_to(np.asarray(acc_bound, dtype=np.float64), s.shape))
+    lsb, rel = _error_terms(s, bounds, [int(m) for m in np.ravel(rq.multiplier)], rq.pre_shift,
+                            rq.shift, rq.zero_point, rq.qmin, rq.qmax)
+    return ApproximationError(max_rel_error=rel, max_lsb_error=lsb)
+
+
+def add_error(scale_a: float, scale_b: float, ma: int, mb: int, rq: Requant,
+              operand_bound: int = 255) -> ApproximationError:
+    """Approximation error of an add recipe: relative error of ``ma / 2^shift`` vs ``scale_a``
+    and ``mb / 2^shift`` vs ``scale_b``; LSB error over the full operand range."""
+    d = 2.0 ** (rq.pre_shift + rq.shift)
+    rel, lsb = 0.0, 0.0
+    for s, m in ((scale_a, ma), (scale_b, mb)):
+        e = abs(m / d - s)
+        rel = max(rel, e / s if s else 0.0)
+        lsb += operand_bound * e
+    return ApproximationError(max_rel_error=rel, max_lsb_error=lsb)
+
+
+def check_limits(rq: Requant, acc_bound, limits: RecipeLimits) -> list[str]:
+    """Violations of ``limits`` by ``rq`` for ``|acc| <= acc_bound`` (empty list = fits)."""
+    problems = []
+    mults = [int(m) for m in np.ravel(rq.multiplier)]
+    bounds = [int(np.ceil(float(b))) for b in
+              np.broadcast_to(np.asarray(acc_bound), (len(mults),))]
+    if not 0 <= rq.pre_shift <= limits.max_pre_shift:
+        problems.append(f"pre_shift {rq.pre_shift} outside 0..{limits.max_pre_shift}")
+    if not 0 <= rq.shift <= limits.max_shift:
+        problems.append(f"shift {rq.shift} outside 0..{limits.max_shift}")
+    if any(not 0 <= m <= limits.multiplier_max for m in mults):
+        problems.append(f"multiplier outside 0..{limits.multiplier_max}")
+    ra = [int(r) for r in np.broadcast_to(np.ravel(rq.round_add), (len(mults),))]
+    if not _fits(mults, bounds, rq.pre_shift, rq.shift, ra, rq.zero_point, limits):
+        problems.append(f"an intermediate exceeds {limits.intermediate_bits} bits")
+    return problems
+
+
+# --- bounds ----------------------------------------------------------------------------------
+def input_reach(dtype: str, zero_point: int) -> int:
+    """``max(|qmax - zp|, |zp - qmin|)``: largest ``|x - zp|`` of a quantized input."""
+    lo, hi = DTYPE_RANGE[dtype]
+    return max(abs(hi - zero_point), abs(zero_point - lo))
+
+
+def conv_acc_bound(weight: np.ndarray, bias: np.ndarray, in_dtype: str,
+                   in_zero_point: int) -> np.ndarray:
+    """Per output channel: ``sum_k |w_ck| * input_reach + |B_c|`` (``weight`` has its zero point
+    removed; axis 0 is the output channel, e.g. OIHW)."""
+    w = np.abs(weight.astype(np.int64)).reshape(weight.shape[0], -1).sum(axis=1)
+    return w * input_reach(in_dtype, in_zero_point) + np.abs(bias.astype(np.int64))
+
+
+# --- Relax emission --------------------------------------------------------------------------
+def _const(value, dtype: str, shape=None):
+    from tvm import relax
+
+    arr = np.asarray(value, dtype=dtype)
+    if shape is not None:
+        arr = arr.reshape(shape)
+    return relax.const(arr, dtype)
+
+
+def _channel_shape(ndim: int, n: int, channel_axis: int) -> tuple[int, ...]:
+    shape = [1] * ndim
+    shape[channel_axis] = n
+    return tuple(shape)
+
+
+def emit_requant(bb, acc, rq: Requant, out_dtype: str, channel_axis: int = 1,
+                 name: str = "requant", out_name: str | None = None):
+    """Emit the canonical requantize chain of ``rq`` on the int32 ``acc`` into ``bb``.
+
+    Writes (every op kept, even identities, so the pattern is fixed)::
+
+        t = astype(acc, int64); t = right_shift(t, pre_shift); t = multiply(t, multiplier)
+        t = add(t, round_add); t = right_shift(t, shift); t = add(t, zero_point)
+        t = maximum(t, qmin); t = minimum(t, qmax); y = astype(t, out_dtype)
+
+    ``multiplier`` and ``round_add`` constants are shaped to broadcast along ``channel_axis``
+    (``(1, K, 1, 1)`` for conv, ``(1, K)`` for dense); the others are int64 scalars. Returns the
+    var bound to ``y`` (named ``out_name`` or ``name``).
+    """
+    from tvm import relax
+
+    R = relax.op
+    ndim = len(acc.ty.shape)
+    k = int(np.asarray(rq.multiplier).size)
+    cshape = _channel_shape(ndim, k, channel_axis)
+    ra = np.broadcast_to(np.asarray(rq.round_add, dtype=np.int64), (k,))
+    t = bb.emit(R.astype(acc, "int64"), name_hint=f"{name}_i64")
+    t = bb.emit(R.right_shift(t, _const(rq.pre_shift, "int64")), name_hint=f"{name}_pre")
+    t = bb.emit(R.multiply(t, _const(rq.multiplier, "int64", cshape)), name_hint=f"{name}_mul")
+    t = bb.emit(R.add(t, _const(ra, "int64", cshape)), name_hint=f"{name}_rnd")
+    t = bb.emit(R.right_shift(t, _const(rq.shift, "int64")), name_hint=f"{name}_shr")
+    t = bb.emit(R.add(t, _const(rq.zero_point, "int64")), name_hint=f"{name}_zp")
+    t = bb.emit(R.maximum(t, _const(rq.qmin, "int64")), name_hint=f"{name}_max")
+    t = bb.emit(R.minimum(t, _const(rq.qmax, "int64")), name_hint=f"{name}_min")
+    return bb.emit(R.astype(t, out_dtype), name_hint=out_name or name)
+
+
+def emit_add(bb, a, b, za: int, zb: int, ma: int, mb: int, rq: Requant, out_dtype: str,
+             name: str = "add", out_name: str | None = None, acc_name: str | None = None):
+    """Emit the canonical residual add: ``(a - za) * ma + (b - zb) * mb`` in int64, then the add
+    requantize (``+ round_add``, ``>> shift``, ``+ zero_point``, clip, cast); all scalars.
+    ``acc_name`` names the ``add(ta, tb)`` value (the layer's accumulator)."""
+    from tvm import relax
+
+    R = relax.op
+    ra = int(np.ravel(rq.round_add)[0])
+    ta = bb.emit(R.astype(a, "int64"), name_hint=f"{name}_a64")
+    ta = bb.emit(R.subtract(ta, _const(za, "int64")), name_hint=f"{name}_ac")
+    ta = bb.emit(R.multiply(ta, _const(ma, "int64")), name_hint=f"{name}_am")
+    tb = bb.emit(R.astype(b, "int64"), name_hint=f"{name}_b64")
+    tb = bb.emit(R.subtract(tb, _const(zb, "int64")), name_hint=f"{name}_bc")
+    tb = bb.emit(R.multiply(tb, _const(mb, "int64")), name_hint=f"{name}_bm")
+    t = bb.emit(R.add(ta, tb), name_hint=acc_name or f"{name}_sum")
+    t = bb.emit(R.add(t, _const(ra, "int64")), name_hint=f"{name}_rnd")
+    t = bb.emit(R.right_shift(t, _const(rq.shift, "int64")), name_hint=f"{name}_shr")
+    t = bb.emit(R.add(t, _const(rq.zero_point, "int64")), name_hint=f"{name}_zp")
+    t = bb.emit(R.maximum(t, _const(rq.qmin, "int64")), name_hint=f"{name}_max")
+    t = bb.emit(R.minimum(t, _const(rq.qmax, "int64")), name_hint=f"{name}_min")
+    return bb.emit(R.astype(t, out_dtype), name_hint=out_name or name)
+
+
+def apply_add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int,
+              rq: Requant) -> np.ndarray:
+    """numpy reference of :func:`emit_add` (int64, before the final cast)."""
+    t = (a.astype(np.int64) - za) * ma + (b.astype(np.int64) - zb) * mb
+    return rq.apply(t)
