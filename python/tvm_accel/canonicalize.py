@@ -361,7 +361,10 @@ class _Canonicalizer:
                 self.report.append(plan.record)
 
     def _float_record(self, core, out: _Out, reason: str):
-        op = (self.g.op(core) or "?").removeprefix("relax.")
+        op_e, _ = self._split_bias(core)
+        anchor = {"relax.nn.conv2d": "conv2d", "relax.matmul": "dense"}.get(
+            self.g.op(op_e) if op_e is not None else None)
+        op = anchor or (self.g.op(core) or "?").removeprefix("relax.")
         name, onnx_name = self.g.layer_name([core], op.replace("nn.", ""))
         name = self.g.claim(name)
         self.report.append(LayerRecord(name, onnx_name, op, False, out.dtype, out.scale, out.zp,
