@@ -1,0 +1,127 @@
+"""Compiled artifacts: ResNet-18 exported and run in a fresh process, CLI round trip, and
+corrupt or mismatched blobs rejected with a clear error."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tvm_accel import zoo
+from tvm_accel.blob import Blob, pack_blob, unpack_blob
+from tvm_accel.errors import BlobError, SimulatorError
+from tvm_accel.package import PackageMetadata, TensorSpec, save_package
+
+
+def _compile(model, config="vta_1x16x16"):
+    import tvm_vta_cp
+    from tvm_accel.frontend import load_onnx, random_inputs
+    from tvm_accel.pipeline import compile_model
+
+    mod, info = load_onnx(model)
+    ex, report = compile_model(mod, tvm_vta_cp.TARGET, config)
+    return ex, report, list(random_inputs(info, seed=1).values())
+
+
+def test_resnet18_exports_and_runs_identically_in_a_fresh_process(tmp_path, compare):
+    model = zoo.quantized("resnet18")
+    r = compare(model, "vta_1x16x16")
+    r.assert_bit_exact()
+    assert len([o for o in r.offloaded if o.op == "conv2d"]) == 20
+    pkg = tmp_path / "resnet18.tar"
+    save_package(str(pkg), r.ex, PackageMetadata("vta", "llvm", "vta_1x16x16",
+                                                 [TensorSpec("x", list(r.inputs[0].shape),
+                                                             "float32")], []))
+    np.save(tmp_path / "x.npy", r.inputs[0])
+    script = textwrap.dedent(f"""
+        import numpy as np, tvm
+        from tvm_accel.package import load_package, outputs_to_numpy
+        pkg = load_package({str(pkg)!r})
+        x = tvm.runtime.tensor(np.load({str(tmp_path / "x.npy")!r}))
+        np.save({str(tmp_path / "y.npy")!r}, outputs_to_numpy(pkg.vm()["main"](x))[0])
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), r.outputs[0])
+
+
+def _vta_blob():
+    ex, report, inputs = _compile(zoo.quantized("single_conv", cin=16, cout=16, k=3, pad=1,
+                                                hw=8))
+    (fn,) = report.functions
+    return fn.blob, fn.graph
+
+
+def _run_blob(blob, graph):
+    from tvm_vta_cp.runtime import run_blob
+
+    x = np.zeros(graph.tensors[graph.inputs[0]].shape, graph.tensors[graph.inputs[0]].dtype)
+    return run_blob(np.frombuffer(blob, dtype=np.uint8), [x])
+
+
+def test_corrupt_blobs_give_clear_errors():
+    blob, graph = _vta_blob()
+    _run_blob(blob, graph)
+    with pytest.raises(BlobError, match="truncated|checksum"):
+        _run_blob(blob[: len(blob) // 2], graph)
+    with pytest.raises(BlobError, match="magic"):
+        _run_blob(b"XXXXXXXX" + blob[8:], graph)
+
+
+def test_out_of_range_address_in_an_instruction_is_a_simulator_error():
+    from tvm_vta_cp.codegen import ISA, MemInsn, load_blob
+
+    blob, graph = _vta_blob()
+    b = unpack_blob(blob)
+    program, cfg, _ = load_blob(blob)
+    isa = ISA(cfg)
+    insns = isa.decode_stream(b.sections["INSN"])
+    idx = next(i for i, ins in enumerate(insns) if isinstance(ins, MemInsn) and ins.x_size)
+    insns[idx].dram_base = (1 << 32) - 1
+    b.sections["INSN"] = isa.encode_stream(insns)
+    with pytest.raises(SimulatorError, match="DRAM"):
+        _run_blob(pack_blob(Blob(b.target, b.fingerprint, b.sections)), graph)
+
+
+def test_blob_for_another_config_is_rejected_by_fingerprint():
+    from tvm_vta_cp.codegen import load_blob
+    from tvm_vta_cp.hw_config import load_config
+
+    blob, _ = _vta_blob()
+    with pytest.raises(BlobError, match="another hardware config"):
+        load_blob(blob, expect_config=load_config("vta_8x8x8"))
+
+
+def test_cli_compile_run_and_disassemble_round_trip(tmp_path):
+    from tvm_accel.cli import main
+
+    model = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(zoo.quantized("conv_residual", c=16, hw=8), str(model))
+    pkg = tmp_path / "m.tar"
+    assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(pkg),
+                 "--dump-offloads"]) == 0
+    out = tmp_path / "y.npz"
+    trace = tmp_path / "t.json"
+    assert main(["run", str(pkg), "--fill-mode", "random", "--outputs", str(out), "--profile",
+                 "--trace", str(trace)]) == 0
+    assert np.load(out).files
+    import json
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name", "").startswith("GEMM") for e in events)
+    assert main(["disassemble", str(pkg), "--limit", "5"]) == 0
+
+
+def test_unknown_config_is_one_error_line(tmp_path, capsys):
+    from tvm_accel.cli import main
+
+    model = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    rc = main(["compile", str(model), "--target", "vta, llvm", "--target-vta-config",
+               str(tmp_path / "missing.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "missing.json" in err[0]

@@ -1,0 +1,62 @@
+"""Whole flow on VTA: ONNX QDQ -> canonicalize -> partition -> strategy -> simulator, bit-exact
+against the canonical integer graph compiled for the CPU."""
+
+import pytest
+
+from tvm_accel import zoo
+
+# (cin, cout, k, stride, pad, batch, hw): every acceptance value appears at least once.
+CONV_CASES = [
+    (3, 16, 7, 2, 3, 1, 16),
+    (16, 16, 1, 1, 0, 1, 8),
+    (16, 24, 3, 1, 1, 2, 8),
+    (24, 64, 5, 2, 2, 1, 9),
+    (64, 100, 3, 2, 0, 1, 7),
+    (100, 16, 1, 2, 1, 2, 6),
+    (3, 3, 5, 1, 3, 1, 6),
+    (64, 64, 7, 1, 2, 1, 8),
+]
+
+
+@pytest.mark.parametrize("cin, cout, k, stride, pad, batch, hw", CONV_CASES)
+def test_conv2d_is_bit_exact(compare, config, cin, cout, k, stride, pad, batch, hw):
+    model = zoo.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride, pad=pad,
+                          batch=batch, hw=hw)
+    r = compare(model, config)
+    assert [o.op for o in r.offloaded] == ["conv2d"]
+    r.assert_bit_exact()
+
+
+@pytest.mark.parametrize("act, per_channel", [("uint8", True), ("int8", False)])
+def test_conv_relu_with_uint8_and_per_tensor_scales_is_bit_exact(compare, act, per_channel):
+    model = zoo.quantized("single_conv", act, per_channel, cin=16, cout=24, k=3, stride=1,
+                          pad=1, hw=8, relu=True)
+    r = compare(model, "vta_1x16x16")
+    assert len(r.offloaded) == 1
+    r.assert_bit_exact()
+
+
+def test_dense_is_bit_exact(compare, config):
+    r = compare(zoo.quantized("single_dense", cin=100, cout=24, batch=2, relu=True), config)
+    assert [o.op for o in r.offloaded] == ["dense"]
+    r.assert_bit_exact()
+
+
+def test_conv_with_residual_add_runs_add_on_the_alu(compare, config):
+    r = compare(zoo.quantized("conv_residual", c=24, hw=8), config)
+    assert {o.op for o in r.offloaded} == {"conv2d", "add"}
+    r.assert_bit_exact()
+
+
+def test_depthwise_conv_falls_back_to_the_cpu_with_its_reason(compare):
+    r = compare(zoo.quantized("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8),
+                "vta_1x16x16")
+    conv = [o for o in r.report.offloads if o.op == "conv2d"]
+    assert conv and conv[0].placement == "cpu" and "depthwise" in conv[0].reason
+    r.assert_bit_exact()
+
+
+def test_resnet20_is_bit_exact(compare, config):
+    r = compare(zoo.quantized("resnet20"), config)
+    assert len([o for o in r.offloaded if o.op == "conv2d"]) == 21
+    r.assert_bit_exact()
