@@ -343,22 +343,20 @@ class _Canonicalizer:
                                    "output quantization is not 8-bit per-tensor")
                 continue
             core = self.g.peel_activation(core, out)
-            plan = None
-            for m in (self._conv, self._dense, self._add, self._avg_pool, self._global_pool,
-                      self._concat, self._passthrough):
-                try:
+            plan, reason = None, "not a recognised QDQ pattern"
+            try:
+                for m in (self._conv, self._dense, self._add, self._avg_pool, self._global_pool,
+                          self._concat, self._passthrough):
                     plan = m(core, out)
-                except numerics.RecipeError as e:  # the target cannot represent this scale
-                    plan = self._float_record(core, out, f"no integer recipe: {e}")
-                    break
-                if plan is not None:
-                    break
-            if plan is None:
-                self._float_record(core, out, "not a recognised QDQ pattern")
+                    if plan is not None:
+                        break
+            except numerics.RecipeError as e:  # the target cannot represent this scale
+                plan, reason = None, f"no integer recipe: {e}"
+            if plan is None:  # stays dequantize -> op -> quantize, on the CPU
+                self._float_record(core, out, reason)
                 continue
-            if isinstance(plan, _Plan):
-                self.plans[b.var] = plan
-                self.report.append(plan.record)
+            self.plans[b.var] = plan
+            self.report.append(plan.record)
 
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
@@ -369,7 +367,6 @@ class _Canonicalizer:
         name = self.g.claim(name)
         self.report.append(LayerRecord(name, onnx_name, op, False, out.dtype, out.scale, out.zp,
                                        detail={"reason": reason}))
-        return True  # handled (recorded), no plan
 
     def _record(self, name, onnx_name, op, out: _Out, err=None, **detail) -> LayerRecord:
         if out.activation:
@@ -787,8 +784,10 @@ def canonicalize(mod: tvm.IRModule, target=None,
 
     ``target``: an :class:`~tvm_accel.target.AccelTarget` (or its kind, e.g. ``"vta"``, or any
     object with ``requant_recipe``/``add_recipe``) whose recipe is used for conv2d, dense and add;
-    ``None`` uses the generic int64 CPU recipe. Returns the new module (weights as int32
-    constants, float QDQ leftovers removed by dead-code elimination) and one
+    ``None`` uses the generic int64 CPU recipe. A recipe that raises
+    :class:`tvm_accel.numerics.RecipeError` (scale not representable on the hardware) leaves
+    that layer float, on the CPU, with the reason in its record. Returns the new module
+    (weights as int32 constants, float QDQ leftovers removed by dead-code elimination) and one
     :class:`LayerRecord` per quantized value: integer layers and what stayed float.
     """
     recipes = _Recipes(target)
