@@ -15,9 +15,13 @@ blocks): an output tile ``[b][co][oh][ow]`` is accumulated in ACC over ``ceil(CB
 channel chunks; each chunk loads the input tile (with its stencil halo) into INP and the weight
 tile ``[co][ci][kh][kw]`` into WGT, then ONE GEMM instruction covers the chunk: the two largest of
 the seven loop dimensions (b, co, ci, kh, kw, oh, ow) become ``iter_out``/``iter_in`` and the rest
-is enumerated in a micro-op kernel (content-addressed, loaded once into UOP SRAM from the constant
-image). After the last chunk the requantize tail runs as whole-tile ALU instructions and the tile
-is stored (STORE truncates ACC to int8).
+is enumerated in a micro-op kernel (content-addressed; all kernels of a layer are brought in by
+one LOAD UOP at the start of its stream, or loaded on first use if they do not fit together).
+After the last chunk the requantize tail runs as whole-tile ALU instructions and the tile is stored
+(STORE truncates ACC to int8). Loads and stores are merged into as few 2-D DMAs as the layout
+allows (whole planes, whole-height channel stacks); a 1-row kernel with a vertical stride loads
+only the rows it reads (DRAM row pitch x stride). Tile sizes and the tile order are chosen by a
+small cost model of the simulator's timing rules (``default_knobs``); edge tiles are smaller.
 
 Virtual threads (``oc_nthread`` or ``h_nthread`` = 2): INP, WGT and ACC are split in two halves;
 tiles alternate between the halves along the flattened tile order (co innermost for
@@ -37,7 +41,14 @@ runtime (or LOAD zero padding when ``zx' == 0`` and the pad is <= 15). The requa
 on the ALU in int32 with foldings that are exact by interval analysis of the worst-case
 accumulator: with ``pre_shift == 0`` the bias and zero point ride on the round add
 (``MUL m; ADD bias*m + r + zp<<s; SHR s``), identity ops are dropped, and the clip is skipped
-where the interval proves it.
+where the interval proves it. Per-channel operands (or constants wider than the signed 16-bit
+immediate) are ACC-resident vectors loaded per output-channel tile. The residual add loads both
+operands with ``ACC_8BIT`` and runs ``MUL ma; MUL mb; ADD a+b`` plus the same tail.
+
+Limits: an int32 MUL/ADD wrap is never relied on (a folding is used only when the interval of
+every intermediate fits int32); VTA's ALU costs 2 cycles per ACC entry and op and shares the
+compute module with the GEMM, so layers with few MACs per output (1x1 convs on few channels) are
+ALU-bound under this template.
 """
 
 from __future__ import annotations
@@ -207,7 +218,7 @@ def _requant_tail(g_lo, g_hi, bias, rq, out_dtype: str, k: int, where: str) -> l
             if np.any(bias != 0):
                 ops.append(_AluOp(ALU_ADD, bias))
             if pre:
-                ops.append(_AluOp(ALU_SHR, full(pre)))
+                ops.append(_AluOp(ALU_SHR, full(min(pre, 31))))
             if np.any(m != 1):
                 ops.append(_AluOp(ALU_MUL, m))
             c = r
@@ -216,7 +227,7 @@ def _requant_tail(g_lo, g_hi, bias, rq, out_dtype: str, k: int, where: str) -> l
         if np.any(c != 0):
             ops.append(_AluOp(ALU_ADD, c))
         if s:
-            ops.append(_AluOp(ALU_SHR, full(s)))
+            ops.append(_AluOp(ALU_SHR, full(min(s, 31))))
         if not fold_zp and zp:
             ops.append(_AluOp(ALU_ADD, full(zp)))
         return ops
@@ -233,9 +244,10 @@ def _requant_tail(g_lo, g_hi, bias, rq, out_dtype: str, k: int, where: str) -> l
         return ok, lo, hi
 
     candidates = []
+    zp_folds = (True, False) if s <= 30 and abs(zp) < (1 << 16) else (False,)
     if pre == 0:
-        candidates += [build(True, True), build(True, False)]
-    candidates += [build(False, True), build(False, False)]
+        candidates += [build(True, f) for f in zp_folds]
+    candidates += [build(False, f) for f in zp_folds]
     chosen = None
     for ops in candidates:
         ok, lo, hi = fits(ops)
@@ -323,18 +335,20 @@ def _conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str, cfg: VTAConf
     if w.size and (w.min() < -128 or w.max() > 127):
         raise MappingError(f"{where}: weight values {int(w.min())}..{int(w.max())} do not fit "
                            "int8 (VTA multiplies int8 x int8)")
-    w = w.astype(np.int64)
     K = w.shape[0]
     zxp = int(layer.input_zero_point) + _stored_offset(in_dtype)
     if not -128 <= zxp <= 127:
         raise MappingError(f"{where}: input zero point {layer.input_zero_point} is outside the "
                            f"{in_dtype} range")
-    ssum = w.reshape(K, -1).sum(axis=1)
+    wf = w.reshape(K, -1)
+    ssum = wf.sum(axis=1, dtype=np.int64)
+    pos = np.maximum(wf, 0).sum(axis=1, dtype=np.int64)
+    neg = ssum - pos
     bias = np.broadcast_to(np.asarray(layer.bias, dtype=np.int64).reshape(-1), (K,))
     bias_eff = bias - zxp * ssum
-    wf = w.reshape(K, -1)
-    g_lo = np.minimum(-128 * wf, 127 * wf).sum(axis=1)
-    g_hi = np.maximum(-128 * wf, 127 * wf).sum(axis=1)
+    # interval of g = sum x' * w over stored int8 inputs x' in [-128, 127]
+    g_lo = -128 * pos + 127 * neg
+    g_hi = 127 * pos - 128 * neg
     ops = _requant_tail(g_lo, g_hi, bias_eff, layer.requant, out_dtype, K, where)
     return zxp, ops
 

@@ -358,3 +358,17 @@ def test_execute_program_writes_one_trace_for_all_layers(tmp_path):
     assert n == sum(s.load_insns + s.compute_insns + s.store_insns for _, s in stats)
     with pytest.raises(AccelError, match="x"):
         execute_program(prog, {}, cfg)
+
+
+def test_micro_op_kernels_that_do_not_fit_together_are_loaded_on_demand():
+    from tvm_vta_cp.hw_config import config_from_dict
+
+    base = load_config("vta_1x16x16").to_json()
+    cfg = config_from_dict(dict(base, LOG_UOP_BUFF_SIZE=8), name="small_uop")  # 64 micro-ops
+    graph, inputs = single_conv(22, 1, 16, 9, 11, 40, 3, 1, 1)
+    prog = plan(graph, cfg, {"conv": {"tile_h": 2, "tile_w": 3, "tile_co": 2, "h_nthread": 2}})
+    outs, _ = execute_program(prog, inputs, cfg)
+    np.testing.assert_array_equal(outs["y"], reference_execute(graph, inputs)["y"])
+    uop_loads = [i for i in ISA(cfg).decode_stream(prog.layers[0].insns)
+                 if isinstance(i, MemInsn) and i.opcode == 0 and i.memory_type == 0 and i.x_size]
+    assert len(uop_loads) > 1
