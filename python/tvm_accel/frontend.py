@@ -160,11 +160,11 @@ def _named_importer_class():
     class _NamedImporter(base):
         def _convert_operator(self, op_name, inputs, attrs, opset):
             sym = _clip(inputs, attrs, opset) if op_name == "Clip" else None
-            if sym is None:
+            if sym is not None:
+                sym = self.bb.normalize(sym)
+            else:
                 sym = super()._convert_operator(op_name, inputs, attrs, opset)
             name = (attrs.get("tvm_custom") or {}).get("name", "")
-            if sym is not None and not isinstance(getattr(sym, "ty", None), relax.TensorType):
-                sym = self.bb.normalize(sym)
             if (name and isinstance(sym, relax.Call)
                     and isinstance(getattr(sym, "ty", None), relax.TensorType)):
                 sym = self.bb.emit(sym, name_hint=sanitize_name(name))
