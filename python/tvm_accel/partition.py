@@ -180,8 +180,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 if m is None:
                     continue
                 annotated = {k: m[p] for k, p in pat.annotations.items() if p in m}
-                covered.update(e.__chandle__() for e in m.values())
                 core = annotated.get("core", annotated.get("root"))
+                covered.add(core.__chandle__())
                 core_name = bound_name.get(core.__chandle__(), binding.var.name)
                 name = layer_name(core_name)
                 failed = pat.failed_checks(annotated)
