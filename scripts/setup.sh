@@ -8,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
-.venv/bin/python -c "import tvm_accel.simlib as s; s.load_library()" 
+.venv/bin/python -c "import tvm_accel.simlib as s; s.get_lib()" 
