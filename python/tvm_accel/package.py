@@ -75,7 +75,8 @@ def load_package(path: str) -> LoadedPackage:
     try:
         tar = tarfile.open(path, "r")
     except tarfile.TarError as e:
-        raise AccelError(f"{path}: not a compiled package (.tar from 'tvmc compile'): {e}") from None
+        raise AccelError(f"{path}: not a compiled package (.tar from 'tvmc compile'): "
+                         f"{e}") from None
     tmp = tempfile.TemporaryDirectory(prefix="tvm_accel_pkg_")
     with tar:
         names = tar.getnames()

@@ -159,7 +159,8 @@ class VTAConfig:
                              ("LOG_WGT_BUFF_SIZE", self.log_wgt_depth),
                              ("LOG_ACC_BUFF_SIZE", self.log_acc_depth)):
             if depth_log < 4:
-                raise bad(f, f"buffer holds only {1 << max(depth_log, 0)} entries; need at least 16")
+                raise bad(f, f"buffer holds only {1 << max(depth_log, 0)} entries; "
+                          "need at least 16")
             if depth_log > 16:
                 raise bad(f, "buffer depth exceeds the 16-bit sram_base field")
         if 8 + 2 * self.log_uop_depth + 1 + 28 > 64:
@@ -206,7 +207,8 @@ def config_from_dict(d: dict, where: str = "config", name: str = "custom") -> VT
     known = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | set(_OPTIONAL)
     unknown = sorted(set(d) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]} (known: {', '.join(sorted(known))})")
+        raise ConfigError(f"{where}: unknown field {unknown[0]} "
+                          f"(known: {', '.join(sorted(known))})")
     cfg = VTAConfig(**kw, name=name)
     cfg.validate(where)
     return cfg
