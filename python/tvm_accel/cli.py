@@ -74,8 +74,7 @@ def cmd_compile(args) -> int:
     else:
         target = get_target(accel)
         cfg = target.load_config(getattr(args, f"target_{accel}_config", None))
-        knobs = _load_knobs(args.tuning_records) if args.tuning_records else None
-        ex, report = compile_model(mod, target, cfg, knobs, host)
+        ex, report = compile_model(mod, target, cfg, None, host)
         config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
@@ -94,21 +93,6 @@ def cmd_compile(args) -> int:
                          f"{e.max_rel_error:.2e}" if e is not None else "-", r.reason))
         print(format_table(["layer", "op", "shape", "placement", "scale err", "reason"], rows))
     return 0
-
-
-def _load_knobs(path: str) -> dict:
-    import json
-
-    knobs: dict = {}
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    rec = json.loads(line)
-                    knobs[rec["input"]["layer"]] = rec["config"]["knobs"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise AccelError(f"{path}: cannot read tuning records ({e})") from None
-    return knobs
 
 
 def _make_inputs(meta, args) -> list[np.ndarray]:
@@ -204,7 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
     c.add_argument("--dump-offloads", action="store_true",
                    help="list every layer, where it runs and why")
-    c.add_argument("--tuning-records", metavar="FILE", help="tuning records (JSON lines)")
     c.set_defaults(func=cmd_compile)
     r = sub.add_parser("run", help="run a compiled package on the simulator")
     r.add_argument("package")

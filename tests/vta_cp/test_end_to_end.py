@@ -60,3 +60,35 @@ def test_resnet20_is_bit_exact(compare, config):
     r = compare(zoo.quantized("resnet20"), config)
     assert len([o for o in r.offloaded if o.op == "conv2d"]) == 21
     r.assert_bit_exact()
+
+
+def test_registered_pipeline_compiles_by_name_and_matches_the_reference():
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    import tvm_vta_cp
+    from tvm_accel.frontend import load_onnx, random_inputs
+    from tvm_accel.pipeline import compile_reference
+
+    mod, info = load_onnx(zoo.quantized("conv_residual", c=16, hw=8))
+    ex = tvm.compile(mod, target="llvm", relax_pipeline="vta")
+    assert "tvm_vta_cp.run" in ex.as_text()
+    x = tvm.runtime.tensor(next(iter(random_inputs(info).values())))
+    y = relax.VirtualMachine(ex, tvm.cpu())["main"](x).numpy()
+    ref = relax.VirtualMachine(compile_reference(mod, tvm_vta_cp.TARGET), tvm.cpu())
+    np.testing.assert_array_equal(y, ref["main"](x).numpy())
+
+
+def test_offload_listing_names_every_host_op_with_its_reason():
+    import tvm_vta_cp
+    from tvm_accel.frontend import load_onnx
+    from tvm_accel.partition import explain
+    from tvm_accel.pipeline import canonicalize_for
+
+    mod, _ = load_onnx(zoo.quantized("conv_pool", kind="max", c=16, hw=8))
+    canon = canonicalize_for(mod, tvm_vta_cp.TARGET)
+    recs = {r.op: r for r in explain(canon, tvm_vta_cp.TARGET.pattern_table(), "vta")}
+    assert recs["conv2d"].placement == "vta"
+    assert recs["max_pool2d"].placement == "cpu"
+    assert "no vta pattern" in recs["max_pool2d"].reason
