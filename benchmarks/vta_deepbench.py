@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from tvm_accel.layers import ConvLayer, LayerGraph, Requant, Tensor, conv_output_shape
 
 DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / \

@@ -7,8 +7,8 @@ unpacking); it needs neither TVM nor a blob.
 from __future__ import annotations
 
 import numpy as np
-from tvm_accel.errors import AccelError
 
+from tvm_accel.errors import AccelError
 from tvm_vta_cp.hw_config import VTAConfig
 
 # --- program execution (strategy side) ---------------------------------------------------------

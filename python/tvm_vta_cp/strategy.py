@@ -57,10 +57,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from tvm_accel.errors import AccelError
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph
-
 from tvm_vta_cp.codegen import (
     ALU_ADD,
     ALU_MAX,

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+
 from tvm_accel.errors import AccelError
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import (
