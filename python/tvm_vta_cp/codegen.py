@@ -304,6 +304,7 @@ def queue_of(insn: Insn) -> int:
 
 # --- program blob -------------------------------------------------------------------------------
 BLOB_TARGET = "vta"
+MAX_DRAM_BYTES = 1 << 32
 
 
 def build_blob(program, cfg: VTAConfig, name: str = "") -> bytes:
@@ -347,11 +348,13 @@ def load_blob(data: bytes, expect_config: VTAConfig | None = None):
     from tvm_accel.blob import unpack_blob
     from tvm_accel.errors import BlobError, ConfigError
     from tvm_vta_cp.hw_config import config_from_dict
-    from tvm_vta_cp.strategy import LayerProgram, TensorPlacement, VTAProgram
+    from tvm_vta_cp.strategy import LayerProgram, TensorPlacement, VTAProgram, packed_shape
 
     blob = unpack_blob(data, expect_target=BLOB_TARGET,
                        expect_fingerprint=expect_config.fingerprint if expect_config else None)
     raw = blob.json_section("HWCF")
+    if not isinstance(raw, dict):
+        raise BlobError("vta blob: HWCF section is not a JSON object; recompile the model")
     try:
         cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
                                where="blob HWCF section", name=str(raw.get("name", "custom")))
@@ -360,9 +363,14 @@ def load_blob(data: bytes, expect_config: VTAConfig | None = None):
     if cfg.fingerprint != blob.fingerprint:
         raise BlobError("vta blob: embedded hardware config does not match its fingerprint")
     meta = blob.json_section("META")
+    if not isinstance(meta, dict):
+        raise BlobError("vta blob: META section is not a JSON object; recompile the model")
     insn, cnst = blob.section("INSN"), blob.section("CNST")
     try:
         dram_size = int(meta["dram_size"])
+        if not 0 < dram_size <= MAX_DRAM_BYTES:
+            raise BlobError(f"vta blob asks for {dram_size} bytes of DRAM; the limit is "
+                            f"{MAX_DRAM_BYTES} (4 GiB, VTA's 32-bit physical address space)")
         tensors = {}
         for tname, t in meta["tensors"].items():
             p = TensorPlacement(name=tname, shape=tuple(int(s) for s in t["shape"]),
@@ -371,6 +379,12 @@ def load_blob(data: bytes, expect_config: VTAConfig | None = None):
                                 nbytes=int(t["nbytes"]))
             if p.dtype not in ("int8", "uint8"):
                 raise BlobError(f"vta blob: tensor {tname} has unsupported dtype {p.dtype}")
+            if (len(p.shape) not in (2, 4) or min(p.shape) < 1 or len(p.halo) != 4
+                    or min(p.halo) < 0 or not -128 <= p.fill <= 127
+                    or p.nbytes != int(np.prod(packed_shape(p, cfg)))):
+                raise BlobError(f"vta blob: tensor {tname} has an inconsistent placement "
+                                f"(shape {list(p.shape)}, halo {list(p.halo)}, {p.nbytes} "
+                                "bytes)")
             if p.offset < 0 or p.nbytes < 0 or p.offset + p.nbytes > dram_size:
                 raise BlobError(f"vta blob: tensor {tname} [{p.offset}, {p.offset + p.nbytes}) "
                                 f"lies outside DRAM of {dram_size} bytes")
@@ -399,7 +413,7 @@ def load_blob(data: bytes, expect_config: VTAConfig | None = None):
         for n in inputs + outputs:
             if n not in tensors:
                 raise BlobError(f"vta blob: function tensor {n} has no memory placement")
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise BlobError(f"vta blob: malformed META section ({type(e).__name__}: {e}); "
                         "recompile the model") from None
     program = VTAProgram(dram_size=dram_size, const_image=const_image, tensors=tensors,

@@ -29,6 +29,7 @@ narrows each lane to 8 bits. The choices, and why:
 from __future__ import annotations
 
 import numpy as np
+
 from tvm_accel.layers import Requant
 from tvm_accel.numerics import RecipeLimits, check_limits, solve_add, solve_requant
 

@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass, fields
 
 import numpy as np
+
 from tvm_accel import simlib
 from tvm_accel.errors import SimulatorError
-
 from tvm_vta_cp.hw_config import VTAConfig
 
 

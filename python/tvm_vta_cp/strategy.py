@@ -1218,7 +1218,7 @@ def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None
 
 
 # --- packing ------------------------------------------------------------------------------------
-def _packed_shape(p: TensorPlacement, cfg: VTAConfig):
+def packed_shape(p: TensorPlacement, cfg: VTAConfig):
     N, C, H, W = _dims4(p.shape)
     ht, hl, hb, hr = p.halo
     return (_cdiv(N, cfg.batch), _cdiv(C, cfg.block_out), H + ht + hb, W + hl + hr, cfg.batch,
@@ -1231,7 +1231,7 @@ def pack_tensor(x: np.ndarray, p: TensorPlacement, cfg: VTAConfig) -> np.ndarray
     if tuple(x.shape) != tuple(p.shape):
         raise ValueError(f"tensor {p.name}: expected shape {tuple(p.shape)}, got {x.shape}")
     N, C, H, W = _dims4(p.shape)
-    NB, CB, Hp, Wp, B, BLK = _packed_shape(p, cfg)
+    NB, CB, Hp, Wp, B, BLK = packed_shape(p, cfg)
     ht, hl, _, _ = p.halo
     lo, hi = (0, 255) if p.dtype == "uint8" else (-128, 127)
     xi = x.astype(np.int64)
@@ -1249,7 +1249,7 @@ def pack_tensor(x: np.ndarray, p: TensorPlacement, cfg: VTAConfig) -> np.ndarray
 def unpack_tensor(buf: np.ndarray, p: TensorPlacement, cfg: VTAConfig) -> np.ndarray:
     """Packed bytes -> logical array of ``p.dtype`` (halo, padded lanes dropped)."""
     N, C, H, W = _dims4(p.shape)
-    NB, CB, Hp, Wp, B, BLK = _packed_shape(p, cfg)
+    NB, CB, Hp, Wp, B, BLK = packed_shape(p, cfg)
     ht, hl, _, _ = p.halo
     arr = np.asarray(buf, dtype=np.uint8)[: p.nbytes].view(np.int8).reshape(NB, CB, Hp, Wp, B,
                                                                             BLK)

@@ -16,6 +16,7 @@ import pytest
 import tvm
 from onnx import helper, numpy_helper
 from tvm import relax
+
 from tvm_accel import numerics, zoo
 from tvm_accel.canonicalize import canonicalize, format_report
 from tvm_accel.errors import ModelError

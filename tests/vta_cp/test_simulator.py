@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from tvm_accel.errors import SimulatorError
 from tvm_vta_cp.codegen import (
     ALU_ADD,
