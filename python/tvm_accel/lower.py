@@ -129,11 +129,12 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern]) ->
                 if comp is None or "Composite" not in comp.attrs:
                     raise AccelError(f"unexpected call in offloaded function: {v.op.name}")
                 pat = by_name[str(comp.attrs["Composite"])]
-                out = unique(b.var.name)
+                args = [names[a.__chandle__()] for a in v.args]
+                layer = _layer_from_composite(comp, pat, args, "")
+                layer.output = out = unique(layer.name)
                 names[b.var.__chandle__()] = out
                 tensors[out] = _tensor(out, b.var)
-                args = [names[a.__chandle__()] for a in v.args]
-                layers.append(_layer_from_composite(comp, pat, args, out))
+                layers.append(layer)
             elif isinstance(v, relax.Var):
                 names[b.var.__chandle__()] = names[v.__chandle__()]
             else:
@@ -152,13 +153,15 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
                  if isinstance(f, relax.Function) and f.attrs
                  and f.attrs.get("Codegen") == target.name}
     blobs = {}
-    for gv, f in offloaded.items():
+    for i, (gv, f) in enumerate(offloaded.items()):
         t0 = time.perf_counter()
         graph = extract_layer_graph(f, patterns)
-        data = target.compile_function(graph, config, knobs, name=gv.name_hint)
+        first = graph.layers[0].name if graph.layers else "empty"
+        name = f"{target.name}_{i}_{first}"
+        data = target.compile_function(graph, config, knobs, name=name)
         blobs[gv] = relax.const(np.frombuffer(data, dtype=np.uint8), "uint8")
         if report is not None:
-            report.append(LoweredFunction(gv.name_hint, graph, data,
+            report.append(LoweredFunction(name, graph, data,
                                           time.perf_counter() - t0,
                                           [ly.name for ly in graph.layers]))
 
