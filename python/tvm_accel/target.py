@@ -7,6 +7,7 @@ partition, lower, run) through these methods, so no core module names a specific
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from tvm_accel.errors import AccelError
 from tvm_accel.layers import LayerGraph, Requant
 
 
-class AccelTarget:
+class AccelTarget(ABC):
     """Base class of an accelerator target (``vta``, ``dpu``, ``marsellus``)."""
 
     #: target kind as written in ``--target "vta, llvm"``
@@ -27,34 +28,34 @@ class AccelTarget:
     def runtime_func(self) -> str:
         return f"{self.package}.run"
 
+    @abstractmethod
     def load_config(self, path_or_name: str | None = None) -> Any:
         """Parse and validate a hardware config (file path or bundled name; None = default)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def requant_recipe(self, scale: np.ndarray, acc_bound: np.ndarray, zero_point: int,
                        qmin: int, qmax: int) -> Requant:
         """Integer recipe approximating ``round(acc * scale[c]) + zero_point`` clipped to
         ``[qmin, qmax]`` for accumulators with ``|acc[c]| <= acc_bound[c]``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def add_recipe(self, scale_a: float, scale_b: float, zero_point: int, qmin: int,
                    qmax: int) -> tuple[int, int, Requant]:
         """Integer multipliers ``(ma, mb)`` and the requant applied to
         ``(a - za) * ma + (b - zb) * mb`` for an add with output scale 1 (scales pre-divided)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def pattern_table(self) -> list[tuple]:
         """Pattern entries ``(name, pattern, annotations, check)``, highest priority first."""
-        raise NotImplementedError
 
+    @abstractmethod
     def compile_function(self, graph: LayerGraph, config: Any, knobs: dict | None = None,
                          name: str = "") -> bytes:
         """Compile one offloaded function's layer graph into a program blob."""
-        raise NotImplementedError
 
+    @abstractmethod
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         """Readable assembly of a blob, one instruction per line with its dependency flags."""
-        raise NotImplementedError
 
 
 _TARGETS: dict[str, AccelTarget] = {}
