@@ -4,26 +4,54 @@
 the imported model into integer Relax ops, with requantize constants from the target's recipe.
 The result compiled for llvm is the reference every accelerator must match bit for bit.
 
-Offloadable layers get a fixed op sequence that the targets' partition patterns match:
+Offloadable layers get a fixed op sequence that the targets' partition patterns match
+(:mod:`tvm_accel.partition` has a builder for each). ``RQ`` below is
+:func:`tvm_accel.numerics.emit_requant` (``astype(int64) -> right_shift(pre) -> multiply(m) ->
+add(round) -> right_shift(shift) -> add(zp) -> maximum(qmin) -> minimum(qmax) ->
+astype(out)``) and ``RESCALE`` is ``astype(int32) -> subtract(zx) -> RQ``:
 
-- conv2d (any groups): ``astype(x, int32) - zx`` -> ``conv2d(.., W - zw, out_dtype=int32)`` ->
-  ``add(B (1,K,1,1))`` -> :func:`tvm_accel.numerics.emit_requant` (int64 chain, clip, cast);
+- conv2d (any groups; depthwise is ``groups == C``): ``astype(x, int32) - zx`` ->
+  ``conv2d(.., W - zw (OIHW int32), out_dtype=int32)`` -> ``add(B (1,K,1,1) int32)`` -> ``RQ``;
 - dense (Gemm / MatMul with constant weight, 2-D input): the same with ``matmul(xc, Wt (Cin,K))``
   and ``(1, K)`` constants;
-- residual add of two quantized tensors: :func:`tvm_accel.numerics.emit_add`.
+- transpose conv (ConvTranspose): the conv form with
+  ``conv2d_transpose(.., W - zw (IOHW int32), strides, padding, output_padding, groups,
+  out_dtype=int32)``;
+- residual add of two quantized tensors: :func:`tvm_accel.numerics.emit_add`;
+- max pool: ``max_pool2d(x)`` on the 8-bit tensor itself (padding is the dtype minimum, so it
+  never wins), then ``RESCALE`` only if the output quantization differs from the input's or a
+  folded ReLU/Clip narrows the range (ONNX QDQ max pools share the input's parameters, so
+  normally the single op is the whole layer);
+- nearest upsample (ONNX Resize/Upsample, mode nearest, integer scales whose index mapping is
+  ``i // S``, see :func:`nearest_upsample_scale`): ``image.resize2d(x)`` on the 8-bit tensor
+  [+ ``RESCALE`` as for max pool]; linear/cubic modes stay float;
+- average pool (no padding, or ``count_include_pad``): ``astype(x, int64) -> subtract(zx) ->
+  multiply(KH*KW) -> avg_pool2d(count_include_pad=True)`` -- the int64 average of values
+  pre-multiplied by the window is exactly the window sum -- then ``RQ`` with scale
+  ``s_in / (s_out * KH * KW)``;
+- global average pool (``mean`` over H, W): ``astype(x, int32) - zx -> sum(axis=[2, 3],
+  keepdims) -> RQ`` with scale ``s_in / (s_out * H * W)``;
+- concat: each input whose quantization differs from the output's (or every input, when a
+  folded ReLU narrows the range) goes through ``RESCALE``; the others enter as they are; then
+  ``concat``.
+
+The core op of each form -- conv2d / matmul / conv2d_transpose / the add of the scaled
+operands / max_pool2d / resize2d / avg_pool2d / sum / concat -- is named ``<layer>_acc``.
 
 A ReLU / Clip between the op and its quantize is folded into ``qmin``/``qmax`` (exact: rounding
 is monotone, so ``round(clip(v, lo, hi) / s) = clip(round(v / s), round(lo / s), round(hi / s))``).
 
-CPU-only ops get an integer form of our own, with the generic int64 recipe
-(:data:`tvm_accel.numerics.CPU_LIMITS`) whenever a rescale is needed:
+Which recipe: conv2d, dense and conv2d_transpose use the target's ``requant_recipe``; the add
+uses its ``add_recipe``; pools, concat, upsample and the CPU-only ops below use the generic
+int64 recipe (:data:`tvm_accel.numerics.CPU_LIMITS`) unless the target defines
+``recipe_for(op)`` (see :meth:`_Recipes.for_op`) -- a target that offloads pools or concat
+(a DPU) routes them through its own, e.g. power-of-two, recipe.
 
-- max_pool2d and layout ops (reshape/flatten, permute_dims, squeeze, expand_dims) run on the
-  integer tensor directly (max and layout commute with the monotone dequantize); a requantize
-  follows only if the output scale/zero point/dtype differ from the input's;
-- global average pool (``mean`` over axes) and average pool (no padding, or padding counted):
-  int32 window sum of ``x - zx`` then requantize with ``s_in / (s_out * window)``;
-- concat: inputs whose quantization differs from the output's are requantized first;
+CPU-only ops get an integer form of our own:
+
+- layout ops (reshape/flatten, permute_dims, squeeze, expand_dims) run on the integer tensor
+  directly (layout commutes with the monotone dequantize); a requantize follows only if the
+  output scale/zero point/dtype differ from the input's;
 - a standalone ReLU/Clip (or a bare ``quantize(dequantize(x))``): clip, or requantize.
 
 Anything else stays as imported (``dequantize -> op -> quantize`` in float, on the CPU), and so do
@@ -33,10 +61,11 @@ raises :class:`~tvm_accel.errors.ModelError` naming the layer.
 
 Layer names come from the ONNX node names that :func:`tvm_accel.frontend.load_onnx` puts on the
 Relax vars (module attribute ``onnx_node_names``); the canonical values are emitted with
-``name_hint`` derived from the layer name: ``<name>_acc`` is the layer's core op (conv2d /
-matmul / the add of the two scaled operands; the partition report keys layers by it),
-``<name>_biased``, ``<name>_rq_*`` the requantize steps, and ``<name>`` the 8-bit output.
-Without ONNX names, layers are named ``conv2d_0``, ``dense_1``, ``add_2``, ...
+``name_hint`` derived from the layer name: ``<name>_acc`` is the layer's core op (see above;
+the partition report keys layers by it), ``<name>_biased``, ``<name>_rq_*`` the requantize
+steps, and ``<name>`` the 8-bit output (for max pool, upsample and concat without a rescale
+the core op is the output: ``<name>_acc``). Without ONNX names, layers are named
+``conv2d_0``, ``dense_1``, ``add_2``, ...
 """
 
 from __future__ import annotations
@@ -63,6 +92,14 @@ BIAS_SCALE_RTOL = 1e-4
 _LAYOUT_OPS = {"relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims",
                "relax.flatten"}
 _AUTO_NAME = re.compile(r"(lv|gv)\d*")
+#: layer kinds that use the target's ``requant_recipe`` unless the target says otherwise
+TARGET_RECIPE_OPS = frozenset({"conv2d", "dense", "conv2d_transpose"})
+#: report names of float ops that have an integer layer kind
+_FLOAT_OP_NAMES = {"nn.max_pool2d": "max_pool2d", "nn.avg_pool2d": "avg_pool2d",
+                   "image.resize2d": "upsample"}
+#: the core op of each layer kind with a weight (``_split_bias`` looks for these)
+_WEIGHTED_OPS = {"relax.nn.conv2d": "conv2d", "relax.matmul": "dense",
+                 "relax.nn.conv2d_transpose": "conv2d_transpose"}
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -122,6 +159,7 @@ class _Recipes:
 
             target = get_target(target)
         self.target_name = getattr(target, "name", "") or ("cpu" if target is None else "custom")
+        self.target = target
         self.cpu = partial(numerics.solve_requant, limits=numerics.CPU_LIMITS)
         if target is None:
             self.requant = self.cpu
@@ -129,6 +167,24 @@ class _Recipes:
         else:
             self.requant = target.requant_recipe
             self.add = target.add_recipe
+
+    def for_op(self, op: str) -> Callable:
+        """Requantize solver for a layer of kind ``op`` (``conv2d``, ``dense``,
+        ``conv2d_transpose``, ``max_pool2d``, ``avg_pool2d``, ``global_avg_pool2d``, ``concat``,
+        ``upsample``, ``requantize``, ...).
+
+        A target may define ``recipe_for(op)`` returning a solver with ``requant_recipe``'s
+        signature, or None for the default: the target's ``requant_recipe`` for the
+        multiply-accumulate layers (:data:`TARGET_RECIPE_OPS`) and the generic int64 CPU recipe
+        for everything else (pools, concat, upsample, layout ops), which is what a target that
+        does not offload those ops wants (VTA)."""
+        if self.target is None:
+            return self.cpu
+        hook = getattr(self.target, "recipe_for", None)
+        solver = hook(op) if hook is not None else None
+        if solver is not None:
+            return solver
+        return self.requant if op in TARGET_RECIPE_OPS else self.cpu
 
 
 # --- graph helpers ---------------------------------------------------------------------------
@@ -345,8 +401,9 @@ class _Canonicalizer:
             core = self.g.peel_activation(core, out)
             plan, reason = None, "not a recognised QDQ pattern"
             try:
-                for m in (self._conv, self._dense, self._add, self._avg_pool, self._global_pool,
-                          self._concat, self._passthrough):
+                for m in (self._conv, self._deconv, self._dense, self._add, self._avg_pool,
+                          self._global_pool, self._concat, self._max_pool, self._resize,
+                          self._passthrough):
                     plan = m(core, out)
                     if plan is not None:
                         break
@@ -360,13 +417,15 @@ class _Canonicalizer:
 
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
-        anchor = {"relax.nn.conv2d": "conv2d", "relax.matmul": "dense"}.get(
-            self.g.op(op_e) if op_e is not None else None)
+        anchor = _WEIGHTED_OPS.get(self.g.op(op_e) if op_e is not None else None)
         op = anchor or (self.g.op(core) or "?").removeprefix("relax.")
+        op = _FLOAT_OP_NAMES.get(op, op)
         name, onnx_name = self.g.layer_name([core], op.replace("nn.", ""))
         name = self.g.claim(name)
+        # the float ops keep their Relax vars: partition.explain finds the reason through them
+        rvars = [v.name for v in (core, op_e, *out.act_exprs) if isinstance(v, relax.Var)]
         self.report.append(LayerRecord(name, onnx_name, op, False, out.dtype, out.scale, out.zp,
-                                       detail={"reason": reason}))
+                                       detail={"reason": reason, "relax_vars": rvars}))
 
     def _record(self, name, onnx_name, op, out: _Out, err=None, **detail) -> LayerRecord:
         if out.activation:
@@ -384,7 +443,7 @@ class _Canonicalizer:
         if _op_name(c) == "relax.add":
             a, b = c.args
             for x, y in ((a, b), (b, a)):
-                if self.g.op(x) in ("relax.nn.conv2d", "relax.matmul"):
+                if self.g.op(x) in _WEIGHTED_OPS:
                     return x, y
             return None, None
         return core, None
@@ -480,7 +539,7 @@ class _Canonicalizer:
             return None
         bound = numerics.conv_acc_bound(wz, bias, x.dtype, x.zp)
         scale = x.scale * sw / out.scale
-        rq = self.rc.requant(scale, bound, out.zp, out.qmin, out.qmax)
+        rq = self.rc.for_op("conv2d")(scale, bound, out.zp, out.qmin, out.qmax)
         err = numerics.recipe_error(rq, bound)
         attrs = dict(strides=_ints(a.strides), padding=_ints(a.padding),
                      dilation=_ints(a.dilation), groups=int(a.groups))
@@ -512,6 +571,72 @@ class _Canonicalizer:
                 "multiplier_max": int(np.max(rq.multiplier)),
                 "acc_bound_max": int(np.max(bound)), "requant": rq}
 
+    # -- conv2d_transpose -----------------------------------------------------------------------
+    def _deconv(self, core, out: _Out):
+        op_e, bias_e = self._split_bias(core)
+        if op_e is None or self.g.op(op_e) != "relax.nn.conv2d_transpose":
+            return None
+        dc = self.g.value(op_e)
+        a = dc.attrs
+        if (a.data_layout != "NCHW" or a.kernel_layout != "IOHW"
+                or (a.out_layout or "NCHW") != "NCHW"):
+            return None
+        x = self.g.dq_act(dc.args[0])
+        if x is None:
+            return None
+        name, onnx_name = self.g.layer_name([core, op_e], "conv2d_transpose")
+        wq = self._weight_dq(dc.args[1], name)
+        if wq is None:
+            return None
+        w, sw, zw, axis, transposed = wq
+        if transposed or w.ndim != 4:
+            return None
+        g = int(a.groups)
+        kg = int(w.shape[1])
+        k = kg * g
+        # ONNX ConvTranspose weights (C, K/groups, KH, KW) are quantized per axis 1: one scale
+        # per output channel of a group, shared by the groups
+        for what, v in (("weight scale", sw), ("weight zero point", zw)):
+            if np.asarray(v).size > 1 and (axis != 1 or np.asarray(v).size != kg):
+                raise ModelError(f"layer '{name}': transpose-conv {what}s must be per tensor or "
+                                 f"per output channel (axis 1, {kg} values), got axis {axis} "
+                                 f"with {np.asarray(v).size}")
+        sw_k = np.asarray(sw, dtype=np.float64).ravel()
+        zw_k = np.asarray(zw, dtype=np.int64).ravel()
+        sw_k = np.tile(np.broadcast_to(sw_k, (kg,)), g)
+        wz = w.astype(np.int64) - np.broadcast_to(zw_k, (kg,)).reshape(1, kg, 1, 1)
+        bias, bias_kind = self._bias_ints(bias_e, k, x.scale, sw_k, name)
+        if bias is None:
+            return None
+        strides, dil = _ints(a.strides), _ints(a.dilation)
+        bound = deconv_acc_bound(wz, bias, g, strides, dil, x.reach)
+        scale = x.scale * sw_k / out.scale
+        rq = self.rc.for_op("conv2d_transpose")(scale, bound, out.zp, out.qmin, out.qmax)
+        err = numerics.recipe_error(rq, bound)
+        attrs = dict(strides=strides, padding=_ints(a.padding),
+                     output_padding=_ints(a.output_padding), dilation=dil, groups=g)
+
+        name = self.g.claim(name)
+
+        def emit(bb, look):
+            xi = bb.emit(R.astype(look(x.var), "int32"), name_hint=f"{name}_xi")
+            xc = bb.emit(R.subtract(xi, relax.const(x.zp, "int32")), name_hint=f"{name}_xc")
+            acc = bb.emit(R.nn.conv2d_transpose(xc, relax.const(wz.astype(np.int32), "int32"),
+                                                data_layout="NCHW", kernel_layout="IOHW",
+                                                out_dtype="int32", **attrs),
+                          name_hint=f"{name}_acc")
+            acc = bb.emit(R.add(acc, relax.const(bias.astype(np.int32).reshape(1, k, 1, 1),
+                                                 "int32")), name_hint=f"{name}_biased")
+            return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
+                                         out_name=name)
+
+        rec = self._record(name, onnx_name, "conv2d_transpose", out, err, **attrs,
+                           kernel=tuple(int(d) for d in w.shape),
+                           weight_per_channel=bool(np.unique(sw_k).size > 1),
+                           bias=bias_kind, input_scale=x.scale, input_zero_point=x.zp,
+                           input_dtype=x.dtype, **self._rq_detail(rq, bound))
+        return _Plan(rec, emit)
+
     # -- dense ----------------------------------------------------------------------------------
     def _dense(self, core, out: _Out):
         op_e, bias_e = self._split_bias(core)
@@ -542,7 +667,8 @@ class _Canonicalizer:
         if bias is None:
             return None
         bound = numerics.conv_acc_bound(wt.T, bias, x.dtype, x.zp)
-        rq = self.rc.requant(x.scale * sw / out.scale, bound, out.zp, out.qmin, out.qmax)
+        rq = self.rc.for_op("dense")(x.scale * sw / out.scale, bound, out.zp, out.qmin,
+                                     out.qmax)
         err = numerics.recipe_error(rq, bound)
 
         name = self.g.claim(name)
@@ -588,35 +714,45 @@ class _Canonicalizer:
                            shift=rq.shift, pre_shift=0, requant=rq)
         return _Plan(rec, emit)
 
-    # -- CPU-only ops ---------------------------------------------------------------------------
-    def _finish(self, bb, xint, x: _QAct, out: _Out, name: str, extra_scale: float = 1.0,
-                acc=None, bound=None):
-        """Bring an integer tensor with x's quantization (times ``extra_scale``) to ``out``:
-        clip only if the parameters agree, else the CPU requantize chain. ``acc`` (int32, zero
-        point removed) replaces ``xint - zx`` when given."""
-        if acc is None and extra_scale == 1.0 and x.same_as(out.scale, out.zp, out.dtype):
-            return _clamp(bb, xint, out, name)
-        if acc is None:
-            xi = bb.emit(R.astype(xint, "int32"), name_hint=f"{name}_xi")
-            acc = bb.emit(R.subtract(xi, relax.const(x.zp, "int32")), name_hint=f"{name}_xc")
-        rq = self._cpu_rq(x, out, extra_scale, bound)
-        return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
-                                     out_name=name)
-
-    def _cpu_rq(self, x: _QAct, out: _Out, extra_scale: float = 1.0, bound=None) -> Requant:
+    # -- rescaling helpers ----------------------------------------------------------------------
+    def _rescale_rq(self, op: str, x: _QAct, out: _Out, extra_scale: float = 1.0,
+                    bound=None) -> Requant:
+        """Recipe (of ``op``'s kind, see ``_Recipes.for_op``) bringing ``x - zx`` times
+        ``extra_scale`` to ``out``; ``bound`` bounds ``|acc|`` (default ``x``'s reach)."""
         bound = x.reach if bound is None else bound
-        return self.rc.cpu(np.array([x.scale * extra_scale / out.scale]), np.array([bound]),
-                           out.zp, out.qmin, out.qmax)
+        return self.rc.for_op(op)(np.array([x.scale * extra_scale / out.scale]),
+                                  np.array([bound]), out.zp, out.qmin, out.qmax)
 
-    def _finish_error(self, x: _QAct, out: _Out, extra_scale=1.0, bound=None):
-        if extra_scale == 1.0 and bound is None and x.same_as(out.scale, out.zp, out.dtype):
+    def _selection_rq(self, op: str, x: _QAct, out: _Out) -> Requant | None:
+        """For ops that only select values (max pool, upsample, concat inputs): None when
+        ``x`` already has ``out``'s quantization and no activation narrows the range (the
+        integers pass through), else the rescale recipe (scale 1 for a clamp only)."""
+        if x.same_as(out.scale, out.zp, out.dtype) and out.full_range:
+            return None
+        return self._rescale_rq(op, x, out)
+
+    @staticmethod
+    def _emit_rescale(bb, v, zx: int, rq: Requant, out_dtype: str, name: str):
+        """The rescale tail: ``astype(v, int32) - zx`` then the requant chain."""
+        xi = bb.emit(R.astype(v, "int32"), name_hint=f"{name}_xi")
+        xc = bb.emit(R.subtract(xi, relax.const(zx, "int32")), name_hint=f"{name}_xc")
+        return numerics.emit_requant(bb, xc, rq, out_dtype, 1, name=f"{name}_rq", out_name=name)
+
+    def _rq_error(self, rq: Requant | None, bound) -> tuple[Any, dict]:
+        if rq is None:
             return None, {"rescale": False}
-        rq = self._cpu_rq(x, out, extra_scale, bound)
-        b = x.reach if bound is None else bound
-        return numerics.recipe_error(rq, b), {"rescale": True, **self._rq_detail(rq, b)}
+        return numerics.recipe_error(rq, bound), {"rescale": True, **self._rq_detail(rq, bound)}
+
+    # -- CPU-only ops ---------------------------------------------------------------------------
+    def _finish(self, bb, xint, x: _QAct, out: _Out, name: str, rq: Requant | None):
+        """Bring an integer tensor with x's quantization to ``out``: clip only when ``rq`` is
+        None (equal parameters), else the requantize chain on ``xint - zx``."""
+        if rq is None:
+            return _clamp(bb, xint, out, name)
+        return self._emit_rescale(bb, xint, x.zp, rq, out.dtype, name)
 
     def _passthrough(self, core, out: _Out):
-        """max_pool2d / layout ops on the integer tensor, or a bare requantize / relu / clip."""
+        """Layout ops on the integer tensor, or a bare requantize / relu / clip (CPU)."""
         c = self.g.value(core)
         op = _op_name(c)
         if op == "relax.dequantize":
@@ -624,38 +760,85 @@ class _Canonicalizer:
             if x is None:
                 return None
             kind, rebuild = (out.activation or "requantize"), None
-        elif op == "relax.nn.max_pool2d" or op in _LAYOUT_OPS:
-            if op == "relax.nn.max_pool2d" and c.attrs.layout != "NCHW":
-                return None
+        elif op in _LAYOUT_OPS:
             x = self.g.dq_act(c.args[0])
             if x is None:
                 return None
-            kind = op.removeprefix("relax.").removeprefix("nn.")
+            kind = op.removeprefix("relax.")
             rebuild = c
         else:
             return None
         cands = [core] if rebuild is not None else [*out.act_exprs, core]
         name, onnx_name = self.g.layer_name(cands, kind)
-        err, detail = self._finish_error(x, out)
+        rq = None if x.same_as(out.scale, out.zp, out.dtype) else self._rescale_rq(kind, x, out)
+        err, detail = self._rq_error(rq, x.reach)
         name = self.g.claim(name)
 
-        if rebuild is None and detail["rescale"] is False and out.full_range:
+        if rebuild is None and rq is None and out.full_range:
             def emit(bb, look):  # quantize(dequantize(x)) with equal parameters: x itself
                 return look(x.var)
         else:
             def emit(bb, look):
                 xi = look(x.var)
                 if rebuild is not None:
-                    final = not detail["rescale"] and out.full_range
+                    final = rq is None and out.full_range
                     xi = bb.emit(relax.Call(rebuild.op, [xi, *rebuild.args[1:]], rebuild.attrs,
                                             rebuild.ty_args),
                                  name_hint=name if final else f"{name}_int")
-                return self._finish(bb, xi, x, out, name)
+                return self._finish(bb, xi, x, out, name, rq)
 
         rec = self._record(name, onnx_name, kind, out, err, input_scale=x.scale,
                            input_zero_point=x.zp, input_dtype=x.dtype, **detail)
         return _Plan(rec, emit)
 
+    # -- selection ops: max pool, nearest upsample ---------------------------------------------
+    def _selection(self, core, out: _Out, kind: str, c, x: _QAct, detail: dict):
+        """``<name>_acc = op(x_int)`` (same attributes) [+ the rescale tail]."""
+        name, onnx_name = self.g.layer_name([core], kind)
+        rq = self._selection_rq(kind, x, out)
+        err, rdetail = self._rq_error(rq, x.reach)
+        name = self.g.claim(name)
+
+        def emit(bb, look):
+            v = bb.emit(relax.Call(c.op, [look(x.var), *c.args[1:]], c.attrs, c.ty_args),
+                        name_hint=f"{name}_acc")
+            return v if rq is None else self._emit_rescale(bb, v, x.zp, rq, out.dtype, name)
+
+        rec = self._record(name, onnx_name, kind, out, err, input_scale=x.scale,
+                           input_zero_point=x.zp, input_dtype=x.dtype, **detail, **rdetail)
+        return _Plan(rec, emit)
+
+    def _max_pool(self, core, out: _Out):
+        c = self.g.value(core)
+        if _op_name(c) != "relax.nn.max_pool2d":
+            return None
+        a = c.attrs
+        if a.layout != "NCHW" or (a.out_layout or "NCHW") != "NCHW":
+            return None
+        x = self.g.dq_act(c.args[0])
+        if x is None:
+            return None
+        detail = dict(pool_size=_ints(a.pool_size), strides=_ints(a.strides),
+                      padding=_ints(a.padding), dilation=_ints(a.dilation),
+                      ceil_mode=bool(a.ceil_mode))
+        return self._selection(core, out, "max_pool2d", c, x, detail)
+
+    def _resize(self, core, out: _Out):
+        c = self.g.value(core)
+        if _op_name(c) != "relax.image.resize2d":
+            return None
+        x = self.g.dq_act(c.args[0])
+        ishape, oshape = _shape(c.args[0]), _shape(c)
+        if x is None or ishape is None or oshape is None or len(ishape) != 4:
+            return None
+        scale = nearest_upsample_scale(c.attrs, ishape, oshape)
+        if scale is None:
+            return None  # linear/cubic, fractional scales or another index mapping: float
+        detail = dict(scale=scale, coordinate_transformation_mode=str(
+            c.attrs.coordinate_transformation_mode), rounding_method=str(c.attrs.rounding_method))
+        return self._selection(core, out, "upsample", c, x, detail)
+
+    # -- pools ----------------------------------------------------------------------------------
     def _global_pool(self, core, out: _Out):
         c = self.g.value(core)
         if _op_name(c) != "relax.mean":
@@ -671,15 +854,16 @@ class _Canonicalizer:
         kind = "global_avg_pool2d" if sorted(axes) == [2, 3] and len(shape) == 4 else "mean"
         name, onnx_name = self.g.layer_name([core], kind)
         bound = n * x.reach
-        err, detail = self._finish_error(x, out, 1.0 / n, bound)
-
+        rq = self._rescale_rq(kind, x, out, 1.0 / n, bound)
+        err, detail = self._rq_error(rq, bound)
         name = self.g.claim(name)
 
         def emit(bb, look):
             xi = bb.emit(R.astype(look(x.var), "int32"), name_hint=f"{name}_xi")
             xc = bb.emit(R.subtract(xi, relax.const(x.zp, "int32")), name_hint=f"{name}_xc")
-            acc = bb.emit(R.sum(xc, axis=axes, keepdims=keep), name_hint=f"{name}_sum")
-            return self._finish(bb, None, x, out, name, 1.0 / n, acc=acc, bound=bound)
+            acc = bb.emit(R.sum(xc, axis=axes, keepdims=keep), name_hint=f"{name}_acc")
+            return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
+                                         out_name=name)
 
         rec = self._record(name, onnx_name, kind, out, err, window=n, input_scale=x.scale,
                            input_zero_point=x.zp, input_dtype=x.dtype, **detail)
@@ -692,43 +876,34 @@ class _Canonicalizer:
         a = c.attrs
         x = self.g.dq_act(c.args[0])
         shape = _shape(c.args[0])
-        oshape = _shape(c)
         pad = _ints(a.padding)
-        if (x is None or shape is None or oshape is None or a.layout != "NCHW"
+        if (x is None or shape is None or a.layout != "NCHW"
                 or (a.out_layout or "NCHW") != "NCHW" or bool(a.ceil_mode)
+                or any(d != 1 for d in _ints(a.dilation))
                 or (any(pad) and not bool(a.count_include_pad))):
             return None  # border windows with a varying divisor: leave float
         kh, kw = _ints(a.pool_size)
-        sh, sw = _ints(a.strides)
-        dh, dw = _ints(a.dilation)
-        ho, wo = oshape[2], oshape[3]
         n = kh * kw
         name, onnx_name = self.g.layer_name([core], "avg_pool2d")
         bound = n * x.reach
-        err, detail = self._finish_error(x, out, 1.0 / n, bound)
-
+        rq = self._rescale_rq("avg_pool2d", x, out, 1.0 / n, bound)
+        err, detail = self._rq_error(rq, bound)
         name = self.g.claim(name)
 
         def emit(bb, look):
-            xi = bb.emit(R.astype(look(x.var), "int32"), name_hint=f"{name}_xi")
-            xc = bb.emit(R.subtract(xi, relax.const(x.zp, "int32")), name_hint=f"{name}_xc")
-            if any(pad):
-                pt, pl, pb, pr = pad
-                xc = bb.emit(R.nn.pad(xc, [0, 0, 0, 0, pt, pb, pl, pr]),
-                             name_hint=f"{name}_pad")
-            acc = None
-            for i in range(kh):
-                for j in range(kw):
-                    y0, x0 = i * dh, j * dw
-                    win = bb.emit(R.strided_slice(
-                        xc, axes=[2, 3], begin=[y0, x0],
-                        end=[y0 + (ho - 1) * sh + 1, x0 + (wo - 1) * sw + 1],
-                        strides=[sh, sw]), name_hint=f"{name}_win")
-                    acc = win if acc is None else bb.emit(R.add(acc, win),
-                                                          name_hint=f"{name}_sum")
-            return self._finish(bb, None, x, out, name, 1.0 / n, acc=acc, bound=bound)
+            # int64 avg_pool2d of (x - zx) * n with count_include_pad divides exactly: the
+            # result is the window sum (TVM keeps int64 pools in int64)
+            t = bb.emit(R.astype(look(x.var), "int64"), name_hint=f"{name}_x64")
+            t = bb.emit(R.subtract(t, relax.const(x.zp, "int64")), name_hint=f"{name}_xc")
+            t = bb.emit(R.multiply(t, relax.const(n, "int64")), name_hint=f"{name}_xn")
+            acc = bb.emit(R.nn.avg_pool2d(t, pool_size=(kh, kw), strides=_ints(a.strides),
+                                          padding=pad, count_include_pad=True, layout="NCHW"),
+                          name_hint=f"{name}_acc")
+            return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
+                                         out_name=name)
 
         rec = self._record(name, onnx_name, "avg_pool2d", out, err, window=n,
+                           pool_size=[kh, kw], strides=_ints(a.strides), padding=pad,
                            input_scale=x.scale, input_zero_point=x.zp, input_dtype=x.dtype,
                            **detail)
         return _Plan(rec, emit)
@@ -745,21 +920,90 @@ class _Canonicalizer:
             return None
         axis = int(c.attrs.axis)
         name, onnx_name = self.g.layer_name([core], "concat")
-        errs = [self._finish_error(x, out)[0] for x in xs]
+        rqs = [self._selection_rq("concat", x, out) for x in xs]
+        errs = [self._rq_error(rq, x.reach)[0] for rq, x in zip(rqs, xs, strict=True)]
         errs = [e for e in errs if e is not None]
-
         name = self.g.claim(name)
 
         def emit(bb, look):
-            parts = [self._finish(bb, look(x.var), x, out, f"{name}_in{i}")
-                     for i, x in enumerate(xs)]
-            return bb.emit(R.concat(parts, axis=axis), name_hint=name)
+            parts = [look(x.var) if rq is None else
+                     self._emit_rescale(bb, look(x.var), x.zp, rq, out.dtype, f"{name}_in{i}")
+                     for i, (x, rq) in enumerate(zip(xs, rqs, strict=True))]
+            return bb.emit(R.concat(parts, axis=axis), name_hint=f"{name}_acc")
 
         err = (numerics.ApproximationError(max(e.max_rel_error for e in errs),
                                            max(e.max_lsb_error for e in errs)) if errs else None)
         rec = self._record(name, onnx_name, "concat", out, err, inputs=len(xs),
-                           rescaled_inputs=len(errs), axis=axis)
+                           rescaled_inputs=len(errs), axis=axis,
+                           requants=[rq for rq in rqs])
         return _Plan(rec, emit)
+
+
+def deconv_acc_bound(wz: np.ndarray, bias: np.ndarray, groups: int, strides, dilation,
+                     reach: int) -> np.ndarray:
+    """Per output channel bound of a transpose conv's accumulator: the worst output pixel sums
+    the taps of one stride phase (``i * DH = r mod SH``) over the group's input channels."""
+    c, kg, kh, kw = wz.shape
+    aw = np.abs(wz.astype(np.int64)).reshape(groups, c // groups, kg, kh, kw).sum(axis=1)
+    best = np.zeros((groups, kg), dtype=np.int64)
+    for rh in range(strides[0]):
+        ih = [i for i in range(kh) if (i * dilation[0]) % strides[0] == rh]
+        for rw in range(strides[1]):
+            iw = [j for j in range(kw) if (j * dilation[1]) % strides[1] == rw]
+            if ih and iw:
+                best = np.maximum(best, aw[:, :, ih][:, :, :, iw].sum(axis=(2, 3)))
+    return best.reshape(-1) * reach + np.abs(bias.astype(np.int64))
+
+
+def nearest_upsample_scale(attrs, in_shape, out_shape) -> tuple[int, int] | None:
+    """``(SH, SW)`` if a ``resize2d`` with ``attrs`` maps output pixel ``i`` to input pixel
+    ``i // S`` on both spatial axes (nearest neighbour, integer factors), else None.
+
+    The mapping is computed with the ONNX Resize formulas of the call's coordinate
+    transformation mode and rounding method, so any combination that reduces to ``i // S``
+    (e.g. ``asymmetric`` + ``floor``, ``half_pixel`` + ``round_prefer_floor``, ONNX's default)
+    is accepted and anything else is refused.
+    """
+    if str(attrs.method) != "nearest_neighbor" or str(attrs.layout) != "NCHW":
+        return None
+    mode = str(attrs.coordinate_transformation_mode)
+    rnd = str(attrs.rounding_method) or "round"
+    scales = []
+    for n_in, n_out in zip(in_shape[2:], out_shape[2:], strict=True):
+        if n_in <= 0 or n_out % n_in:
+            return None
+        s = n_out // n_in
+        i = np.arange(n_out, dtype=np.float64)
+        if mode == "asymmetric":
+            src = i / s
+        elif mode in ("half_pixel", "pytorch_half_pixel"):
+            src = (i + 0.5) / s - 0.5
+            if mode == "pytorch_half_pixel" and n_out == 1:
+                src = np.zeros_like(i)
+        elif mode == "tf_half_pixel_for_nn":
+            src = (i + 0.5) / s
+        elif mode == "align_corners":
+            src = i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(i)
+        else:
+            return None
+        if rnd == "floor":
+            idx = np.floor(src)
+        elif rnd == "ceil":
+            idx = np.ceil(src)
+        elif rnd in ("round_prefer_floor", "round_prefer_ceil", "round"):
+            half = src - np.floor(src) == 0.5
+            if rnd == "round" and np.any(half):
+                return None  # ties: the rounding convention would matter
+            near = np.floor(src + 0.5)
+            idx = np.where(half, np.floor(src) if rnd == "round_prefer_floor" else np.ceil(src),
+                           near)
+        else:
+            return None
+        idx = np.clip(idx, 0, n_in - 1).astype(np.int64)
+        if not np.array_equal(idx, np.arange(n_out) // s):
+            return None
+        scales.append(int(s))
+    return scales[0], scales[1]
 
 
 @relax.expr_functor.mutator
@@ -783,7 +1027,8 @@ def canonicalize(mod: tvm.IRModule, target=None,
     """Rewrite the QDQ patterns of ``mod[func_name]`` into the canonical integer graph.
 
     ``target``: an :class:`~tvm_accel.target.AccelTarget` (or its kind, e.g. ``"vta"``, or any
-    object with ``requant_recipe``/``add_recipe``) whose recipe is used for conv2d, dense and add;
+    object with ``requant_recipe``/``add_recipe`` and optionally ``recipe_for``) whose recipe is
+    used for conv2d, dense, conv2d_transpose and add (and whatever ``recipe_for`` claims);
     ``None`` uses the generic int64 CPU recipe. A recipe that raises
     :class:`tvm_accel.numerics.RecipeError` (scale not representable on the hardware) leaves
     that layer float, on the CPU, with the reason in its record. Returns the new module

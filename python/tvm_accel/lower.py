@@ -17,7 +17,17 @@ import tvm
 from tvm import relax
 
 from tvm_accel.errors import AccelError
-from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, Requant, Tensor
+from tvm_accel.layers import (
+    AddLayer,
+    ConcatLayer,
+    ConvLayer,
+    DeconvLayer,
+    LayerGraph,
+    PoolLayer,
+    Requant,
+    Tensor,
+    UpsampleLayer,
+)
 from tvm_accel.partition import OffloadPattern, const_value, layer_name, static_shape
 from tvm_accel.target import AccelTarget
 
@@ -53,8 +63,32 @@ def _requant(m: dict, k: int, pre_shift: int, multiplier: np.ndarray) -> Requant
     return rq
 
 
+def _param_index(comp: relax.Function, expr) -> int:
+    """Position of the composite parameter ``expr`` (a matched wildcard)."""
+    for i, p in enumerate(comp.params):
+        if p.same_as(expr):
+            return i
+    raise AccelError(f"composite input {getattr(expr, 'name', expr)} is not a parameter")
+
+
+def _tail_requant(ann: dict, prefix: str = "") -> Requant | None:
+    """Per-tensor requant of a rescale tail (annotations ``<prefix>pre_shift`` ...), or None
+    when the tail is absent."""
+    if f"{prefix}multiplier" not in ann:
+        return None
+    sub = {k: ann[f"{prefix}{k}"] for k in ("round_add", "shift", "zero_point", "qmin", "qmax")}
+    return _requant(sub, 1, _scalar(ann[f"{prefix}pre_shift"]),
+                    _vector(ann[f"{prefix}multiplier"], 1))
+
+
+def _ints(a) -> tuple[int, ...]:
+    return tuple(int(x) for x in a)
+
+
 def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: list[str],
                           output: str):
+    """Rebuild one layer from a composite function: dispatch on the pattern's core op (the
+    annotations of :mod:`tvm_accel.partition`'s pattern builders)."""
     body = comp.body
     root = body.blocks[-1].bindings[-1].value
     var2val = relax.analysis.get_var2val(comp)
@@ -65,29 +99,91 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
     core_name = next((b.var.name for blk in body.blocks for b in blk.bindings
                       if b.value.same_as(ann["core"])), output)
     name = layer_name(core_name)
+    core = ann["core"]
+    op = core.op.name
     if "weight" in ann:
         w = const_value(ann["weight"]).astype(np.int64)
-        is_dense = ann["core"].op.name == "relax.matmul"
+        bias = const_value(ann["bias"]).astype(np.int64).reshape(-1)
+        zx = _scalar(ann["input_zero_point"])
+        if op == "relax.nn.conv2d_transpose":
+            a = core.attrs
+            g = int(a.groups)
+            k = int(w.shape[1]) * g
+            rq = _requant(ann, k, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], k))
+            return DeconvLayer(name=name, input=inputs[0], output=output, weight=w, bias=bias,
+                               input_zero_point=zx, strides=_ints(a.strides),
+                               padding=_ints(a.padding), output_padding=_ints(a.output_padding),
+                               requant=rq, groups=g, dilation=_ints(a.dilation))
+        is_dense = op == "relax.matmul"
+        groups = 1
         if is_dense:
             w = w.T.reshape(w.shape[1], w.shape[0], 1, 1)
             strides, padding = (1, 1), (0, 0, 0, 0)
         else:
-            a = ann["core"].attrs
+            a = core.attrs
             strides = tuple(int(s) for s in a.strides)
             padding = tuple(int(p) for p in a.padding)
+            groups = int(a.groups)
         k = w.shape[0]
         rq = _requant(ann, k, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], k))
-        return ConvLayer(name=name, input=inputs[0], output=output, weight=w,
-                         bias=const_value(ann["bias"]).astype(np.int64).reshape(-1),
-                         input_zero_point=_scalar(ann["input_zero_point"]), strides=strides,
-                         padding=padding, requant=rq, is_dense=is_dense,
-                         op_name="dense" if is_dense else "conv2d")
-    rq = _requant(ann, 1, 0, np.ones(1, dtype=np.int64))
-    return AddLayer(name=name, inputs=(inputs[0], inputs[1]), output=output,
-                    a_zero_point=_scalar(ann["lhs_zero_point"]),
-                    b_zero_point=_scalar(ann["rhs_zero_point"]),
-                    a_multiplier=_scalar(ann["lhs_multiplier"]),
-                    b_multiplier=_scalar(ann["rhs_multiplier"]), requant=rq)
+        return ConvLayer(name=name, input=inputs[0], output=output, weight=w, bias=bias,
+                         input_zero_point=zx, strides=strides, padding=padding, requant=rq,
+                         is_dense=is_dense, op_name="dense" if is_dense else "conv2d",
+                         groups=groups)
+    if "lhs" in ann:
+        rq = _requant(ann, 1, 0, np.ones(1, dtype=np.int64))
+        return AddLayer(name=name, inputs=(inputs[0], inputs[1]), output=output,
+                        a_zero_point=_scalar(ann["lhs_zero_point"]),
+                        b_zero_point=_scalar(ann["rhs_zero_point"]),
+                        a_multiplier=_scalar(ann["lhs_multiplier"]),
+                        b_multiplier=_scalar(ann["rhs_multiplier"]), requant=rq)
+    data = inputs[_param_index(comp, ann["data"])] if "data" in ann else None
+    if op in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
+        a = core.attrs
+        if any(int(d) != 1 for d in a.dilation) or bool(a.ceil_mode):
+            raise AccelError(f"layer {name}: dilated or ceil-mode pooling has no PoolLayer form")
+        kind = "max" if op == "relax.nn.max_pool2d" else "avg"
+        rq = _tail_requant(ann) if kind == "max" else _requant(
+            ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
+        if kind == "avg" and _scalar(ann["window"]) != int(np.prod(_ints(a.pool_size))):
+            raise AccelError(f"layer {name}: avg pool window constant does not match its kernel")
+        return PoolLayer(name=name, input=data, output=output, kind=kind,
+                         kernel=_ints(a.pool_size), strides=_ints(a.strides),
+                         padding=_ints(a.padding),
+                         input_zero_point=(_scalar(ann["input_zero_point"])
+                                           if "input_zero_point" in ann else 0),
+                         requant=rq)
+    if op == "relax.sum":
+        shape = static_shape(ann["data"])
+        axes = [int(x) % len(shape) for x in core.attrs.axis] if core.attrs.axis is not None \
+            else list(range(len(shape)))
+        if len(shape) != 4 or sorted(axes) != [2, 3] or not bool(core.attrs.keepdims):
+            raise AccelError(f"layer {name}: a sum that is not a global average pool")
+        rq = _requant(ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
+        return PoolLayer(name=name, input=data, output=output, kind="avg",
+                         kernel=(shape[2], shape[3]), strides=(1, 1), padding=(0, 0, 0, 0),
+                         input_zero_point=_scalar(ann["input_zero_point"]), requant=rq,
+                         op_name="global_avg_pool2d")
+    if op == "relax.image.resize2d":
+        from tvm_accel.canonicalize import nearest_upsample_scale
+
+        scale = nearest_upsample_scale(core.attrs, static_shape(ann["data"]),
+                                       static_shape(core))
+        if scale is None:
+            raise AccelError(f"layer {name}: resize2d is not a nearest upsample by integers")
+        return UpsampleLayer(name=name, input=data, output=output, scale=scale,
+                             input_zero_point=(_scalar(ann["input_zero_point"])
+                                               if "input_zero_point" in ann else 0),
+                             requant=_tail_requant(ann))
+    if op == "relax.concat":
+        n = sum(1 for k in ann if k.startswith("input") and k[5:].isdigit())
+        ins = tuple(inputs[_param_index(comp, ann[f"input{i}"])] for i in range(n))
+        zps = tuple(_scalar(ann[f"in{i}_input_zero_point"]) if f"in{i}_input_zero_point" in ann
+                    else 0 for i in range(n))
+        rqs = tuple(_tail_requant(ann, f"in{i}_") for i in range(n))
+        return ConcatLayer(name=name, inputs=ins, output=output, input_zero_points=zps,
+                           requants=rqs, axis=int(core.attrs.axis))
+    raise AccelError(f"composite {pat.name}: no layer kind for core op {op}")
 
 
 def _tensor(name: str, expr) -> Tensor:
@@ -170,8 +266,11 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if isinstance(call.op, tvm.ir.GlobalVar) and call.op in blobs:
+                ret = offloaded[call.op].ret_ty
+                if isinstance(ret, relax.TupleType):  # several outputs: one DPS buffer each
+                    ret = list(ret.fields)
                 return relax.call_dps_packed(target.runtime_func, [blobs[call.op], *call.args],
-                                             offloaded[call.op].ret_ty)
+                                             ret)
             return call
 
     new = tvm.IRModule(attrs=mod.attrs)

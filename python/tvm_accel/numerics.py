@@ -32,6 +32,27 @@ round half up) is common to all recipes and not counted.
 Per-channel shifts are not part of the shared form (``Requant.shift`` and the canonical graph's
 ``right_shift`` constant are scalars), so the solver has no such option: a hardware with
 per-channel shifts can run every recipe returned here.
+
+Power-of-two (fix-point) hardware (``RecipeLimits(power_of_two=True)``, e.g. a DPU) requantizes
+by shifting only: no multiplier, no pre-shift. Its recipe is exact or does not exist:
+
+- ``scale == 2^-s`` (``s >= 0``, a right shift): ``pre_shift 0, multiplier 1, shift s,
+  round_add 2^(s-1)`` (round half up; 0 when ``s == 0``), i.e. ``(acc + 2^(s-1)) >> s``;
+- ``scale == 2^k`` with ``k > 0`` (a left shift, e.g. aligning a finer input to a coarser
+  output in an element-wise add or a concat): ``multiplier 2^k, shift 0`` -- the form has no
+  negative shift, so a left shift is written as the multiplication by ``2^k`` it is;
+- any other scale raises :class:`RecipeError` ("scale ratio 0.0123 is not a power of two (the
+  DPU requantizes by shifting); quantize with power-of-two scales"), so canonicalize leaves the
+  layer float, on the CPU, with that reason.
+
+Per-channel scales must share one exponent unless ``per_channel_shift`` is set; then the
+channels get power-of-two multipliers ``2^(S - s_c)`` under the common shift ``S = max s_c``,
+which is bit-identical to shifting channel ``c`` by ``s_c`` with its own round-half-up
+(``(acc * 2^(S-s_c) + 2^(S-1)) >> S == (acc + 2^(s_c-1)) >> s_c``). The add form
+(:func:`solve_add`) gets ``ma = 2^(S + ea)``, ``mb = 2^(S + eb)`` with the smallest shift
+``S = max(0, -ea, -eb)`` that makes both integers: the finer operand is left-shifted into
+the coarser one's grid, exactly. A scale counts as a power of two when it is within
+:data:`POW2_RTOL` of one (scales are float32 in ONNX).
 """
 
 from __future__ import annotations
@@ -59,6 +80,13 @@ class RecipeLimits:
     max_shift: int = 62
     #: largest pre-shift (before the multiply); 0 = the hardware has no pre-shift
     max_pre_shift: int = 31
+    #: the hardware requantizes by shifting only (fix-point): exact power-of-two recipes or
+    #: RecipeError (see the module docstring)
+    power_of_two: bool = False
+    #: with ``power_of_two``: the hardware shifts each output channel by its own amount
+    per_channel_shift: bool = False
+    #: what to call the hardware in error messages
+    hardware: str = "hardware"
 
     @property
     def lane_max(self) -> int:
@@ -119,15 +147,72 @@ def _error_terms(scale: np.ndarray, bounds, mults, pre_shift: int, shift: int, z
     return float(lsb.max(initial=0.0)), float(rel.max(initial=0.0))
 
 
+#: relative tolerance of "this scale is a power of two"
+POW2_RTOL = 1e-6
+
+
+def power_of_two_exponent(x: float, rtol: float = POW2_RTOL) -> int | None:
+    """``k`` if ``x`` is ``2^k`` (within ``rtol``), else None (also for 0, negative, inf)."""
+    x = float(x)
+    if not np.isfinite(x) or x <= 0:
+        return None
+    k = int(np.round(np.log2(x)))
+    return k if abs(x / 2.0 ** k - 1.0) <= rtol else None
+
+
+def _not_pow2(x: float, limits: RecipeLimits) -> RecipeError:
+    return RecipeError(f"scale ratio {x:.4g} is not a power of two (the {limits.hardware} "
+                       "requantizes by shifting); quantize with power-of-two scales")
+
+
+def _solve_pow2(s: np.ndarray, bounds: list[int], zero_point: int, qmin: int, qmax: int,
+                limits: RecipeLimits) -> Requant:
+    exps = []
+    for x in s:
+        if x == 0:
+            exps.append(None)
+            continue
+        e = power_of_two_exponent(x)
+        if e is None:
+            raise _not_pow2(x, limits)
+        exps.append(e)
+    known = [e for e in exps if e is not None]
+    if not known:
+        known = [0]
+    if len(set(known)) > 1 and not limits.per_channel_shift:
+        raise RecipeError(
+            f"per-channel scale ratios 2^{min(known)}..2^{max(known)} need per-channel shifts "
+            f"(the {limits.hardware} shifts a whole layer by one amount); quantize weights per "
+            "tensor")
+    shift = max(0, -min(known))
+    if shift > limits.max_shift:
+        raise RecipeError(f"scale ratio 2^{min(known)} needs a right shift of {shift}, more "
+                          f"than the {limits.hardware}'s {limits.max_shift}")
+    mults = [0 if e is None else 1 << (shift + e) for e in exps]
+    r = _round_add(shift)
+    if max(mults) > limits.multiplier_max or not _fits(mults, bounds, 0, shift, [r] * len(mults),
+                                                       zero_point, limits):
+        raise RecipeError(f"scale ratio 2^{max(known)} with accumulators up to {max(bounds)} "
+                          f"overflows the {limits.hardware}'s {limits.intermediate_bits}-bit "
+                          "lanes")
+    return Requant(pre_shift=0, multiplier=np.asarray(mults, dtype=np.int64),
+                   round_add=np.full(len(mults), r, dtype=np.int64), shift=shift,
+                   zero_point=int(zero_point), qmin=int(qmin), qmax=int(qmax), scale=s.copy())
+
+
 def solve_requant(scale, acc_bound, zero_point: int, qmin: int, qmax: int,
                   limits: RecipeLimits = CPU_LIMITS) -> Requant:
     """Best :class:`Requant` for per-channel ``scale`` and ``|acc| <= acc_bound`` under ``limits``.
 
     ``round_add`` is ``2^(shift-1)`` for every channel (round half up; 0 when ``shift`` is 0).
     Raises :class:`RecipeError` if no (pre_shift, shift) satisfies the limits, e.g. a scale
-    larger than ``multiplier_max`` or an accumulator bound wider than the lanes.
+    larger than ``multiplier_max`` or an accumulator bound wider than the lanes. With
+    ``limits.power_of_two`` the recipe is the exact shift of the module docstring, or
+    :class:`RecipeError` when a scale is not a power of two.
     """
     s, bounds = _as_channels(scale, acc_bound)
+    if limits.power_of_two:
+        return _solve_pow2(s, bounds, zero_point, qmin, qmax, limits)
     best = None
     for p in range(limits.max_pre_shift + 1):
         if p and all((b >> (p - 1)) == 0 for b in bounds):
@@ -174,6 +259,8 @@ def solve_add(scale_a: float, scale_b: float, zero_point: int, qmin: int, qmax: 
     sa, sb = float(scale_a), float(scale_b)
     if not (np.isfinite(sa) and np.isfinite(sb)) or sa < 0 or sb < 0:
         raise RecipeError(f"add scales must be finite and >= 0 (got {sa}, {sb})")
+    if limits.power_of_two:
+        return _solve_add_pow2(sa, sb, zero_point, qmin, qmax, limits, operand_bound)
     best = None
     for sh in range(limits.max_shift + 1):
         ma, mb = _multipliers(np.array([sa, sb]), sh)
@@ -194,6 +281,26 @@ def solve_add(scale_a: float, scale_b: float, zero_point: int, qmin: int, qmax: 
                  shift=sh, zero_point=int(zero_point), qmin=int(qmin), qmax=int(qmax),
                  scale=np.full(1, 2.0 ** -sh))
     return int(ma), int(mb), rq
+
+
+def _solve_add_pow2(sa: float, sb: float, zero_point: int, qmin: int, qmax: int,
+                    limits: RecipeLimits, operand_bound: int) -> tuple[int, int, Requant]:
+    ea, eb = power_of_two_exponent(sa), power_of_two_exponent(sb)
+    for x, e in ((sa, ea), (sb, eb)):
+        if e is None:
+            raise _not_pow2(x, limits)
+    sh = max(0, -ea, -eb)
+    ma, mb = 1 << (sh + ea), 1 << (sh + eb)
+    r = _round_add(sh)
+    top = operand_bound * (ma + mb) + r
+    if sh > limits.max_shift or max(ma, mb) > limits.multiplier_max or top > limits.lane_max or (
+            (top >> sh) + abs(zero_point) > limits.lane_max):
+        raise RecipeError(f"add scales 2^{ea}, 2^{eb} need shifts beyond the "
+                          f"{limits.hardware}'s limits")
+    rq = Requant(pre_shift=0, multiplier=np.ones(1, dtype=np.int64),
+                 round_add=np.full(1, r, dtype=np.int64), shift=sh, zero_point=int(zero_point),
+                 qmin=int(qmin), qmax=int(qmax), scale=np.full(1, 2.0 ** -sh))
+    return ma, mb, rq
 
 
 @dataclass(frozen=True)
@@ -249,6 +356,15 @@ def check_limits(rq: Requant, acc_bound, limits: RecipeLimits) -> list[str]:
     ra = [int(r) for r in np.broadcast_to(np.ravel(rq.round_add), (len(mults),))]
     if not _fits(mults, bounds, rq.pre_shift, rq.shift, ra, rq.zero_point, limits):
         problems.append(f"an intermediate exceeds {limits.intermediate_bits} bits")
+    if limits.power_of_two:
+        nz = [m for m in mults if m]
+        if any(m & (m - 1) for m in nz):
+            problems.append("a multiplier is not a power of two (the hardware only shifts)")
+        if any(r != _round_add(rq.shift) for r in ra):
+            problems.append("round_add is not 2^(shift-1)")
+        if not limits.per_channel_shift and (len(set(nz)) > 1 or (
+                nz and nz[0] != 1 and rq.shift != 0)):
+            problems.append("channels need different shifts (one shift per layer)")
     return problems
 
 

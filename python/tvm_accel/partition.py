@@ -12,12 +12,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
 
 Check = Callable[[dict], bool]
 
@@ -73,11 +74,16 @@ def requant_tail(t: DFPattern) -> tuple[DFPattern, dict]:
                  "root": out}
 
 
+_LINEAR_OPS = {"conv2d": "relax.nn.conv2d", "matmul": "relax.matmul", "dense": "relax.matmul",
+               "conv2d_transpose": "relax.nn.conv2d_transpose"}
+
+
 def qlinear_pattern(kind: str) -> tuple[DFPattern, dict]:
-    """Quantized conv2d (``kind="conv2d"``) or dense (``kind="matmul"``) in canonical form."""
+    """Quantized conv2d (``kind="conv2d"``, any groups), dense (``kind="matmul"``) or transpose
+    conv (``kind="conv2d_transpose"``) in canonical form."""
     x, zx, w, b, pre, mult = wildcard(), is_const(), is_const(), is_const(), is_const(), is_const()
     xc = is_op("relax.subtract")(is_op("relax.astype")(x), zx)
-    core = is_op("relax.nn.conv2d" if kind == "conv2d" else "relax.matmul")(xc, w)
+    core = is_op(_LINEAR_OPS.get(kind, "relax.matmul"))(xc, w)
     acc = is_op("relax.add")(core, b)
     t = is_op("relax.astype")(acc)
     t = is_op("relax.right_shift")(t, pre)
@@ -86,6 +92,12 @@ def qlinear_pattern(kind: str) -> tuple[DFPattern, dict]:
     ann.update({"data": x, "input_zero_point": zx, "weight": w, "bias": b, "core": core,
                 "pre_shift": pre, "multiplier": mult})
     return out, ann
+
+
+def qdeconv_pattern() -> tuple[DFPattern, dict]:
+    """Quantized transpose convolution (ConvTranspose) in canonical form: the conv form with
+    ``conv2d_transpose`` (IOHW weights)."""
+    return qlinear_pattern("conv2d_transpose")
 
 
 def qadd_pattern() -> tuple[DFPattern, dict]:
@@ -98,6 +110,98 @@ def qadd_pattern() -> tuple[DFPattern, dict]:
     ann.update({"core": core, "lhs": a, "rhs": b, "lhs_zero_point": za, "rhs_zero_point": zb,
                 "lhs_multiplier": ma, "rhs_multiplier": mb})
     return out, ann
+
+
+def rescale_pattern(v: DFPattern, prefix: str = "") -> tuple[DFPattern, dict]:
+    """The rescale tail ``astype(int32) -> subtract(zx) -> astype(int64) -> right_shift(pre) ->
+    multiply(m) -> requant tail`` on ``v`` (max pool, upsample and concat inputs whose
+    quantization changes). Annotation names get ``prefix``."""
+    zx, pre, mult = is_const(), is_const(), is_const()
+    t = is_op("relax.subtract")(is_op("relax.astype")(v), zx)
+    t = is_op("relax.astype")(t)
+    t = is_op("relax.right_shift")(t, pre)
+    t = is_op("relax.multiply")(t, mult)
+    out, ann = requant_tail(t)
+    ann.update({"input_zero_point": zx, "pre_shift": pre, "multiplier": mult})
+    return out, {f"{prefix}{k}": p for k, p in ann.items()}
+
+
+def _requant_chain(t: DFPattern) -> tuple[DFPattern, dict]:
+    pre, mult = is_const(), is_const()
+    t = is_op("relax.astype")(t)
+    t = is_op("relax.right_shift")(t, pre)
+    t = is_op("relax.multiply")(t, mult)
+    out, ann = requant_tail(t)
+    ann.update({"pre_shift": pre, "multiplier": mult})
+    return out, ann
+
+
+def qpool_pattern(kind: str, rescale: bool = False) -> tuple[DFPattern, dict]:
+    """Quantized pooling in canonical form; ``kind`` is ``"max"``, ``"avg"`` or
+    ``"global_avg"``.
+
+    - ``max``: ``max_pool2d(x)``, and with ``rescale=True`` followed by :func:`rescale_pattern`
+      (list the rescaled pattern before the bare one: the bare one would match its core);
+    - ``avg``: ``astype -> subtract(zx) -> multiply(window) -> avg_pool2d -> requant chain``
+      (annotation ``window``: the constant ``KH * KW``);
+    - ``global_avg``: ``astype -> subtract(zx) -> sum -> requant chain``.
+    """
+    x = wildcard()
+    if kind == "max":
+        core = is_op("relax.nn.max_pool2d")(x)
+        if not rescale:
+            return core, {"data": x, "core": core, "root": core}
+        out, ann = rescale_pattern(core)
+    elif kind in ("avg", "global_avg"):
+        zx = is_const()
+        xc = is_op("relax.subtract")(is_op("relax.astype")(x), zx)
+        if kind == "avg":
+            n = is_const()
+            core = is_op("relax.nn.avg_pool2d")(is_op("relax.multiply")(xc, n))
+        else:
+            core = is_op("relax.sum")(xc)
+        out, ann = _requant_chain(core)
+        ann["input_zero_point"] = zx
+        if kind == "avg":
+            ann["window"] = n
+    else:
+        raise ValueError(f"pool kind must be 'max', 'avg' or 'global_avg', not {kind!r}")
+    ann.update({"data": x, "core": core})
+    return out, ann
+
+
+def qupsample_pattern(rescale: bool = False) -> tuple[DFPattern, dict]:
+    """Nearest upsample in canonical form: ``image.resize2d(x, size)`` on the 8-bit tensor
+    (the check must confirm nearest mode and integer factors, e.g. with
+    :func:`tvm_accel.canonicalize.nearest_upsample_scale`); ``rescale=True`` adds the rescale
+    tail (list it first)."""
+    x = wildcard()
+    core = is_op("relax.image.resize2d")(x, wildcard())
+    if not rescale:
+        return core, {"data": x, "core": core, "root": core}
+    out, ann = rescale_pattern(core)
+    ann.update({"data": x, "core": core})
+    return out, ann
+
+
+def qconcat_pattern(n: int) -> tuple[DFPattern, dict]:
+    """Concat of ``n`` quantized tensors in canonical form: ``concat((f_0, ..., f_n-1))`` where
+    each ``f_i`` is the input itself or :func:`rescale_pattern` of it. Annotations: ``input<i>``
+    (the 8-bit input), ``in<i>_*`` (its rescale constants, present only when it is rescaled),
+    ``core``/``root`` (the concat). A target registers one entry per arity it accepts
+    (largest first is not needed: arities never overlap)."""
+    if n < 1:
+        raise ValueError("a concat has at least one input")
+    fields, ann = [], {}
+    for i in range(n):
+        xi = wildcard()
+        chain, cann = rescale_pattern(xi, f"in{i}_")
+        fields.append(chain | xi)
+        ann.update(cann)
+        ann[f"input{i}"] = xi
+    core = is_op("relax.concat")(is_tuple(fields))
+    ann.update({"core": core, "root": core})
+    return core, ann
 
 
 def const_value(expr) -> np.ndarray:
@@ -140,7 +244,9 @@ class OffloadRecord:
 
 
 _ANCHORS = {"relax.nn.conv2d": "conv2d", "relax.matmul": "dense",
+            "relax.nn.conv2d_transpose": "conv2d_transpose",
             "relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_pool2d",
+            "relax.image.resize2d": "upsample",
             "relax.sum": "sum", "relax.mean": "mean", "relax.concat": "concat",
             "relax.reshape": "reshape", "relax.quantize": "quantize",
             "relax.dequantize": "dequantize"}
@@ -156,18 +262,34 @@ def layer_name(core_var_name: str) -> str:
     return core_var_name[:-4] if core_var_name.endswith("_acc") else core_var_name
 
 
+def _float_reasons(numerics) -> dict[str, Any]:
+    """Relax var name -> canonicalize record of a layer left float (with its reason)."""
+    out = {}
+    for rec in numerics or ():
+        if getattr(rec, "integer", True):
+            continue
+        for v in rec.detail.get("relax_vars", ()):
+            out.setdefault(v, rec)
+    return out
+
+
 def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
-            partitioned: tvm.IRModule | None = None) -> list[OffloadRecord]:
+            partitioned: tvm.IRModule | None = None,
+            numerics: list | None = None) -> list[OffloadRecord]:
     """Candidate layers of ``main`` in order, with placement and reason.
 
     A layer matched by a pattern whose checks pass is offloaded (confirmed against the partitioned
     module when given); one whose checks fail stays on the CPU with the failed checks' reasons;
-    other anchor ops (pooling, reshape, quantize, ...) are listed as host ops.
+    other anchor ops (pooling, reshape, quantize, ...) are listed as host ops. ``numerics`` (the
+    canonicalize report, :class:`tvm_accel.canonicalize.LayerRecord` list) names the layers that
+    canonicalize left float and gives its reason (e.g. a scale the target's recipe cannot
+    represent) instead of "no pattern".
     """
     func = mod["main"]
     var2val = relax.analysis.get_var2val(func)
     bound_name = {v.__chandle__(): k.name for k, v in var2val.items()}
-    offloaded = _offloaded_core_names(partitioned) if partitioned is not None else None
+    host = _host_op_names(partitioned) if partitioned is not None else None
+    floats = _float_reasons(numerics)
     matches: list[tuple[str, OffloadRecord]] = []
     covered: set[int] = set()
     for block in func.body.blocks:
@@ -188,7 +310,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 shape = _shape_str(binding.var)
                 if failed:
                     rec = OffloadRecord(name, pat.op, shape, "cpu", "; ".join(failed))
-                elif offloaded is not None and core_name not in offloaded:
+                elif host is not None and core_name in host:
                     rec = OffloadRecord(name, pat.op, shape, "cpu",
                                         "an intermediate value is used outside the layer")
                 else:
@@ -205,26 +327,24 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 continue
             op = getattr(getattr(value, "op", None), "name", None)
             if op in _ANCHORS and value.__chandle__() not in covered:
-                records.append(OffloadRecord(binding.var.name, _ANCHORS[op],
+                fl = floats.get(binding.var.name)
+                if fl is not None:
+                    records.append(OffloadRecord(fl.name, fl.op, _shape_str(binding.var), "cpu",
+                                                 f"left float by canonicalize: "
+                                                 f"{fl.detail.get('reason', '?')}"))
+                    continue
+                records.append(OffloadRecord(layer_name(binding.var.name), _ANCHORS[op],
                                              _shape_str(binding.var), "cpu",
                                              f"no {target_name} pattern for {_ANCHORS[op]}"))
     return records
 
 
-def _offloaded_core_names(mod: tvm.IRModule) -> set[str]:
-    """Binding names of every conv2d/matmul/add core op inside composite functions."""
+def _host_op_names(mod: tvm.IRModule) -> set[str]:
+    """Binding names of the operator calls left in ``main`` after partitioning (the host ops):
+    a matched layer whose core binding is still among them was not offloaded."""
     names: set[str] = set()
-
-    def visit_composite(f):
-        for block in f.body.blocks:
-            for b in block.bindings:
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op):
                 names.add(b.var.name)
-
-    def visit(e):
-        if isinstance(e, relax.Function) and e.attrs and "Composite" in e.attrs:
-            visit_composite(e)
-
-    for _, f in mod.functions_items():
-        if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f, visit)
     return names

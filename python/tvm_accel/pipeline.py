@@ -46,7 +46,7 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
     patterns = target.pattern_table()
     parted = partition(mod, patterns)
     if report is not None:
-        report.offloads = explain(mod, patterns, target.name, parted)
+        report.offloads = explain(mod, patterns, target.name, parted, report.numerics)
     return lower_offloads(parted, target, config, knobs,
                           report.functions if report is not None else None)
 

@@ -87,6 +87,54 @@ class _Builder:
     def add(self, a: str, b: str, name: str = "add") -> str:
         return self.node("Add", [a, b], name)
 
+    def pool(self, x: str, kind: str, k: int, stride: int, pad: int | list[int] = 0,
+             name: str | None = None, count_include_pad: bool = True) -> str:
+        """MaxPool / AveragePool (``kind`` max / avg) with a square kernel; ``pad`` is one value
+        or the 4 ONNX pads (top, left, bottom, right)."""
+        pads = list(pad) if isinstance(pad, (list, tuple)) else [pad] * 4
+        attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=pads)
+        if kind == "avg":
+            attrs["count_include_pad"] = int(count_include_pad)
+            return self.node("AveragePool", [x], name or "avgpool", **attrs)
+        if kind != "max":
+            raise ValueError(f"unknown pool kind {kind!r} (max, avg)")
+        return self.node("MaxPool", [x], name or "maxpool", **attrs)
+
+    def concat(self, xs: list[str], name: str = "concat") -> str:
+        return self.node("Concat", xs, name, axis=1)
+
+    def upsample(self, x: str, scale: int = 2, name: str = "upsample",
+                 coordinate_transformation_mode: str = "half_pixel",
+                 nearest_mode: str = "round_prefer_floor", mode: str = "nearest") -> str:
+        """ONNX Resize (opset 11+ form of Upsample) by ``scale`` on H and W."""
+        name = self.name(name)
+        sc = self.init(f"{name}.scales", np.array([1, 1, scale, scale], dtype=np.float32))
+        out = f"{name}_out"
+        attrs = dict(mode=mode, coordinate_transformation_mode=coordinate_transformation_mode)
+        if mode == "nearest":
+            attrs["nearest_mode"] = nearest_mode
+        self.nodes.append(helper.make_node("Resize", [x, "", sc], [out], name=name, **attrs))
+        return out
+
+    def deconv(self, x: str, cin: int, cout: int, k: int, stride: int = 2, pad: int = 0,
+               output_padding: int = 0, name: str = "deconv", bias: bool = True,
+               relu: bool = False, groups: int = 1) -> str:
+        """ConvTranspose with weights (cin, cout/groups, k, k) and a per-channel gain."""
+        fan_in = cin // groups * k * k // (stride * stride) or 1
+        w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), (cin, cout // groups, k, k))
+        w = w * self.rng.uniform(0.5, 1.5, (1, cout // groups, 1, 1))
+        name = self.name(name)
+        inputs = [x, self.init(f"{name}.weight", w.astype(np.float32))]
+        if bias:
+            inputs.append(self.init(f"{name}.bias",
+                                    self.rng.normal(0.0, 0.1, cout).astype(np.float32)))
+        out = f"{name}_out"
+        attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=groups)
+        if output_padding:
+            attrs["output_padding"] = [output_padding] * 2
+        self.nodes.append(helper.make_node("ConvTranspose", inputs, [out], name=name, **attrs))
+        return self.relu(out, f"{name}_relu") if relu else out
+
     def basic_block(self, x: str, cin: int, cout: int, stride: int, name: str) -> str:
         """ResNet basic block: conv3x3-relu-conv3x3 + shortcut (1x1 projection if needed), relu."""
         y = self.conv(x, cin, cout, 3, stride, name=f"{name}.conv1", relu=True)
@@ -94,6 +142,29 @@ class _Builder:
         if stride != 1 or cin != cout:
             x = self.conv(x, cin, cout, 1, stride, 0, name=f"{name}.downsample")
         return self.relu(self.add(y, x, f"{name}.add"), f"{name}.relu")
+
+    def bottleneck(self, x: str, cin: int, width: int, stride: int, name: str) -> str:
+        """ResNet-50 bottleneck (v1.5: the stride sits on the 3x3): 1x1 -> 3x3 -> 1x1 (4 x width)
+        + shortcut (1x1 projection when the shape changes), relu."""
+        cout = 4 * width
+        y = self.conv(x, cin, width, 1, 1, 0, name=f"{name}.conv1", relu=True)
+        y = self.conv(y, width, width, 3, stride, name=f"{name}.conv2", relu=True)
+        y = self.conv(y, width, cout, 1, 1, 0, name=f"{name}.conv3")
+        if stride != 1 or cin != cout:
+            x = self.conv(x, cin, cout, 1, stride, 0, name=f"{name}.downsample")
+        return self.relu(self.add(y, x, f"{name}.add"), f"{name}.relu")
+
+    def inception(self, x: str, cin: int, c1: int, c3r: int, c3: int, c5r: int, c5: int,
+                  pp: int, name: str) -> str:
+        """Inception-v1 module: 1x1 | 1x1 -> 3x3 | 1x1 -> 5x5 | maxpool 3x3/1 -> 1x1, concat."""
+        b1 = self.conv(x, cin, c1, 1, name=f"{name}.b1", relu=True)
+        b2 = self.conv(x, cin, c3r, 1, name=f"{name}.b2a", relu=True)
+        b2 = self.conv(b2, c3r, c3, 3, name=f"{name}.b2b", relu=True)
+        b3 = self.conv(x, cin, c5r, 1, name=f"{name}.b3a", relu=True)
+        b3 = self.conv(b3, c5r, c5, 5, name=f"{name}.b3b", relu=True)
+        b4 = self.pool(x, "max", 3, 1, 1, name=f"{name}.pool")
+        b4 = self.conv(b4, cin, pp, 1, name=f"{name}.b4", relu=True)
+        return self.concat([b1, b2, b3, b4], f"{name}.concat")
 
     def model(self, name: str, x: str, shape: tuple[int, ...], outs: list[str],
               out_shapes: list[tuple[int, ...] | None] | None = None) -> onnx.ModelProto:
@@ -167,6 +238,171 @@ def tiny_cnn(seed: int = 0, batch: int = 1) -> onnx.ModelProto:
     return b.model("tiny_cnn", x, (batch, 3, 32, 32), [y])
 
 
+def _ch(c: int, width: float) -> int:
+    """Channel count scaled by ``width`` (at least 4, a multiple of 4)."""
+    return max(4, int(round(c * width / 4.0)) * 4) if width != 1.0 else c
+
+
+def _check_hw(hw: int, multiple: int, name: str) -> None:
+    if hw < multiple or hw % multiple:
+        raise ValueError(f"{name}: hw must be a positive multiple of {multiple}, got {hw}")
+
+
+def resnet50(seed: int = 0, batch: int = 1, hw: int = 224) -> onnx.ModelProto:
+    """ImageNet ResNet-50 (v1.5): 7x7/2 conv, 3x3/2 maxpool, bottleneck blocks [3, 4, 6, 3]
+    (widths 64..512, outputs 256..2048), GAP, FC 1000; input 3 x ``hw`` x ``hw``."""
+    _check_hw(hw, 32, "resnet50")
+    b = _Builder(seed)
+    x = _input_name()
+    y = b.conv(x, 3, 64, 7, 2, 3, name="conv1", relu=True)
+    y = b.pool(y, "max", 3, 2, 1, name="maxpool")
+    cin = 64
+    for s, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for i in range(blocks):
+            stride = 2 if s > 0 and i == 0 else 1
+            y = b.bottleneck(y, cin, width, stride, f"layer{s + 1}.{i}")
+            cin = 4 * width
+    y = b.node("GlobalAveragePool", [y], "avgpool")
+    y = b.node("Flatten", [y], "flatten", axis=1)
+    y = b.gemm(y, 2048, 1000, "fc")
+    return b.model("resnet50", x, (batch, 3, hw, hw), [y])
+
+
+VGG16_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+             512, 512, 512, "M")
+
+
+def vgg16(seed: int = 0, batch: int = 1, hw: int = 224, width: float = 1.0,
+          num_classes: int = 1000, fc: int = 4096) -> onnx.ModelProto:
+    """VGG-16: 13 conv3x3-relu in 5 stages, each closed by a 2x2/2 maxpool, then FC ``fc`` ->
+    FC ``fc`` -> FC ``num_classes`` (ReLU between). ``hw`` (a multiple of 32) and ``width``
+    (channel multiplier) shrink it for tests; the defaults are the real network (138 M
+    weights)."""
+    _check_hw(hw, 32, "vgg16")
+    b = _Builder(seed)
+    x = _input_name()
+    y, cin, stage, i = x, 3, 1, 1
+    for v in VGG16_CFG:
+        if v == "M":
+            y = b.pool(y, "max", 2, 2, 0, name=f"pool{stage}")
+            stage, i = stage + 1, 1
+            continue
+        c = _ch(v, width)
+        y = b.conv(y, cin, c, 3, name=f"conv{stage}_{i}", relu=True)
+        cin, i = c, i + 1
+    y = b.node("Flatten", [y], "flatten", axis=1)
+    f = _ch(fc, width)
+    y = b.relu(b.gemm(y, cin * (hw // 32) ** 2, f, "fc6"), "fc6_relu")
+    y = b.relu(b.gemm(y, f, f, "fc7"), "fc7_relu")
+    y = b.gemm(y, f, num_classes, "fc8")
+    return b.model("vgg16", x, (batch, 3, hw, hw), [y])
+
+
+#: Inception-v1 modules: (name, 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj); "M" = maxpool
+GOOGLENET_CFG = (("3a", 64, 96, 128, 16, 32, 32), ("3b", 128, 128, 192, 32, 96, 64), "M",
+                 ("4a", 192, 96, 208, 16, 48, 64), ("4b", 160, 112, 224, 24, 64, 64),
+                 ("4c", 128, 128, 256, 24, 64, 64), ("4d", 112, 144, 288, 32, 64, 64),
+                 ("4e", 256, 160, 320, 32, 128, 128), "M",
+                 ("5a", 256, 160, 320, 32, 128, 128), ("5b", 384, 192, 384, 48, 128, 128))
+
+
+def googlenet(seed: int = 0, batch: int = 1, hw: int = 224, width: float = 1.0,
+              num_classes: int = 1000) -> onnx.ModelProto:
+    """GoogLeNet / Inception-v1: 7x7/2 conv, 3x3/2 maxpool, 1x1 + 3x3 convs, 3x3/2 maxpool,
+    9 inception modules (4 parallel branches joined by a concat) with two more 3x3/2 maxpools,
+    GAP, FC ``num_classes`` (no LRN, no auxiliary heads). ``hw`` (multiple of 32) and ``width``
+    shrink it for tests."""
+    _check_hw(hw, 32, "googlenet")
+    b = _Builder(seed)
+    x = _input_name()
+    c = lambda v: _ch(v, width)  # noqa: E731
+    y = b.conv(x, 3, c(64), 7, 2, 3, name="conv1", relu=True)
+    y = b.pool(y, "max", 3, 2, 1, name="pool1")
+    y = b.conv(y, c(64), c(64), 1, name="conv2_reduce", relu=True)
+    y = b.conv(y, c(64), c(192), 3, name="conv2", relu=True)
+    y = b.pool(y, "max", 3, 2, 1, name="pool2")
+    cin, npool = c(192), 3
+    for m in GOOGLENET_CFG:
+        if m == "M":
+            y = b.pool(y, "max", 3, 2, 1, name=f"pool{npool}")
+            npool += 1
+            continue
+        name, *chs = m
+        c1, c3r, c3, c5r, c5, pp = (c(v) for v in chs)
+        y = b.inception(y, cin, c1, c3r, c3, c5r, c5, pp, f"inception{name}")
+        cin = c1 + c3 + c5 + pp
+    y = b.node("GlobalAveragePool", [y], "avgpool")
+    y = b.node("Flatten", [y], "flatten", axis=1)
+    y = b.gemm(y, cin, num_classes, "fc")
+    return b.model("googlenet", x, (batch, 3, hw, hw), [y])
+
+
+def yolov3_tiny(seed: int = 0, batch: int = 1, hw: int = 416, width: float = 1.0,
+                num_classes: int = 80, leaky: bool = False) -> onnx.ModelProto:
+    """A YOLOv3-tiny-like detector: a conv3x3 / maxpool 2x2 backbone (16..1024 channels, the
+    last maxpool with stride 1 and bottom/right padding), a 13x13-style head (1x1 256 -> 3x3 512
+    -> 1x1 3*(5+classes)) and a second head at twice the resolution: 1x1 128 -> nearest
+    upsample x2 -> concat with the stride-16 backbone feature -> 3x3 256 -> 1x1. Outputs the two
+    raw head maps (no decoding). Activations are ReLU (``leaky=True``: LeakyRelu 0.1 as in the
+    original, which stays float). ``hw`` is a multiple of 32."""
+    _check_hw(hw, 32, "yolov3_tiny")
+    b = _Builder(seed)
+    x = _input_name()
+    c = lambda v: _ch(v, width)  # noqa: E731
+
+    def conv(y, cin, cout, k, name, act=True):
+        y = b.conv(y, cin, cout, k, name=name)
+        if not act:
+            return y
+        if leaky:
+            return b.node("LeakyRelu", [y], f"{name}_leaky", alpha=0.1)
+        return b.relu(y, f"{name}_relu")
+
+    y, cin = x, 3
+    route = None
+    for i, v in enumerate((16, 32, 64, 128, 256)):
+        y = conv(y, cin, c(v), 3, f"conv{i}")
+        cin = c(v)
+        if v == 256:
+            route = y
+        y = b.pool(y, "max", 2, 2, 0, name=f"pool{i}")
+    y = conv(y, cin, c(512), 3, "conv5")
+    y = b.pool(y, "max", 2, 1, [0, 0, 1, 1], name="pool5")
+    y = conv(y, c(512), c(1024), 3, "conv6")
+    neck = conv(y, c(1024), c(256), 1, "conv7")
+    nout = 3 * (5 + num_classes)
+    h1 = conv(neck, c(256), c(512), 3, "conv8")
+    h1 = conv(h1, c(512), nout, 1, "head1", act=False)
+    u = conv(neck, c(256), c(128), 1, "conv9")
+    u = b.upsample(u, 2, "upsample")
+    y = b.concat([u, route], "route")
+    h2 = conv(y, c(128) + c(256), c(256), 3, "conv10")
+    h2 = conv(h2, c(256), nout, 1, "head2", act=False)
+    g = hw // 32
+    return b.model("yolov3_tiny", x, (batch, 3, hw, hw), [h1, h2],
+                   [(batch, nout, g, g), (batch, nout, 2 * g, 2 * g)])
+
+
+def encoder_decoder(seed: int = 0, batch: int = 1, hw: int = 32, c: int = 16,
+                    out_channels: int = 3) -> onnx.ModelProto:
+    """Small encoder-decoder (segmentation-style): conv3x3 c -> conv3x3/2 2c -> conv3x3/2 4c;
+    decoder ConvTranspose 4x4/2 (pad 1) 4c -> 2c, concat with the 2c encoder feature (skip),
+    conv1x1 -> 2c, ConvTranspose 3x3/2 (pad 1, output_padding 1) 2c -> c, conv1x1 -> out
+    channels. ReLU after every conv/deconv but the last. ``hw`` is a multiple of 4."""
+    _check_hw(hw, 4, "encoder_decoder")
+    b = _Builder(seed)
+    x = _input_name()
+    e1 = b.conv(x, 3, c, 3, name="enc1", relu=True)
+    e2 = b.conv(e1, c, 2 * c, 3, 2, name="enc2", relu=True)
+    e3 = b.conv(e2, 2 * c, 4 * c, 3, 2, name="enc3", relu=True)
+    d1 = b.deconv(e3, 4 * c, 2 * c, 4, 2, 1, name="dec1", relu=True)
+    d1 = b.concat([d1, e2], "skip")
+    d1 = b.conv(d1, 4 * c, 2 * c, 1, name="fuse", relu=True)
+    d2 = b.deconv(d1, 2 * c, c, 3, 2, 1, 1, name="dec2", relu=True)
+    y = b.conv(d2, c, out_channels, 1, name="head")
+    return b.model("encoder_decoder", x, (batch, 3, hw, hw), [y])
+
+
 # --- single operators (tests) --------------------------------------------------------------
 def single_conv(cin: int = 16, cout: int = 16, k: int = 3, stride: int = 1, pad: int | None = None,
                 batch: int = 1, hw: int = 8, relu: bool = False, bias: bool = True,
@@ -176,6 +412,48 @@ def single_conv(cin: int = 16, cout: int = 16, k: int = 3, stride: int = 1, pad:
     x = _input_name()
     y = b.conv(x, cin, cout, k, stride, pad, name="conv", bias=bias, relu=relu, groups=groups)
     return b.model("single_conv", x, (batch, cin, hw, hw), [y])
+
+
+def single_pool(kind: str = "max", c: int = 8, k: int = 3, stride: int = 2,
+                pad: int | list[int] = 1, hw: int = 8, batch: int = 1,
+                count_include_pad: bool = True, conv: bool = True,
+                seed: int = 0) -> onnx.ModelProto:
+    """(conv3x3 ->) one pool on a (batch, c, hw, hw) input: ``kind`` ``max`` / ``avg`` (k x k,
+    ``stride``, ``pad`` one value or 4 ONNX pads) or ``gap`` (GlobalAveragePool). The conv
+    gives the pool a quantized input (onnxruntime leaves a pool on the model input float)."""
+    b = _Builder(seed)
+    x = _input_name()
+    y = b.conv(x, c, c, 3, name="conv") if conv else x
+    if kind == "gap":
+        y = b.node("GlobalAveragePool", [y], "gap")
+    else:
+        y = b.pool(y, kind, k, stride, pad, name=f"{kind}pool",
+                   count_include_pad=count_include_pad)
+    return b.model(f"single_{kind}pool", x, (batch, c, hw, hw), [y])
+
+
+def single_upsample(c: int = 8, hw: int = 6, scale: int = 2, batch: int = 1,
+                    coordinate_transformation_mode: str = "half_pixel",
+                    nearest_mode: str = "round_prefer_floor", mode: str = "nearest",
+                    conv: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """(conv3x3 ->) Resize by an integer ``scale`` (nearest by default: ONNX's Upsample) on a
+    (batch, c, hw, hw) input."""
+    b = _Builder(seed)
+    x = _input_name()
+    y = b.conv(x, c, c, 3, name="conv") if conv else x
+    y = b.upsample(y, scale, "upsample", coordinate_transformation_mode, nearest_mode, mode)
+    return b.model("single_upsample", x, (batch, c, hw, hw), [y])
+
+
+def single_deconv(cin: int = 8, cout: int = 8, k: int = 3, stride: int = 2, pad: int = 1,
+                  output_padding: int = 0, groups: int = 1, hw: int = 6, batch: int = 1,
+                  relu: bool = False, bias: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """One ConvTranspose (+ optional Relu) on a (batch, cin, hw, hw) input."""
+    b = _Builder(seed)
+    x = _input_name()
+    y = b.deconv(x, cin, cout, k, stride, pad, output_padding, name="deconv", bias=bias,
+                 relu=relu, groups=groups)
+    return b.model("single_deconv", x, (batch, cin, hw, hw), [y])
 
 
 def single_dense(cin: int = 64, cout: int = 32, batch: int = 1, relu: bool = False,
@@ -259,8 +537,16 @@ def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
 MODELS = {
     "resnet20": resnet20,
     "resnet18": resnet18,
+    "resnet50": resnet50,
+    "vgg16": vgg16,
+    "googlenet": googlenet,
+    "yolov3_tiny": yolov3_tiny,
+    "encoder_decoder": encoder_decoder,
     "tiny_cnn": tiny_cnn,
     "single_conv": single_conv,
+    "single_pool": single_pool,
+    "single_upsample": single_upsample,
+    "single_deconv": single_deconv,
     "single_dense": single_dense,
     "conv_residual": conv_residual,
     "conv_pool": conv_pool,
@@ -290,18 +576,25 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tvm_accel" / "zoo"
 
 
-def quantize(model: onnx.ModelProto, activation_type: str = "int8", per_channel: bool = True,
-             calib_samples: int = 4, seed: int = 0, symmetric_weights: bool = True,
-             symmetric_activations: bool = False, cache: bool = True) -> onnx.ModelProto:
+def quantize(model: onnx.ModelProto, activation_type: str = "int8",
+             per_channel: bool | None = None, calib_samples: int = 4, seed: int = 0,
+             symmetric_weights: bool = True, symmetric_activations: bool = False,
+             cache: bool = True, power_of_two: bool = False) -> onnx.ModelProto:
     """Quantize a float model to QDQ with onnxruntime's static quantizer.
 
     ``activation_type`` is ``"int8"`` or ``"uint8"`` (weights are always int8, symmetric unless
-    ``symmetric_weights=False``); ``per_channel`` selects per-output-channel weight scales.
+    ``symmetric_weights=False``); ``per_channel`` selects per-output-channel weight scales
+    (default: True, or False with ``power_of_two``).
     ``symmetric_activations`` forces activation zero points to 0 (int8) / 128 (uint8), which
     keeps ReLU/Clip nodes in the graph instead of folding them into the output range.
     Calibration (MinMax) runs on ``calib_samples`` seeded standard-normal inputs. With
     ``cache`` the result is stored under :func:`cache_dir` keyed by a hash of the float model,
     the options and the onnxruntime version.
+
+    ``power_of_two=True`` makes a fix-point model for hardware that requantizes by shifting
+    (a DPU): activations and weights symmetric, then :func:`make_power_of_two` rounds every
+    scale up to a power of two, re-quantizes weights and biases for the new scales and fuses
+    each ReLU/Clip into the conv/dense/add that feeds it (see there).
     """
     import onnxruntime
     from onnxruntime.quantization import (
@@ -314,9 +607,16 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8", per_channel:
     act = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}.get(activation_type)
     if act is None:
         raise ValueError(f"activation_type must be 'int8' or 'uint8', not {activation_type!r}")
+    if per_channel is None:
+        per_channel = not power_of_two
+    if power_of_two:
+        symmetric_weights = symmetric_activations = True
     key = hashlib.sha256(model.SerializeToString(deterministic=True))
-    key.update(repr((activation_type, per_channel, calib_samples, seed, symmetric_weights,
-                     symmetric_activations, onnxruntime.__version__)).encode())
+    opts = (activation_type, per_channel, calib_samples, seed, symmetric_weights,
+            symmetric_activations, onnxruntime.__version__)
+    if power_of_two:
+        opts += (f"power_of_two-v{_POW2_VERSION}",)
+    key.update(repr(opts).encode())
     path = cache_dir() / f"{model.graph.name}-{key.hexdigest()[:16]}.onnx"
     if cache and path.exists():
         try:
@@ -345,6 +645,8 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8", per_channel:
                                        "ActivationSymmetric": symmetric_activations})
         qmodel = onnx.load(str(out))
     qmodel.graph.name = model.graph.name
+    if power_of_two:
+        qmodel = make_power_of_two(qmodel, model)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
@@ -353,9 +655,158 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8", per_channel:
     return qmodel
 
 
-def quantized(name: str, activation_type: str = "int8", per_channel: bool = True,
-              **kwargs) -> onnx.ModelProto:
+# --- power-of-two (fix-point) scales -----------------------------------------------------------
+#: bump when make_power_of_two changes (part of the cache key)
+_POW2_VERSION = 1
+#: ops whose output a following ReLU/Clip is fused into (their canonical form folds it)
+_FUSE_INTO = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
+
+
+def pow2_ceil(scale) -> np.ndarray:
+    """Smallest power of two ``>= scale`` (elementwise, float32; zeros stay zero)."""
+    a = np.asarray(scale, dtype=np.float64)
+    pos = a > 0
+    out = np.where(pos, 2.0 ** np.ceil(np.log2(np.where(pos, a, 1.0))), a)
+    return out.astype(np.float32)
+
+
+def _fuse_activations(g: onnx.GraphProto) -> int:
+    """Remove the Q/DQ pair between a conv/dense/add and the ReLU/Clip that alone consumes it
+    (``Conv -> Q -> DQ -> Relu -> Q`` becomes ``Conv -> Relu -> Q``), as fix-point hardware
+    fuses the activation into the layer's output stage. Returns the number of fusions."""
+    prod = {o: n for n in g.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in g.output}
+    fused = 0
+    for n in list(g.node):
+        if n.op_type not in ("Relu", "Clip"):
+            continue
+        dq = prod.get(n.input[0])
+        q = prod.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear":
+            continue
+        src = prod.get(q.input[0])
+        if src is None or src.op_type not in _FUSE_INTO:
+            continue
+        names = (q.input[0], q.output[0], dq.output[0])
+        if any(uses.get(t, 0) != 1 or t in outputs for t in names):
+            continue
+        n.input[0] = q.input[0]
+        g.node.remove(q)
+        g.node.remove(dq)
+        fused += 1
+    used = {i for n in g.node for i in n.input}
+    for t in [t for t in g.initializer if t.name not in used]:
+        g.initializer.remove(t)
+    return fused
+
+
+def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | None = None,
+                      fuse_activations: bool = True) -> onnx.ModelProto:
+    """Rewrite a symmetric QDQ model so that every scale is a power of two (a copy).
+
+    - ReLU/Clip after a conv/dense/add are fused (:func:`_fuse_activations`) when
+      ``fuse_activations``;
+    - every activation scale becomes the power of two at or above it (:func:`pow2_ceil`): the
+      calibrated range still fits, at up to 2x coarser steps; zero points are kept (0);
+    - every weight scale likewise; the int8 weights are re-quantized from the float weights of
+      ``float_model`` (matched by initializer name; else from the dequantized int8 values)
+      with round-half-even and clipped to the quantizer's range ([-127, 127] when symmetric);
+    - every int32 bias gets the scale ``x_scale * w_scale`` of its new input and weight scales
+      (exact in float32: a product of powers of two) and is re-quantized from the float bias
+      the same way, clipped to int32.
+
+    The result is still a valid QDQ model that onnxruntime runs; every conv/dense/add scale
+    ratio is then a power of two (avg pools too when the window is a power of two).
+    """
+    q = onnx.ModelProto()
+    q.CopyFrom(qmodel)
+    g = q.graph
+    if fuse_activations:
+        _fuse_activations(g)
+    inits = {t.name: t for t in g.initializer}
+    floats = ({t.name: numpy_helper.to_array(t) for t in float_model.graph.initializer}
+              if float_model is not None else {})
+    prod = {o: n for n in g.node for o in n.output}
+
+    def arr(name: str) -> np.ndarray:
+        return numpy_helper.to_array(inits[name])
+
+    def put(name: str, value: np.ndarray) -> None:
+        inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), name))
+
+    def axis_of(n) -> int:
+        return next((a.i for a in n.attribute if a.name == "axis"), 1)
+
+    def float_value(dq, qv: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
+        for cand in (dq.input[0].removesuffix("_quantized"), dq.output[0]):
+            f = floats.get(cand)
+            if f is not None and f.shape == qv.shape:
+                return f.astype(np.float64)
+        return (qv.astype(np.float64) - zp) * scale
+
+    def bshape(a: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+        if a.size == 1:
+            return a.reshape(())
+        shape = [1] * ndim
+        shape[axis % ndim] = -1
+        return a.reshape(shape)
+
+    qdq = [n for n in g.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    const_dq = [n for n in qdq if n.op_type == "DequantizeLinear" and n.input[0] in inits]
+    act_scales = {n.input[1] for n in qdq if n.input[0] not in inits}
+    for name in act_scales:
+        put(name, pow2_ceil(arr(name)))
+    weight_dq = [n for n in const_dq if arr(n.input[0]).dtype in (np.int8, np.uint8)]
+    bias_dq = [n for n in const_dq if arr(n.input[0]).dtype == np.int32]
+    for dq in weight_dq:
+        wq, s_old = arr(dq.input[0]), arr(dq.input[1])
+        zp = arr(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros((), wq.dtype)
+        ax = axis_of(dq)
+        s_new = pow2_ceil(s_old)
+        sb = bshape(s_old.astype(np.float64), wq.ndim, ax)
+        zb = bshape(zp.astype(np.float64), wq.ndim, ax)
+        wf = float_value(dq, wq, sb, zb)
+        lo, hi = ((-127 if wq.min() > -128 else -128), 127) if wq.dtype == np.int8 else (0, 255)
+        wn = np.clip(np.rint(wf / bshape(s_new.astype(np.float64), wq.ndim, ax)) + zb, lo, hi)
+        put(dq.input[1], s_new)
+        put(dq.input[0], wn.astype(wq.dtype))
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    for dq in bias_dq:
+        bq, s_old = arr(dq.input[0]), arr(dq.input[1])
+        user = next((n for n in consumers.get(dq.output[0], [])
+                     if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
+                     and n.input[2] == dq.output[0]), None)
+        xdq = prod.get(user.input[0]) if user is not None else None
+        wdq = prod.get(user.input[1]) if user is not None else None
+        if (xdq is None or wdq is None or xdq.op_type != "DequantizeLinear"
+                or wdq.op_type != "DequantizeLinear"):
+            raise ValueError(f"bias {dq.input[0]}: cannot find its layer's input and weight "
+                             "scales")
+        sx, sw = arr(xdq.input[1]).astype(np.float32), arr(wdq.input[1]).astype(np.float32)
+        s_new = (sx * sw).astype(np.float32).reshape(-1)
+        if s_new.size == 1 and s_old.size > 1:
+            s_new = np.repeat(s_new, s_old.size)
+        s_new = s_new.reshape(s_old.shape) if s_new.size == s_old.size else s_new
+        bf = float_value(dq, bq, s_old.astype(np.float64).reshape(-1), 0.0)
+        i32 = np.iinfo(np.int32)
+        bn = np.clip(np.rint(bf / s_new.astype(np.float64).reshape(-1)), i32.min, i32.max)
+        put(dq.input[1], s_new)
+        put(dq.input[0], bn.astype(np.int32).reshape(bq.shape))
+    onnx.checker.check_model(q)
+    return q
+
+
+def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,
+              power_of_two: bool = False, **kwargs) -> onnx.ModelProto:
     """Build zoo model ``name`` with ``kwargs`` and quantize it (cached)."""
     if name not in MODELS:
         raise ValueError(f"unknown zoo model {name!r} ({', '.join(MODELS)})")
-    return quantize(MODELS[name](**kwargs), activation_type, per_channel)
+    return quantize(MODELS[name](**kwargs), activation_type, per_channel,
+                    power_of_two=power_of_two)

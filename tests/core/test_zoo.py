@@ -123,7 +123,7 @@ def test_resnet18_quantizes_and_is_cached():
 
 def test_unknown_names_and_options_are_rejected():
     with pytest.raises(ValueError, match="unknown zoo model"):
-        zoo.quantized("vgg16")
+        zoo.quantized("no_such_model")
     with pytest.raises(ValueError, match="activation_type"):
         zoo.quantize(zoo.single_dense(), "int4")
     with pytest.raises(ValueError, match="pool kind"):
