@@ -1,0 +1,846 @@
+"""DPU ISA: instruction dataclasses, 256-bit encoder/decoder, assembly formatter and parser.
+
+Instructions are 256 bits (32 bytes, little-endian: bit b is bit b % 8 of byte b // 8). Every
+instruction starts with the same 12-bit header::
+
+    opcode[0:4]  DPON[4:8]  DPBY[8:12]
+
+``opcode``: 1 LOAD, 2 SAVE, 3 CONV, 4 MISC, 15 END (0 and the rest are invalid). ``DPON`` /
+``DPBY`` are unit-type masks, bit 0 LOAD, bit 1 SAVE, bit 2 CONV, bit 3 MISC: *depends on* and
+*depended by*. No instruction numbers are involved, only types (DPUV3INT8 paper, section III).
+Fields follow in the order below (``[lo:hi]`` bit ranges, ``s`` = two's-complement signed); the
+bits after the last field of a kind are reserved and must be zero.
+
+LOAD (242 bits)::
+
+    to_pm[12:13] fm_mem[13:15] dst_addr[15:39] region[39:42] ddr_offset[42:74] rows[74:86]
+    cols[86:98] chans[98:110] ddr_pix_stride[110:126] ddr_row_stride[126:150]
+    fm_pix_stride[150:162] fm_row_stride[162:182] pad_top[182:186] pad_bottom[186:190]
+    pad_left[190:194] pad_right[194:198] pad_value[198:206]s img_stride[206:238] fmt[238:242]
+
+SAVE (209 bits)::
+
+    fm_mem[12:14] src_addr[14:34] region[34:37] ddr_offset[37:69] rows[69:81] cols[81:93]
+    chans[93:105] fm_pix_stride[105:117] fm_row_stride[117:137] ddr_pix_stride[137:153]
+    ddr_row_stride[153:177] img_stride[177:209]
+
+CONV (252 bits)::
+
+    in_mem[12:14] in_addr[14:34] in_pix_stride[34:46] in_row_stride[46:66] ic[66:78]
+    out_mem[78:80] out_addr[80:100] out_pix_stride[100:112] out_row_stride[112:132]
+    out_h[132:144] out_w[144:156] oc[156:168] kernel_h[168:172] kernel_w[172:176]
+    stride_h[176:179] stride_w[179:182] pad_top[182:186] pad_bottom[186:190] pad_left[190:194]
+    pad_right[194:198] pad_value[198:206]s param_addr[206:230] shift[230:235] clip_lo[235:243]s
+    clip_hi[243:251]s depthwise[251:252]
+
+MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3 UPSAMPLE,
+4 COPY)::
+
+    op[12:16] in_mem[16:18] in_addr[18:38] in_pix_stride[38:50] in_row_stride[50:70]
+    out_mem[70:72] out_addr[72:92] out_pix_stride[92:104] out_row_stride[104:124]
+    out_h[124:136] out_w[136:148] chans[148:160]
+    MAXPOOL/AVGPOOL: kernel_h[160:164] kernel_w[164:168] stride_h[168:171] stride_w[171:174]
+        pad_top[174:178] pad_bottom[178:182] pad_left[182:186] pad_right[186:190]
+        pad_value[190:198]s shift[198:203] mult[203:219] clip_lo[219:227]s clip_hi[227:235]s
+    ELTADD: b_mem[160:162] b_addr[162:182] b_pix_stride[182:194] b_row_stride[194:214]
+        shift_a[214:220]s shift_b[220:226]s shift[226:231] clip_lo[231:239]s clip_hi[239:247]s
+    UPSAMPLE: factor_h[160:164] factor_w[164:168]
+    COPY: nothing more
+
+END: the header only, with empty DPON/DPBY; it must be the last instruction of the stream.
+
+Memories and addresses
+----------------------
+A tensor in FM is (rows, cols, channels), channels innermost: element (r, w, c) of a tensor at
+``addr`` with strides ``(pix_stride, row_stride)`` is the byte ``(addr + r * row_stride + w *
+pix_stride + c) mod M`` of its memory, M = FM_BANKS x FM_BANK_BYTES (the FM memories are circular;
+the bank of an address is ``addr // FM_BANK_BYTES``, written ``FM<mem>:<bank>:<offset>`` in
+assembly). Base addresses must be < M; a read footprint must be at most M bytes long, a written one
+too and its pixels/rows must not overlap (``pix_stride >= pixel bytes``, ``row_stride >= (cols -
+1) * pix_stride + pixel bytes``). The PM is circular the same way (modulo PM_BYTES). DDR is not:
+``region + offset`` must lie in the region (register base/size) and in the DDR buffer; SAVE may
+only write the OUTPUT and SWAP regions. Every CONV/MISC runs on every PE with the same addresses
+(SIMD); a LOAD to FM reads PE p's image at ``ddr_offset + p * img_stride`` (SAVE writes it there).
+An instruction reads all its inputs before writing its output, so in-place operations are defined.
+An instruction whose size is empty (LOAD/SAVE rows, cols or chans 0; CONV out_h, out_w, oc or ic
+0; MISC out_h, out_w or chans 0) is the paper's No-Op bubble: it moves nothing, takes 1 cycle and
+still pops/pushes its tokens.
+
+Semantics
+---------
+LOAD to FM: the block ``P`` of ``(pad_top + rows + pad_bottom) x (pad_left + cols + pad_right) x
+chans`` has the DDR data (byte (r, w, c) at ``ddr_offset + r * ddr_row_stride + w *
+ddr_pix_stride + c``) in its interior and ``pad_value`` on the border. With ``fmt`` = 0 it is
+written as is; with ``fmt`` = F >= 1 (format unit, ``chans <= FORMAT_MAX_CHANNELS``, ``F <=
+FORMAT_MAX_FACTOR``) every written pixel has F x chans channels, ``out(r, w, j * chans + c) =
+P(r, w + j, c)`` (``pad_value`` past the right edge): a W-direction im2col, so a kh x kw conv on
+a 3-channel image becomes a kh x 1 conv with the weights re-laid as ``[oc][kh][1][kw * ic]``.
+LOAD to PM: ``rows x cols x chans`` bytes written contiguously from ``dst_addr``.
+
+CONV (``D = depthwise``)::
+
+    Hw = (out_h - 1) * stride_h + kernel_h    H_in = Hw - pad_top - pad_bottom   (>= 1)
+    Ww = (out_w - 1) * stride_w + kernel_w    W_in = Ww - pad_left - pad_right   (>= 1)
+    X(r, w, c) = in(r - pad_top, w - pad_left, c) inside H_in x W_in, else pad_value
+    weights at param_addr: int8 W[oc][kernel_h][kernel_w][ic]  (D: W[oc][kh][kw], ic == oc)
+    bias right after them: int32 little-endian B[oc]
+    acc(y, x, o) = sum over ky, kx, c of X(y*sh + ky, x*sw + kx, c) * W[o][ky][kx][c]
+                   (int8 x int8 products, int32 accumulation wrapping modulo 2^32;
+                    D: only c = o, W[o][ky][kx])
+    s = acc + B[o] + (1 << (shift - 1) if shift > 0 else 0)      (exact, 64-bit)
+    out(y, x, o) = clip(s >> shift, clip_lo, clip_hi)            (arithmetic shift = floor)
+
+so ``shift`` rounds half up, ReLU is ``clip_lo = 0`` and ``clip_lo <= clip_hi`` is required.
+
+MAXPOOL: same window as CONV with ``chans`` channels; ``out = clip(max over the window of X,
+clip_lo, clip_hi)`` (padding = ``pad_value``, e.g. -128 to ignore it).
+AVGPOOL: ``s = sum over the window of X`` (padding counts as ``pad_value``), ``out = clip((s *
+mult + (1 << (shift - 1) if shift > 0 else 0)) >> shift, clip_lo, clip_hi)`` in 64 bits; a
+power-of-two window uses ``mult = 1, shift = log2(kh * kw)``, others approximate 1/(kh * kw) by
+``mult / 2^shift``.
+ELTADD: ``al(v, s) = v << s if s >= 0 else v >> -s`` (floor); ``t = al(A, shift_a) + al(B,
+shift_b)``; ``out = clip((t + (1 << (shift - 1) if shift > 0 else 0)) >> shift, clip_lo,
+clip_hi)``, 64-bit intermediates; ReLU is ``clip_lo = 0``. A, B and out are out_h x out_w x chans.
+UPSAMPLE: ``out(y, x, c) = in(y // factor_h, x // factor_w, c)`` (nearest, factors >= 1).
+COPY: ``out(y, x, c) = in(y, x, c)``; with ``out_pix_stride = s * chans`` it writes every s-th
+pixel (the transpose-conv sub-kernel shuffle), with a channel offset in ``out_addr`` and a wider
+``out_pix_stride`` it places a tensor inside a concatenation.
+
+Dependencies
+------------
+One token FIFO per ordered pair of unit types (A -> B, A != B). An instruction of unit B whose DPON
+contains A pops a token from FIFO(A -> B) before it starts (waiting while it is empty); an
+instruction of unit A whose DPBY contains B pushes a token into FIFO(A -> B) when it completes.
+Units run their own instructions in program order, concurrently. A unit listed in its own
+DPON/DPBY is an error. At the END all FIFOs must be empty (else "unbalanced dependencies"); a
+state where no unit can progress is a deadlock naming each blocked unit, its instruction and the
+FIFO it waits on.
+
+Assembly
+--------
+One instruction per line, mnemonic then DPON and DPBY (like Fig. 3 of the DPUV3INT8 paper), then
+``key=value`` operands; MISC instructions use their op as mnemonic::
+
+    LOAD DPON=- DPBY=CONV dst=FM0:0:0x0000 src=INPUT+0x0 size=8x56x64 src_stride=64,3584 \
+        dst_stride=64,3584 img_stride=0x31000
+    LOAD DPON=- DPBY=CONV dst=PM:0x000000 src=PARAM+0x0 size=9x64x64 src_stride=64,4096
+    CONV DPON=LOAD DPBY=MISC in=FM0:0:0x0000 in_stride=64,3584 ic=64 out=FM1:0:0x0000 \
+        out_stride=64,3584 out_size=8x56x64 kernel=3x3 stride=1x1 pad=1,1,1,1 \
+        params=PM:0x000000 shift=7 clip=0,127
+    MAXPOOL DPON=CONV DPBY=SAVE in=FM1:0:0x0000 in_stride=64,3584 out=FM2:0:0x0000 \
+        out_stride=64,1792 out_size=4x28x64 kernel=2x2 stride=2x2 pad=0,0,0,0 clip=-128,127
+    SAVE DPON=MISC DPBY=- src=FM2:0:0x0000 dst=OUTPUT+0x0 size=4x28x64 src_stride=64,1792 \
+        dst_stride=64,1792 img_stride=0xc400
+    END
+
+(each instruction on one line). Fields not shown by a group and different from their default are
+printed as ``name=value``, so disassembling any decodable word and parsing it back gives the same
+bits. ``;`` and ``#`` start comments; ``N:`` listing prefixes are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+
+from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
+
+INSN_BYTES = 32
+INSN_BITS = 8 * INSN_BYTES
+
+#: unit types, in the order of the DPON/DPBY mask bits and of the simulator's stats/tracks
+UNITS = ("LOAD", "SAVE", "CONV", "MISC")
+UNIT_LOAD, UNIT_SAVE, UNIT_CONV, UNIT_MISC = range(4)
+
+OP_LOAD, OP_SAVE, OP_CONV, OP_MISC, OP_END = 1, 2, 3, 4, 15
+OPCODE_NAMES = {OP_LOAD: "LOAD", OP_SAVE: "SAVE", OP_CONV: "CONV", OP_MISC: "MISC", OP_END: "END"}
+
+MISC_MAXPOOL, MISC_AVGPOOL, MISC_ELTADD, MISC_UPSAMPLE, MISC_COPY = range(5)
+MISC_NAMES = {MISC_MAXPOOL: "MAXPOOL", MISC_AVGPOOL: "AVGPOOL", MISC_ELTADD: "ELTADD",
+              MISC_UPSAMPLE: "UPSAMPLE", MISC_COPY: "COPY"}
+
+REGION_INPUT, REGION_OUTPUT, REGION_PARAM, REGION_INSN, REGION_SWAP = range(5)
+
+
+class EncodeError(ValueError):
+    """A field does not fit its width or a word is not an instruction: a compiler bug."""
+
+
+class AsmError(ValueError):
+    """A line of assembly cannot be parsed; the message names the line and the token."""
+
+
+# --- dependency masks ------------------------------------------------------------------------
+
+def units_mask(units) -> int:
+    """``{"LOAD", "MISC"}`` / ``"LOAD|MISC"`` / ``9`` -> mask (bit i = ``UNITS[i]``)."""
+    if isinstance(units, bool):
+        raise EncodeError(f"dependency set must be unit names or a mask, got {units!r}")
+    if isinstance(units, int):
+        if not 0 <= units < 16:
+            raise EncodeError(f"dependency mask {units} does not fit in 4 bits")
+        return units
+    if isinstance(units, str):
+        units = [u for u in units.replace(",", "|").split("|") if u.strip() not in ("", "-")]
+    mask = 0
+    for u in units:
+        name = str(u).strip().upper()
+        if name not in UNITS:
+            raise EncodeError(f"unknown unit {u!r} in a dependency set (units: "
+                              f"{', '.join(UNITS)})")
+        mask |= 1 << UNITS.index(name)
+    return mask
+
+
+def units_of(mask: int) -> frozenset[str]:
+    return frozenset(UNITS[i] for i in range(4) if mask >> i & 1)
+
+
+def _deps_text(units: frozenset[str]) -> str:
+    names = [u for u in UNITS if u in units]
+    return "|".join(names) if names else "-"
+
+
+def _deps_field():
+    return field(default=frozenset(), compare=True)
+
+
+class _Deps:
+    """Mixin normalising ``dpon`` / ``dpby`` to frozensets of unit names."""
+
+    def __post_init__(self):
+        self.dpon = units_of(units_mask(self.dpon))
+        self.dpby = units_of(units_mask(self.dpby))
+
+
+# --- instructions ----------------------------------------------------------------------------
+
+@dataclass
+class Load(_Deps):
+    """DDR -> FM of every PE (``to_pm=False``) or DDR -> the shared PM (``to_pm=True``).
+
+    Moves ``rows x cols x chans`` bytes (channels innermost) read from ``region + ddr_offset`` with
+    DDR strides ``ddr_pix_stride`` / ``ddr_row_stride``. FM: PE p reads its image at
+    ``ddr_offset + p * img_stride`` and writes the block, surrounded by ``pad_*`` rows/columns of
+    ``pad_value``, at ``dst_addr`` of memory ``fm_mem`` with FM strides; with ``fmt`` = F > 0 the
+    format unit writes pixels of F x chans channels (W-direction im2col, see module docstring).
+    PM: one copy written contiguously at ``dst_addr``; FM-only fields must be 0.
+    """
+
+    to_pm: bool = False
+    fm_mem: int = 0
+    dst_addr: int = 0
+    region: int = REGION_INPUT
+    ddr_offset: int = 0
+    rows: int = 0
+    cols: int = 0
+    chans: int = 0
+    ddr_pix_stride: int = 0
+    ddr_row_stride: int = 0
+    fm_pix_stride: int = 0
+    fm_row_stride: int = 0
+    pad_top: int = 0
+    pad_bottom: int = 0
+    pad_left: int = 0
+    pad_right: int = 0
+    pad_value: int = 0
+    img_stride: int = 0
+    fmt: int = 0
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class Save(_Deps):
+    """FM of every PE -> DDR: PE p writes ``rows x cols x chans`` at ``ddr_offset + p *
+    img_stride`` of ``region`` (OUTPUT or SWAP), reading FM with its strides."""
+
+    fm_mem: int = 0
+    src_addr: int = 0
+    region: int = REGION_OUTPUT
+    ddr_offset: int = 0
+    rows: int = 0
+    cols: int = 0
+    chans: int = 0
+    fm_pix_stride: int = 0
+    fm_row_stride: int = 0
+    ddr_pix_stride: int = 0
+    ddr_row_stride: int = 0
+    img_stride: int = 0
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class Conv(_Deps):
+    """Convolution with fix-point requantize on every PE (semantics in the module docstring)."""
+
+    in_mem: int = 0
+    in_addr: int = 0
+    in_pix_stride: int = 0
+    in_row_stride: int = 0
+    ic: int = 0
+    out_mem: int = 0
+    out_addr: int = 0
+    out_pix_stride: int = 0
+    out_row_stride: int = 0
+    out_h: int = 0
+    out_w: int = 0
+    oc: int = 0
+    kernel_h: int = 1
+    kernel_w: int = 1
+    stride_h: int = 1
+    stride_w: int = 1
+    pad_top: int = 0
+    pad_bottom: int = 0
+    pad_left: int = 0
+    pad_right: int = 0
+    pad_value: int = 0
+    param_addr: int = 0
+    shift: int = 0
+    clip_lo: int = -128
+    clip_hi: int = 127
+    depthwise: bool = False
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class _MiscBase(_Deps):
+    in_mem: int = 0
+    in_addr: int = 0
+    in_pix_stride: int = 0
+    in_row_stride: int = 0
+    out_mem: int = 0
+    out_addr: int = 0
+    out_pix_stride: int = 0
+    out_row_stride: int = 0
+    out_h: int = 0
+    out_w: int = 0
+    chans: int = 0
+
+
+@dataclass
+class Pool(_MiscBase):
+    """MAXPOOL (``op=MISC_MAXPOOL``) or AVGPOOL (``op=MISC_AVGPOOL``) over a padded window."""
+
+    op: int = MISC_MAXPOOL
+    kernel_h: int = 1
+    kernel_w: int = 1
+    stride_h: int = 1
+    stride_w: int = 1
+    pad_top: int = 0
+    pad_bottom: int = 0
+    pad_left: int = 0
+    pad_right: int = 0
+    pad_value: int = 0
+    shift: int = 0
+    mult: int = 1
+    clip_lo: int = -128
+    clip_hi: int = 127
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class EltAdd(_MiscBase):
+    """Element-wise add of A (``in_*``) and B (``b_*``) with per-input alignment shifts."""
+
+    b_mem: int = 0
+    b_addr: int = 0
+    b_pix_stride: int = 0
+    b_row_stride: int = 0
+    shift_a: int = 0
+    shift_b: int = 0
+    shift: int = 0
+    clip_lo: int = -128
+    clip_hi: int = 127
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class Upsample(_MiscBase):
+    """Nearest up-sampling by integer factors: out(y, x) = in(y // factor_h, x // factor_w)."""
+
+    factor_h: int = 1
+    factor_w: int = 1
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class Copy(_MiscBase):
+    """Strided FM -> FM copy (identity, concat by placement, sub-kernel shuffle)."""
+
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+@dataclass
+class End:
+    """End of the stream: the last instruction; carries no dependencies."""
+
+
+Insn = Load | Save | Conv | Pool | EltAdd | Upsample | Copy | End
+
+
+def unit_of(insn: Insn) -> int | None:
+    """Unit executing an instruction (``UNIT_*``); None for END."""
+    if isinstance(insn, Load):
+        return UNIT_LOAD
+    if isinstance(insn, Save):
+        return UNIT_SAVE
+    if isinstance(insn, Conv):
+        return UNIT_CONV
+    if isinstance(insn, End):
+        return None
+    return UNIT_MISC
+
+
+def mnemonic(insn: Insn) -> str:
+    if isinstance(insn, Pool):
+        return MISC_NAMES.get(insn.op, f"MISC?{insn.op}")
+    if isinstance(insn, EltAdd):
+        return "ELTADD"
+    if isinstance(insn, Upsample):
+        return "UPSAMPLE"
+    if isinstance(insn, Copy):
+        return "COPY"
+    return type(insn).__name__.upper()
+
+
+# --- bit layout ------------------------------------------------------------------------------
+# (field, width, signed). Fields are packed in order from bit 12 (after the header) of a
+# 256-bit little-endian word; bits after the last field are reserved and must be zero.
+
+HEADER = (("opcode", 4, False), ("dpon", 4, False), ("dpby", 4, False))
+
+_FM_IN = (("in_mem", 2, False), ("in_addr", 20, False), ("in_pix_stride", 12, False),
+          ("in_row_stride", 20, False))
+_FM_OUT = (("out_mem", 2, False), ("out_addr", 20, False), ("out_pix_stride", 12, False),
+           ("out_row_stride", 20, False))
+
+LAYOUTS: dict[str, tuple] = {
+    "LOAD": (
+        ("to_pm", 1, False), ("fm_mem", 2, False), ("dst_addr", 24, False),
+        ("region", 3, False), ("ddr_offset", 32, False),
+        ("rows", 12, False), ("cols", 12, False), ("chans", 12, False),
+        ("ddr_pix_stride", 16, False), ("ddr_row_stride", 24, False),
+        ("fm_pix_stride", 12, False), ("fm_row_stride", 20, False),
+        ("pad_top", 4, False), ("pad_bottom", 4, False), ("pad_left", 4, False),
+        ("pad_right", 4, False), ("pad_value", 8, True),
+        ("img_stride", 32, False), ("fmt", 4, False)),
+    "SAVE": (
+        ("fm_mem", 2, False), ("src_addr", 20, False),
+        ("region", 3, False), ("ddr_offset", 32, False),
+        ("rows", 12, False), ("cols", 12, False), ("chans", 12, False),
+        ("fm_pix_stride", 12, False), ("fm_row_stride", 20, False),
+        ("ddr_pix_stride", 16, False), ("ddr_row_stride", 24, False),
+        ("img_stride", 32, False)),
+    "CONV": (
+        *_FM_IN, ("ic", 12, False), *_FM_OUT,
+        ("out_h", 12, False), ("out_w", 12, False), ("oc", 12, False),
+        ("kernel_h", 4, False), ("kernel_w", 4, False), ("stride_h", 3, False),
+        ("stride_w", 3, False),
+        ("pad_top", 4, False), ("pad_bottom", 4, False), ("pad_left", 4, False),
+        ("pad_right", 4, False), ("pad_value", 8, True),
+        ("param_addr", 24, False), ("shift", 5, False), ("clip_lo", 8, True),
+        ("clip_hi", 8, True), ("depthwise", 1, False)),
+}
+MISC_COMMON = (("op", 4, False), *_FM_IN, *_FM_OUT, ("out_h", 12, False), ("out_w", 12, False),
+               ("chans", 12, False))
+_POOL = (("kernel_h", 4, False), ("kernel_w", 4, False), ("stride_h", 3, False),
+         ("stride_w", 3, False), ("pad_top", 4, False), ("pad_bottom", 4, False),
+         ("pad_left", 4, False), ("pad_right", 4, False), ("pad_value", 8, True),
+         ("shift", 5, False), ("mult", 16, False), ("clip_lo", 8, True), ("clip_hi", 8, True))
+LAYOUTS.update({
+    "MAXPOOL": MISC_COMMON + _POOL,
+    "AVGPOOL": MISC_COMMON + _POOL,
+    "ELTADD": MISC_COMMON + (
+        ("b_mem", 2, False), ("b_addr", 20, False), ("b_pix_stride", 12, False),
+        ("b_row_stride", 20, False), ("shift_a", 6, True), ("shift_b", 6, True),
+        ("shift", 5, False), ("clip_lo", 8, True), ("clip_hi", 8, True)),
+    "UPSAMPLE": MISC_COMMON + (("factor_h", 4, False), ("factor_w", 4, False)),
+    "COPY": MISC_COMMON,
+    "END": (),
+})
+for _name, _lay in LAYOUTS.items():
+    assert sum(w for _, w, _ in HEADER + _lay) <= INSN_BITS, _name
+
+
+def field_offsets(kind: str) -> list[tuple[str, int, int, bool]]:
+    """``[(field, lo, width, signed), ...]`` of an instruction kind, header included."""
+    out, lo = [], 0
+    for name, w, s in HEADER + LAYOUTS[kind]:
+        out.append((name, lo, w, s))
+        lo += w
+    return out
+
+
+def _layout_of(insn: Insn) -> tuple[str, tuple]:
+    kind = mnemonic(insn)
+    if kind not in LAYOUTS:
+        raise EncodeError(f"{kind}: unknown MISC op {getattr(insn, 'op', None)!r}")
+    return kind, LAYOUTS[kind]
+
+
+# --- encoder / decoder -----------------------------------------------------------------------
+
+_OPCODE_OF = {"LOAD": OP_LOAD, "SAVE": OP_SAVE, "CONV": OP_CONV, "END": OP_END}
+_MISC_OP_OF = {name: op for op, name in MISC_NAMES.items()}
+
+
+def encode(insn: Insn) -> bytes:
+    """Encode one instruction into its 32 little-endian bytes."""
+    kind, layout = _layout_of(insn)
+    if isinstance(insn, End):
+        head = {"opcode": OP_END, "dpon": 0, "dpby": 0}
+    else:
+        head = {"opcode": _OPCODE_OF.get(kind, OP_MISC), "dpon": units_mask(insn.dpon),
+                "dpby": units_mask(insn.dpby)}
+        if head["opcode"] == OP_MISC:
+            head["op"] = _MISC_OP_OF[kind]
+    word, lo = 0, 0
+    for name, w, signed in HEADER + layout:
+        v = head[name] if name in head else getattr(insn, name)
+        if isinstance(v, bool):
+            v = int(v)
+        if not isinstance(v, int):
+            raise EncodeError(f"{kind}: field {name}={v!r} is not an integer")
+        if signed:
+            if not -(1 << (w - 1)) <= v < (1 << (w - 1)):
+                raise EncodeError(f"{kind}: field {name}={v} does not fit in {w} signed bits")
+            v &= (1 << w) - 1
+        elif not 0 <= v < (1 << w):
+            raise EncodeError(f"{kind}: field {name}={v} does not fit in {w} bits")
+        word |= v << lo
+        lo += w
+    return word.to_bytes(INSN_BYTES, "little")
+
+
+def encode_stream(insns: list[Insn]) -> bytes:
+    """Encode instructions back to back (the bytes the simulator and the blob take)."""
+    return b"".join(encode(i) for i in insns)
+
+
+_CLASS_OF = {"LOAD": Load, "SAVE": Save, "CONV": Conv, "MAXPOOL": Pool, "AVGPOOL": Pool,
+             "ELTADD": EltAdd, "UPSAMPLE": Upsample, "COPY": Copy, "END": End}
+
+
+def decode(data: bytes) -> Insn:
+    """Decode 32 bytes; raises ``EncodeError`` for an unknown opcode / MISC op or set reserved
+    bits (the simulator rejects the same words)."""
+    if len(data) != INSN_BYTES:
+        raise EncodeError(f"an instruction is {INSN_BYTES} bytes, got {len(data)}")
+    word = int.from_bytes(data, "little")
+
+    def get(lo: int, w: int, signed: bool) -> int:
+        v = (word >> lo) & ((1 << w) - 1)
+        return v - (1 << w) if signed and v >> (w - 1) else v
+
+    opcode, dpon, dpby = get(0, 4, False), get(4, 4, False), get(8, 4, False)
+    if opcode == OP_MISC:
+        op = get(12, 4, False)
+        if op not in MISC_NAMES:
+            raise EncodeError(f"unknown MISC op {op}")
+        kind = MISC_NAMES[op]
+    elif opcode in OPCODE_NAMES:
+        kind = OPCODE_NAMES[opcode]
+    else:
+        raise EncodeError(f"unknown opcode {opcode}")
+    values, lo = {}, 12
+    for name, w, signed in LAYOUTS[kind]:
+        values[name] = get(lo, w, signed)
+        lo += w
+    if word >> lo:
+        raise EncodeError(f"{kind}: reserved bits [{lo}, {INSN_BITS}) are not zero")
+    cls = _CLASS_OF[kind]
+    if cls is End:
+        if dpon or dpby:
+            raise EncodeError("END: fields DPON/DPBY must be empty")
+        return End()
+    if cls is not Pool:
+        values.pop("op", None)
+    for f in fields(cls):
+        if f.type in ("bool",) and f.name in values:
+            values[f.name] = bool(values[f.name])
+    return cls(**values, dpon=dpon, dpby=dpby)
+
+
+def decode_stream(data: bytes) -> list[Insn]:
+    if len(data) % INSN_BYTES:
+        raise EncodeError(f"instruction stream of {len(data)} bytes is not a multiple of "
+                          f"{INSN_BYTES}")
+    return [decode(data[i:i + INSN_BYTES]) for i in range(0, len(data), INSN_BYTES)]
+
+
+# --- assembly ----------------------------------------------------------------------------------
+
+def _hex(v: int) -> str:
+    return f"0x{v:x}"
+
+
+class ISA:
+    """Encoder, decoder and assembler of one config (the config gives FM banks for display)."""
+
+    def __init__(self, cfg: DPUConfig):
+        self.cfg = cfg
+        self.bank_bytes = cfg.FM_BANK_BYTES
+
+    encode = staticmethod(encode)
+    encode_stream = staticmethod(encode_stream)
+    decode = staticmethod(decode)
+    decode_stream = staticmethod(decode_stream)
+
+    # formatting ------------------------------------------------------------------------------
+    def fm(self, mem: int, addr: int) -> str:
+        bank, off = divmod(addr, self.bank_bytes)
+        return f"FM{mem}:{bank}:0x{off:04x}"
+
+    def format(self, insn: Insn) -> str:
+        """One line: mnemonic, DPON, DPBY, then the operands (``key=value``)."""
+        if isinstance(insn, End):
+            return "END"
+        parts = [mnemonic(insn), f"DPON={_deps_text(insn.dpon)}",
+                 f"DPBY={_deps_text(insn.dpby)}"]
+        shown: set[str] = set()
+
+        def put(key: str, text: str, *names: str) -> None:
+            parts.append(f"{key}={text}")
+            shown.update(names)
+
+        i = insn
+        if isinstance(i, Load):
+            if i.to_pm:
+                put("dst", f"PM:0x{i.dst_addr:06x}", "to_pm", "dst_addr")
+            else:
+                put("dst", self.fm(i.fm_mem, i.dst_addr), "to_pm", "fm_mem", "dst_addr")
+            put("src", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
+            put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
+            put("src_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
+                "ddr_row_stride")
+            if not i.to_pm:
+                put("dst_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
+                    "fm_row_stride")
+                if i.img_stride:
+                    put("img_stride", _hex(i.img_stride), "img_stride")
+        elif isinstance(i, Save):
+            put("src", self.fm(i.fm_mem, i.src_addr), "fm_mem", "src_addr")
+            put("dst", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
+            put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
+            put("src_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
+                "fm_row_stride")
+            put("dst_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
+                "ddr_row_stride")
+            if i.img_stride:
+                put("img_stride", _hex(i.img_stride), "img_stride")
+        else:
+            a = "a" if isinstance(i, EltAdd) else "in"
+            put(a, self.fm(i.in_mem, i.in_addr), "in_mem", "in_addr")
+            put(f"{a}_stride", f"{i.in_pix_stride},{i.in_row_stride}", "in_pix_stride",
+                "in_row_stride")
+            if isinstance(i, Conv):
+                put("ic", str(i.ic), "ic")
+            if isinstance(i, EltAdd):
+                put("b", self.fm(i.b_mem, i.b_addr), "b_mem", "b_addr")
+                put("b_stride", f"{i.b_pix_stride},{i.b_row_stride}", "b_pix_stride",
+                    "b_row_stride")
+            put("out", self.fm(i.out_mem, i.out_addr), "out_mem", "out_addr")
+            put("out_stride", f"{i.out_pix_stride},{i.out_row_stride}", "out_pix_stride",
+                "out_row_stride")
+            c = i.oc if isinstance(i, Conv) else i.chans
+            put("out_size", f"{i.out_h}x{i.out_w}x{c}", "out_h", "out_w",
+                "oc" if isinstance(i, Conv) else "chans")
+            if isinstance(i, (Conv, Pool)):
+                put("kernel", f"{i.kernel_h}x{i.kernel_w}", "kernel_h", "kernel_w")
+                put("stride", f"{i.stride_h}x{i.stride_w}", "stride_h", "stride_w")
+                put("pad", f"{i.pad_top},{i.pad_bottom},{i.pad_left},{i.pad_right}",
+                    "pad_top", "pad_bottom", "pad_left", "pad_right")
+            if isinstance(i, Conv):
+                put("params", f"PM:0x{i.param_addr:06x}", "param_addr")
+                put("shift", str(i.shift), "shift")
+            if isinstance(i, Pool) and i.op == MISC_AVGPOOL:
+                put("mult", str(i.mult), "mult")
+                put("shift", str(i.shift), "shift")
+            if isinstance(i, EltAdd):
+                put("shift_a", str(i.shift_a), "shift_a")
+                put("shift_b", str(i.shift_b), "shift_b")
+                put("shift", str(i.shift), "shift")
+            if isinstance(i, Upsample):
+                put("factor", f"{i.factor_h}x{i.factor_w}", "factor_h", "factor_w")
+            if isinstance(i, (Conv, Pool, EltAdd)):
+                put("clip", f"{i.clip_lo},{i.clip_hi}", "clip_lo", "clip_hi")
+        # every other field that differs from its default, so any decoded word round-trips
+        kind = mnemonic(i)
+        layout_names = [n for n, _, _ in LAYOUTS.get(kind, ())]
+        defaults = type(i)()
+        for name in layout_names:
+            if name in shown or name == "op":
+                continue
+            v = getattr(i, name)
+            if v != getattr(defaults, name):
+                if isinstance(v, bool):
+                    parts.append(name)
+                else:
+                    parts.append(f"{name}={v}")
+        return " ".join(parts)
+
+    @staticmethod
+    def _ddr(region: int, offset: int) -> str:
+        r = REGION_NAMES[region] if region < len(REGION_NAMES) else f"REGION{region}"
+        return f"{r}+{_hex(offset)}"
+
+    def disassemble(self, data: bytes) -> list[str]:
+        """Numbered listing of a stream; undecodable words are shown as ``.word``, not raised."""
+        lines = []
+        n = len(data) // INSN_BYTES
+        for k in range(n):
+            chunk = data[k * INSN_BYTES:(k + 1) * INSN_BYTES]
+            try:
+                text = self.format(decode(chunk))
+            except EncodeError as e:
+                text = f".word 0x{int.from_bytes(chunk, 'little'):064x}  ; {e}"
+            lines.append(f"{k:6d}: {text}")
+        return lines
+
+    # parsing ---------------------------------------------------------------------------------
+    def parse(self, text: str) -> list[Insn]:
+        """Parse assembly (one instruction per line; ``;`` / ``#`` comments, blank lines and
+        ``N:`` listing prefixes are ignored) into instructions."""
+        return [insn for _, insn in self._parse_lines(text, encode_too=False)]
+
+    def assemble(self, text: str) -> bytes:
+        """Parse and encode; errors (also fields too wide for their bits) name the line."""
+        return b"".join(data for data, _ in self._parse_lines(text, encode_too=True))
+
+    def _parse_lines(self, text: str, encode_too: bool):
+        out = []
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            line = re.split(r"[;#]", raw, maxsplit=1)[0].strip()
+            line = re.sub(r"^\d+:\s*", "", line)
+            if not line:
+                continue
+            try:
+                insn = self.parse_line(line)
+                out.append((encode(insn) if encode_too else None, insn))
+            except (AsmError, EncodeError, ValueError) as e:
+                raise AsmError(f"line {lineno}: {e} in {raw.strip()!r}") from None
+        return out
+
+    def parse_line(self, line: str) -> Insn:
+        toks = line.split()
+        mn = toks[0].upper()
+        if mn == "END":
+            if len(toks) > 1:
+                raise AsmError("END takes no operands")
+            return End()
+        if mn not in _CLASS_OF:
+            raise AsmError(f"unknown mnemonic {toks[0]!r} (known: {', '.join(_CLASS_OF)})")
+        cls = _CLASS_OF[mn]
+        kw: dict = {}
+        if cls is Pool:
+            kw["op"] = MISC_MAXPOOL if mn == "MAXPOOL" else MISC_AVGPOOL
+        names = {f.name: f for f in fields(cls)}
+        for tok in toks[1:]:
+            key, eq, val = tok.partition("=")
+            k = key.lower()
+            if not eq:
+                if k in names and names[k].type == "bool":
+                    kw[k] = True
+                    continue
+                raise AsmError(f"token {tok!r} is not key=value")
+            self._operand(cls, mn, k, val, kw, names)
+        return cls(**kw)
+
+    def _operand(self, cls, mn: str, k: str, val: str, kw: dict, names: dict) -> None:
+        def ints(n: int, sep: str) -> list[int]:
+            items = val.lower().split(sep)
+            if len(items) != n:
+                raise AsmError(f"{k}={val}: expected {n} values separated by {sep!r}")
+            return [_int(x) for x in items]
+
+        a = "a" if cls is EltAdd else "in"
+        if k == "dpon" or k == "dpby":
+            kw[k] = units_mask(val)
+        elif cls is Load and k == "dst":
+            if val.upper().startswith("PM:"):
+                kw["to_pm"], kw["dst_addr"] = True, _int(val[3:])
+            else:
+                kw["to_pm"] = False
+                kw["fm_mem"], kw["dst_addr"] = self._parse_fm(val)
+        elif cls is Save and k == "src":
+            kw["fm_mem"], kw["src_addr"] = self._parse_fm(val)
+        elif (cls is Load and k == "src") or (cls is Save and k == "dst"):
+            kw["region"], kw["ddr_offset"] = _parse_ddr(val)
+        elif cls in (Load, Save) and k == "size":
+            kw["rows"], kw["cols"], kw["chans"] = ints(3, "x")
+        elif cls is Load and k == "src_stride" or cls is Save and k == "dst_stride":
+            kw["ddr_pix_stride"], kw["ddr_row_stride"] = ints(2, ",")
+        elif cls is Load and k == "dst_stride" or cls is Save and k == "src_stride":
+            kw["fm_pix_stride"], kw["fm_row_stride"] = ints(2, ",")
+        elif k == a and cls not in (Load, Save):
+            kw["in_mem"], kw["in_addr"] = self._parse_fm(val)
+        elif k == f"{a}_stride" and cls not in (Load, Save):
+            kw["in_pix_stride"], kw["in_row_stride"] = ints(2, ",")
+        elif k == "b" and cls is EltAdd:
+            kw["b_mem"], kw["b_addr"] = self._parse_fm(val)
+        elif k == "b_stride" and cls is EltAdd:
+            kw["b_pix_stride"], kw["b_row_stride"] = ints(2, ",")
+        elif k == "out" and cls not in (Load, Save):
+            kw["out_mem"], kw["out_addr"] = self._parse_fm(val)
+        elif k == "out_stride" and cls not in (Load, Save):
+            kw["out_pix_stride"], kw["out_row_stride"] = ints(2, ",")
+        elif k == "out_size" and cls not in (Load, Save):
+            kw["out_h"], kw["out_w"], kw["oc" if cls is Conv else "chans"] = ints(3, "x")
+        elif k == "kernel" and cls in (Conv, Pool):
+            kw["kernel_h"], kw["kernel_w"] = ints(2, "x")
+        elif k == "stride" and cls in (Conv, Pool):
+            kw["stride_h"], kw["stride_w"] = ints(2, "x")
+        elif k == "pad" and cls in (Conv, Pool):
+            kw["pad_top"], kw["pad_bottom"], kw["pad_left"], kw["pad_right"] = ints(4, ",")
+        elif k == "pad" and cls is Load:
+            kw["pad_top"], kw["pad_bottom"], kw["pad_left"], kw["pad_right"] = ints(4, ",")
+        elif k == "clip" and cls in (Conv, Pool, EltAdd):
+            kw["clip_lo"], kw["clip_hi"] = ints(2, ",")
+        elif k == "params" and cls is Conv:
+            if not val.upper().startswith("PM:"):
+                raise AsmError(f"params={val}: expected PM:<address>")
+            kw["param_addr"] = _int(val[3:])
+        elif k == "factor" and cls is Upsample:
+            kw["factor_h"], kw["factor_w"] = ints(2, "x")
+        elif k in names and k not in ("op",):
+            kw[k] = bool(_int(val)) if names[k].type == "bool" else _int(val)
+        else:
+            raise AsmError(f"unknown operand {k!r} for {mn}")
+
+    def _parse_fm(self, val: str) -> tuple[int, int]:
+        m = re.fullmatch(r"FM(\d+):([0-9a-fA-Fx]+)(?::([0-9a-fA-Fx]+))?", val.strip(),
+                         flags=re.IGNORECASE)
+        if not m:
+            raise AsmError(f"{val!r} is not an FM address (FM<mem>:<bank>:<offset> or "
+                           "FM<mem>:<address>)")
+        mem = int(m.group(1))
+        if m.group(3) is None:
+            return mem, _int(m.group(2))
+        return mem, _int(m.group(2)) * self.bank_bytes + _int(m.group(3))
+
+
+def _int(text: str) -> int:
+    t = text.strip().lower()
+    try:
+        return int(t, 0)
+    except ValueError:
+        raise AsmError(f"{text!r} is not an integer") from None
+
+
+def _parse_ddr(val: str) -> tuple[int, int]:
+    name, plus, off = val.partition("+")
+    name = name.strip().upper()
+    if name in REGION_NAMES:
+        region = REGION_NAMES.index(name)
+    elif name.startswith("REGION") and name[6:].isdigit():
+        region = int(name[6:])
+    else:
+        raise AsmError(f"{val!r}: unknown DDR region (regions: {', '.join(REGION_NAMES)})")
+    return region, _int(off) if plus else 0

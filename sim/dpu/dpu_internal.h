@@ -1,0 +1,64 @@
+/* Internal types of the DPU simulator: decoded instructions, geometry, execution kernels. */
+#ifndef ACCEL_DPU_INTERNAL_H
+#define ACCEL_DPU_INTERNAL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "dpu/dpu_sim.h"
+
+enum { OP_LOAD = 1, OP_SAVE = 2, OP_CONV = 3, OP_MISC = 4, OP_END = 15 };
+enum { MISC_MAXPOOL = 0, MISC_AVGPOOL = 1, MISC_ELTADD = 2, MISC_UPSAMPLE = 3, MISC_COPY = 4 };
+/* instruction kinds (one bit layout each) */
+enum { K_LOAD, K_SAVE, K_CONV, K_MAXPOOL, K_AVGPOOL, K_ELTADD, K_UPSAMPLE, K_COPY, K_END, NUM_KINDS };
+
+typedef struct {
+    uint32_t n_pe, n_mem;
+    uint64_t mem_bytes;  /* one FM memory (circular) */
+    uint64_t bank_bytes;
+    uint64_t pm_bytes;   /* circular */
+    uint64_t ic_par, oc_par, row_par, mch_par, mrow_par;
+    uint64_t fmt_max_ch, fmt_max_f;
+    uint64_t lat[DPU_NUM_UNITS];
+    double bpc, clock_mhz;
+    uint64_t region_base[DPU_NUM_REGIONS], region_size[DPU_NUM_REGIONS];
+    uint64_t max_cycles;
+} dpu_geom;
+
+/* A decoded instruction: every field of every layout (the python names), then derived values
+ * filled in by the checker for the executor and the statistics. */
+typedef struct {
+    int64_t opcode, dpon, dpby, op;
+    int64_t to_pm, fm_mem, dst_addr, src_addr, region, ddr_offset, rows, cols, chans;
+    int64_t ddr_pix_stride, ddr_row_stride, fm_pix_stride, fm_row_stride;
+    int64_t pad_top, pad_bottom, pad_left, pad_right, pad_value, img_stride, fmt;
+    int64_t in_mem, in_addr, in_pix_stride, in_row_stride, ic;
+    int64_t out_mem, out_addr, out_pix_stride, out_row_stride, out_h, out_w, oc;
+    int64_t kernel_h, kernel_w, stride_h, stride_w, param_addr, shift, mult, clip_lo, clip_hi, depthwise;
+    int64_t b_mem, b_addr, b_pix_stride, b_row_stride, shift_a, shift_b, factor_h, factor_w;
+    /* --- derived --- */
+    uint32_t index;
+    int kind, unit, noop;
+    const char *name; /* event name: "LOAD FM", "CONV", "MAXPOOL", "NOP", ... */
+    uint64_t in_rows, in_cols;   /* real input extent (CONV / MISC) */
+    uint64_t win_rows, win_cols; /* padded window (CONV / pools) or padded block (LOAD) */
+    uint64_t pix_bytes;          /* bytes of a written pixel (LOAD with the format unit) */
+    uint64_t dur;
+    uint64_t macs, padded_macs, ddr_rd, ddr_wr, fm_rd, fm_wr, pm_rd, pm_wr;
+} dpu_insn;
+
+typedef struct {
+    dpu_geom g;
+    uint8_t *fm; /* n_pe x n_mem x mem_bytes */
+    uint8_t *pm;
+    uint8_t *ddr;
+    uint64_t ddr_bytes;
+    void *scratch[6];
+    uint64_t scratch_cap[6];
+} dpu_state;
+
+/* Executes a checked instruction; fails only when host memory runs out. */
+int dpu_exec(dpu_state *s, const dpu_insn *in, accel_err *err);
+void dpu_free_scratch(dpu_state *s);
+
+#endif
