@@ -55,9 +55,10 @@ A tensor in FM is (rows, cols, channels), channels innermost: element (r, w, c) 
 ``addr`` with strides ``(pix_stride, row_stride)`` is the byte ``(addr + r * row_stride + w *
 pix_stride + c) mod M`` of its memory, M = FM_BANKS x FM_BANK_BYTES (the FM memories are circular;
 the bank of an address is ``addr // FM_BANK_BYTES``, written ``FM<mem>:<bank>:<offset>`` in
-assembly). Base addresses must be < M; a read footprint must be at most M bytes long, a written one
-too and its pixels/rows must not overlap (``pix_stride >= pixel bytes``, ``row_stride >= (cols -
-1) * pix_stride + pixel bytes``). The PM is circular the same way (modulo PM_BYTES). DDR is not:
+assembly). Base addresses must be < M; every FM tensor an instruction reads or writes must span at
+most M bytes and its pixels and rows must not overlap (``pix_stride >= pixel bytes`` when cols >
+1, ``row_stride >= (cols - 1) * pix_stride + pixel bytes`` when rows > 1; the stride of a single
+pixel or row is free). The PM is circular the same way (modulo PM_BYTES). DDR is not:
 ``region + offset`` must lie in the region (register base/size) and in the DDR buffer; SAVE may
 only write the OUTPUT and SWAP regions. Every CONV/MISC runs on every PE with the same addresses
 (SIMD); a LOAD to FM reads PE p's image at ``ddr_offset + p * img_stride`` (SAVE writes it there).
@@ -108,7 +109,8 @@ pixel (the transpose-conv sub-kernel shuffle), with a channel offset in ``out_ad
 
 Dependencies
 ------------
-One token FIFO per ordered pair of unit types (A -> B, A != B). An instruction of unit B whose DPON
+One token FIFO per ordered pair of unit types (A -> B, A != B), unbounded (the simulator sizes
+each FIFO by the number of DPBY pushes in the stream). An instruction of unit B whose DPON
 contains A pops a token from FIFO(A -> B) before it starts (waiting while it is empty); an
 instruction of unit A whose DPBY contains B pushes a token into FIFO(A -> B) when it completes.
 Units run their own instructions in program order, concurrently. A unit listed in its own

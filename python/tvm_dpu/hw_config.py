@@ -31,6 +31,9 @@ on four images at this peak takes 6.3 ms; the paper reports 7.5 ms hand-tuned an
 i.e. 84% / 77% efficiency, in line with its "80+% HW efficiency". The MISC unit processes
 ``MISC_CH_PAR`` = 16 channels x ``MISC_ROW_PAR`` = 2 rows per cycle (H_P = H_E = 2 in the paper).
 
+Bundled variants: ``dpu_default`` (above) and ``dpu_8pe`` (8 PEs / 8 images, with two DDR channels,
+128 bytes/cycle, so the per-image bandwidth stays the same).
+
 Timing (cycle model of ``sim/dpu``):
 
 - ``CLOCK_MHZ`` 300: converts cycles to time (Alveo U200/U250 DPU clock range).

@@ -102,7 +102,8 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
     fig, ax = plt.subplots(figsize=(width_in, 1.0 + 0.6 * len(tracks)))
     for kind, per_lane in kinds.items():
         for ln, bars in per_lane.items():
-            ax.broken_barh(bars, (ln - 0.4, 0.8), facecolors=color[kind], edgecolor="none")
+            ax.broken_barh(bars, (ln - 0.4, 0.8), facecolors=color[kind], edgecolor="white",
+                           linewidth=0.3)
     ax.set_yticks(range(len(tracks)))
     ax.set_yticklabels([label[k] for k in tracks])
     ax.invert_yaxis()
