@@ -16,7 +16,7 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 
-ACCEL_TARGETS = ("vta",)
+ACCEL_TARGETS = ("vta", "dpu")
 HOSTS = ("llvm",)
 
 
@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
     c.add_argument("--target-vta-config", metavar="FILE",
                    help="VTA hardware config JSON or bundled name (vta_1x16x16, vta_8x8x8)")
+    c.add_argument("--target-dpu-config", metavar="FILE",
+                   help="DPU hardware config JSON or bundled name (dpu_default, dpu_8pe)")
     c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
     c.add_argument("--dump-offloads", action="store_true",
                    help="list every layer, where it runs and why")

@@ -846,3 +846,114 @@ def _parse_ddr(val: str) -> tuple[int, int]:
     else:
         raise AsmError(f"{val!r}: unknown DDR region (regions: {', '.join(REGION_NAMES)})")
     return region, _int(off) if plus else 0
+
+
+# --- program blob ------------------------------------------------------------------------------
+BLOB_TARGET = "dpu"
+#: DDR offsets are 32-bit fields
+MAX_REGION_BYTES = 1 << 32
+
+
+def build_blob(program, cfg: DPUConfig, name: str = "") -> bytes:
+    """Serialize a planned :class:`~tvm_dpu.strategy.DPUProgram` into a program blob.
+
+    Sections: ``HWCF`` (config JSON), ``META`` (DDR map, layer table), ``INSN`` (every layer's
+    stream back to back, each ending in END), ``PARM`` (the PARAM region image).
+    """
+    import json
+
+    from tvm_accel.blob import Blob, pack_blob
+
+    insn_parts, layers, off = [], [], 0
+    for ly in program.layers:
+        insn_parts.append(ly.insns)
+        layers.append({"name": ly.name, "op": ly.op, "insn_offset": off, "n_insns": ly.n_insns,
+                       "macs": ly.macs, "shape": ly.shape, "knobs": ly.knobs})
+        off += len(ly.insns)
+    tensors = {t.name: {"shape": list(t.shape), "dtype": t.dtype, "region": t.region,
+                        "offset": t.offset, "n_alloc": t.n_alloc}
+               for t in program.tensors.values()}
+    meta = {"name": name, "inputs": program.inputs, "outputs": program.outputs,
+            "tensors": tensors, "layers": layers, "region_sizes": program.region_sizes}
+    cfg_json = dict(cfg.to_json(), name=cfg.name)
+    return pack_blob(Blob(BLOB_TARGET, cfg.fingerprint, {
+        "HWCF": json.dumps(cfg_json).encode(),
+        "META": json.dumps(meta).encode(),
+        "INSN": b"".join(insn_parts),
+        "PARM": bytes(program.params),
+    }))
+
+
+def load_blob(data: bytes, expect_config: DPUConfig | None = None):
+    """Validate a DPU blob and rebuild ``(DPUProgram, DPUConfig, name)``; errors are
+    ``BlobError``."""
+    from tvm_accel.blob import unpack_blob
+    from tvm_accel.errors import BlobError, ConfigError
+    from tvm_dpu.hw_config import config_from_dict
+    from tvm_dpu.strategy import DPUProgram, LayerProgram, TensorPlacement
+
+    blob = unpack_blob(data, expect_target=BLOB_TARGET,
+                       expect_fingerprint=expect_config.fingerprint if expect_config else None)
+    raw = blob.json_section("HWCF")
+    if not isinstance(raw, dict):
+        raise BlobError("dpu blob: HWCF section is not a JSON object; recompile the model")
+    try:
+        cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
+                               where="blob HWCF section", name=str(raw.get("name", "custom")))
+    except ConfigError as e:
+        raise BlobError(f"dpu blob carries an invalid hardware config: {e}") from None
+    if cfg.fingerprint != blob.fingerprint:
+        raise BlobError("dpu blob: embedded hardware config does not match its fingerprint")
+    meta = blob.json_section("META")
+    if not isinstance(meta, dict):
+        raise BlobError("dpu blob: META section is not a JSON object; recompile the model")
+    insn, params = blob.section("INSN"), blob.section("PARM")
+    try:
+        sizes = {str(k): int(v) for k, v in meta["region_sizes"].items()}
+        for r in ("INPUT", "OUTPUT", "PARAM", "INSN", "SWAP"):
+            if not 0 < sizes.get(r, -1) <= MAX_REGION_BYTES:
+                raise BlobError(f"dpu blob: DDR region {r} size {sizes.get(r)} is outside "
+                                f"1..2^32")
+        if len(params) > sizes["PARAM"]:
+            raise BlobError("dpu blob: PARM section is larger than its DDR region")
+        tensors = {}
+        for tname, t in meta["tensors"].items():
+            p = TensorPlacement(name=str(tname), shape=tuple(int(s) for s in t["shape"]),
+                                dtype=str(t["dtype"]), region=str(t["region"]),
+                                offset=int(t["offset"]), n_alloc=int(t["n_alloc"]))
+            if p.dtype != "int8":
+                raise BlobError(f"dpu blob: tensor {tname} has unsupported dtype {p.dtype}")
+            if (len(p.shape) not in (2, 4) or min(p.shape) < 1 or p.n_alloc < p.shape[0]
+                    or p.n_alloc % cfg.NUM_PE or p.region not in ("INPUT", "OUTPUT", "SWAP")):
+                raise BlobError(f"dpu blob: tensor {tname} has an inconsistent placement "
+                                f"(shape {list(p.shape)}, {p.n_alloc} images, region "
+                                f"{p.region})")
+            if p.offset < 0 or p.offset + p.nbytes > sizes[p.region]:
+                raise BlobError(f"dpu blob: tensor {tname} [{p.offset}, {p.offset + p.nbytes}) "
+                                f"lies outside its DDR region {p.region} of "
+                                f"{sizes[p.region]} bytes")
+            tensors[tname] = p
+        layers = []
+        for ly in meta["layers"]:
+            lo, n = int(ly["insn_offset"]), int(ly["n_insns"])
+            if lo < 0 or n < 1 or lo + INSN_BYTES * n > len(insn):
+                raise BlobError(f"dpu blob: layer {ly['name']} instructions "
+                                f"[{lo}, {lo + INSN_BYTES * n}) lie outside the INSN section "
+                                f"({len(insn)} bytes)")
+            layers.append(LayerProgram(name=str(ly["name"]), op=str(ly["op"]),
+                                       insns=insn[lo:lo + INSN_BYTES * n], n_insns=n,
+                                       macs=int(ly["macs"]), shape=str(ly["shape"]),
+                                       knobs=dict(ly["knobs"])))
+        inputs = [str(n) for n in meta["inputs"]]
+        outputs = [str(n) for n in meta["outputs"]]
+        for n in inputs + outputs:
+            if n not in tensors:
+                raise BlobError(f"dpu blob: function tensor {n} has no DDR placement")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        if isinstance(e, BlobError):
+            raise
+        raise BlobError(f"dpu blob: malformed META section ({type(e).__name__}: {e}); "
+                        "recompile the model") from None
+    program = DPUProgram(tensors=tensors, inputs=inputs, outputs=outputs, region_sizes=sizes,
+                         params=params, layers=layers)
+    return program, cfg, str(meta.get("name", ""))

@@ -1,0 +1,38 @@
+"""DPU requantize recipe: power-of-two (fix-point) scales only.
+
+The DPU's CONV engine and MISC ELTADD requantize by an arithmetic right shift with round half
+up (``(acc + 2^(shift-1)) >> shift``, shift 0..31, scalar per instruction) and a clip; there is
+no multiplier and no pre-shift. The recipe is therefore exact or does not exist: the core solver
+with ``RecipeLimits(power_of_two=True)`` returns ``pre_shift 0, multiplier 1, round_add
+2^(shift-1)`` for ``scale == 2^-shift`` and raises :class:`tvm_accel.numerics.RecipeError` for a
+non-power-of-two ratio, so canonicalize keeps that layer float, on the CPU, with the reason.
+Per-channel exponents are not supported (one ``shift`` field per CONV), so per-channel scales
+must share one exponent. A left shift (``scale == 2^k``, multiplier ``2^k``) is a valid recipe
+of the shared form, but CONV has no multiplier: the pattern check ``requant_is_shift`` keeps
+such a layer on the CPU. The residual add gets ``ma = 2^ea``, ``mb = 2^eb`` (ELTADD's
+``shift_a``/``shift_b``) and a common right shift.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_accel.layers import Requant
+from tvm_accel.numerics import RecipeLimits, solve_add, solve_requant
+
+#: DPU limits: shifts 0..31 (5-bit field), no multiplier (power of two), int32 accumulators
+DPU_LIMITS = RecipeLimits(multiplier_max=1 << 30, intermediate_bits=64, max_shift=31,
+                          max_pre_shift=0, power_of_two=True, hardware="DPU")
+
+
+def requant_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
+                   qmax: int) -> Requant:
+    """Exact shift recipe for ``round(acc * scale) + zero_point`` (RecipeError if scale is not a
+    power of two)."""
+    return solve_requant(scale, acc_bound, zero_point, qmin, qmax, DPU_LIMITS)
+
+
+def add_recipe(scale_a: float, scale_b: float, zero_point: int, qmin: int,
+               qmax: int) -> tuple[int, int, Requant]:
+    """``(2^ea, 2^eb, shift recipe)`` for the residual add (RecipeError otherwise)."""
+    return solve_add(scale_a, scale_b, zero_point, qmin, qmax, DPU_LIMITS, operand_bound=255)

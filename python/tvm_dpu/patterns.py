@@ -1,0 +1,175 @@
+"""DPU pattern table: which canonical integer layers the CONV engine and MISC unit take.
+
+Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding < kernel, groups 1 or
+depthwise), dense (as a 1x1 conv) and the residual add (MISC ELTADD). The DPU is int8-only with
+power-of-two requantization: uint8 activations and non-power-of-two scales stay on the CPU.
+Each check is named; its docstring is the reason a layer stays on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_accel.partition import (
+    OffloadPattern,
+    const_value,
+    dtype_of,
+    qadd_pattern,
+    qlinear_pattern,
+    static_shape,
+)
+
+#: 12-bit channel fields (ic, oc, chans)
+MAX_CHANNELS = (1 << 12) - 1
+
+
+def input_is_int8(m: dict) -> bool:
+    """activations are not int8 (the DPU is int8-only; uint8 activations stay on the CPU)"""
+    return dtype_of(m["data"]) == "int8"
+
+
+def output_is_int8(m: dict) -> bool:
+    """output is not int8 (the DPU stores int8 feature maps only)"""
+    return str(m["root"].attrs.dtype) == "int8"
+
+
+def static_shapes(m: dict) -> bool:
+    """shapes are not static (DPU programs are compiled for fixed shapes)"""
+    return static_shape(m["data"]) is not None and static_shape(m["core"]) is not None
+
+
+def conv_nchw(m: dict) -> bool:
+    """layout is not NCHW/OIHW"""
+    a = m["core"].attrs
+    return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+
+
+def conv_no_dilation(m: dict) -> bool:
+    """dilated convolution (the CONV engine has no dilated window)"""
+    return all(int(d) == 1 for d in m["core"].attrs.dilation)
+
+
+def conv_groups_supported(m: dict) -> bool:
+    """grouped convolution other than depthwise with one output per channel (the CONV engine
+    reduces over all input channels or runs depthwise with ic == oc)"""
+    g = int(m["core"].attrs.groups)
+    if g == 1:
+        return True
+    c = static_shape(m["data"])[1]
+    w = const_value(m["weight"])
+    return g == c and w.shape[0] == c and w.shape[1] == 1
+
+
+def kernel_fits(m: dict) -> bool:
+    """kernel larger than 15 (4-bit kernel fields)"""
+    w = const_value(m["weight"])
+    return w.shape[2] <= 15 and w.shape[3] <= 15
+
+
+def stride_fits(m: dict) -> bool:
+    """stride larger than 7 (3-bit stride fields)"""
+    return all(1 <= int(s) <= 7 for s in m["core"].attrs.strides)
+
+
+def padding_fits(m: dict) -> bool:
+    """padding not smaller than the kernel (a window would read padding only)"""
+    w = const_value(m["weight"])
+    pt, pl, pb, pr = (int(p) for p in m["core"].attrs.padding)
+    return pt < w.shape[2] and pb < w.shape[2] and pl < w.shape[3] and pr < w.shape[3]
+
+
+def channels_fit(m: dict) -> bool:
+    """more than 4095 input or output channels (12-bit channel fields)"""
+    w = const_value(m["weight"])
+    return max(w.shape[0], w.shape[1] * (w.shape[0] if w.shape[1] == 1 else 1)) <= MAX_CHANNELS \
+        and static_shape(m["data"])[1] <= MAX_CHANNELS
+
+
+def dense_is_2d(m: dict) -> bool:
+    """matmul is not a 2-D (batch, in) x (in, out) dense layer"""
+    return len(static_shape(m["data"]) or ()) == 2 and len(static_shape(m["weight"]) or ()) == 2
+
+
+def weights_fit_int8(m: dict) -> bool:
+    """weights minus their zero point do not fit int8 (the CONV engine multiplies int8 x int8)"""
+    w = const_value(m["weight"])
+    return bool(w.min() >= -128 and w.max() <= 127)
+
+
+def _folded_bias(m: dict) -> np.ndarray:
+    w = const_value(m["weight"]).astype(np.int64)
+    zx = int(const_value(m["input_zero_point"]))
+    axes = tuple(range(1, w.ndim)) if m["core"].op.name == "relax.nn.conv2d" else (0,)
+    b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
+    zp, sh = int(const_value(m["zero_point"])), int(const_value(m["shift"]))
+    return b + (zp << sh)
+
+
+def bias_fits_int32(m: dict) -> bool:
+    """bias with the folded zero points overflows int32 (the PM holds int32 biases)"""
+    return bool(np.abs(_folded_bias(m)).max() < 2**31)
+
+
+def acc_fits_int32(m: dict) -> bool:
+    """accumulator may overflow int32 (the CONV engine accumulates in 32 bits)"""
+    w = np.abs(const_value(m["weight"]).astype(np.int64))
+    axes = tuple(range(1, w.ndim)) if m["core"].op.name == "relax.nn.conv2d" else (0,)
+    return bool((w.sum(axis=axes) * 256).max() < 2**31)
+
+
+def requant_is_shift(m: dict) -> bool:
+    """requantize is not a plain right shift 0..31 (scale not a power of two <= 1; the DPU
+    requantizes by shifting only)"""
+    pre, sh = const_value(m["pre_shift"]), const_value(m["shift"])
+    mult = const_value(m["multiplier"])
+    return (pre.size == 1 and sh.size == 1 and int(pre) == 0 and 0 <= int(sh) <= 31
+            and bool(np.all(mult == 1))
+            and all(const_value(m[k]).size == 1 for k in ("zero_point", "qmin", "qmax")))
+
+
+def add_same_shape(m: dict) -> bool:
+    """operands differ in shape or are not 4-D (ELTADD has no broadcasting)"""
+    a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
+    return a is not None and a == b and len(a) == 4 and a[1] <= MAX_CHANNELS
+
+
+def add_operands_int8(m: dict) -> bool:
+    """an operand is not int8 (the DPU is int8-only)"""
+    return dtype_of(m["lhs"]) == "int8" and dtype_of(m["rhs"]) == "int8"
+
+
+def add_zero_points_zero(m: dict) -> bool:
+    """add with a non-zero zero point (ELTADD works on symmetric int8 only)"""
+    return all(int(const_value(m[k])) == 0
+               for k in ("lhs_zero_point", "rhs_zero_point", "zero_point"))
+
+
+def add_recipe_is_shift(m: dict) -> bool:
+    """add scales are not powers of two within ELTADD's shifts (align 0..31, shift 0..31)"""
+    for k in ("lhs_multiplier", "rhs_multiplier"):
+        v = int(const_value(m[k]))
+        if v < 1 or v & (v - 1) or v.bit_length() - 1 > 31:
+            return False
+    sh = const_value(m["shift"])
+    return sh.size == 1 and 0 <= int(sh) <= 31
+
+
+_COMMON = [input_is_int8, output_is_int8, static_shapes, weights_fit_int8, requant_is_shift,
+           bias_fits_int32, acc_fits_int32]
+
+
+def pattern_table() -> list[OffloadPattern]:
+    """DPU's pattern table, highest priority first."""
+    conv, conv_ann = qlinear_pattern("conv2d")
+    dense, dense_ann = qlinear_pattern("matmul")
+    add, add_ann = qadd_pattern()
+    return [
+        OffloadPattern("dpu.qconv2d", "conv2d", conv, conv_ann,
+                       [conv_nchw, conv_no_dilation, conv_groups_supported, kernel_fits,
+                        stride_fits, padding_fits, channels_fit, *_COMMON]),
+        OffloadPattern("dpu.qdense", "dense", dense, dense_ann,
+                       [dense_is_2d, channels_fit, *_COMMON]),
+        OffloadPattern("dpu.qadd", "add", add, add_ann,
+                       [add_operands_int8, add_same_shape, output_is_int8, add_zero_points_zero,
+                        add_recipe_is_shift]),
+    ]

@@ -1,0 +1,138 @@
+"""DPU runtime: run a planned :class:`~tvm_dpu.strategy.DPUProgram` on the C simulator.
+
+:func:`execute_program` is the device-side half (DDR image with the five regions, NCHW <->
+per-image HWC packing, batch split over the PEs, one simulation per layer); it needs neither TVM
+nor a blob. ``tvm_dpu.run`` is the packed function behind ``call_dps_packed``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_accel.errors import AccelError
+from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
+
+
+def pack_tensor(x: np.ndarray, p) -> np.ndarray:
+    """NCHW / NC int8 -> ``n_alloc`` images of H x W x C bytes (extra images zero)."""
+    h, w, c = p.hwc
+    x4 = x.reshape(x.shape[0], c, h, w) if x.ndim == 4 else x.reshape(x.shape[0], c, 1, 1)
+    out = np.zeros((p.n_alloc, h, w, c), dtype=np.int8)
+    out[: x.shape[0]] = np.transpose(x4, (0, 2, 3, 1))
+    return out.reshape(-1).view(np.uint8)
+
+
+def unpack_tensor(raw: np.ndarray, p) -> np.ndarray:
+    h, w, c = p.hwc
+    n = p.shape[0]
+    y = raw[: n * h * w * c].view(np.int8).reshape(n, h, w, c)
+    return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)).reshape(p.shape))
+
+
+def execute_program(program, inputs: dict[str, np.ndarray], cfg: DPUConfig,
+                    trace_path: str | None = None):
+    """Run every layer's stream in order on the simulator.
+
+    Returns ``(outputs, [(layer name, DPUStats), ...])``."""
+    from tvm_dpu.simulator import simulate
+
+    missing = [n for n in program.inputs if n not in inputs]
+    if missing:
+        raise AccelError(f"DPU program input {missing[0]} was not given (inputs: "
+                         f"{', '.join(program.inputs)})")
+    sizes = dict(program.region_sizes)
+    sizes["INSN"] = max(sizes.get("INSN", 64), 64)
+    layout = cfg.region_layout(sizes)
+    ddr = np.zeros(cfg.ddr_bytes(layout), dtype=np.uint8)
+    base = {r: layout[r][0] for r in REGION_NAMES}
+    ddr[base["PARAM"]:base["PARAM"] + len(program.params)] = np.frombuffer(program.params,
+                                                                         dtype=np.uint8)
+    for name in program.inputs:
+        p = program.tensors[name]
+        off = base[p.region] + p.offset
+        ddr[off:off + p.nbytes] = pack_tensor(np.asarray(inputs[name]), p)
+    stats = []
+    offset_us = 0.0
+    for i, ly in enumerate(program.layers):
+        st = simulate(cfg, ly.insns, ddr, trace_path=trace_path, trace_offset_us=offset_us,
+                      trace_append=i > 0, regions=layout)
+        offset_us += st.cycles / cfg.CLOCK_MHZ
+        stats.append((ly.name, st))
+    outputs = {}
+    for n in program.outputs:
+        p = program.tensors[n]
+        off = base[p.region] + p.offset
+        outputs[n] = unpack_tensor(ddr[off:off + p.nbytes], p)
+    return outputs, stats
+
+
+# --- TVM-facing runtime: the packed function behind call_dps_packed ------------------------------
+import zlib  # noqa: E402
+
+import tvm_ffi  # noqa: E402
+
+from tvm_accel import profiler  # noqa: E402
+from tvm_accel.errors import BlobError  # noqa: E402
+
+_BLOB_CACHE: dict[tuple[int, int], tuple] = {}
+
+
+def decode_blob(data: np.ndarray):
+    """Validated ``(program, config, name)`` of a blob, cached by size and checksum."""
+    from tvm_dpu.codegen import load_blob
+
+    key = (data.size, zlib.crc32(data))
+    hit = _BLOB_CACHE.get(key)
+    if hit is None:
+        hit = load_blob(data.tobytes())
+        if len(_BLOB_CACHE) > 64:
+            _BLOB_CACHE.clear()
+        _BLOB_CACHE[key] = hit
+    return hit
+
+
+def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run one offloaded function on the simulator; records per-layer stats when profiling."""
+    program, cfg, name = decode_blob(blob)
+    if len(inputs) != len(program.inputs):
+        raise BlobError(f"dpu function {name} takes {len(program.inputs)} inputs, got "
+                        f"{len(inputs)}")
+    feed = {}
+    for tname, arr in zip(program.inputs, inputs, strict=True):
+        p = program.tensors[tname]
+        if tuple(arr.shape) != tuple(p.shape) or str(arr.dtype) != p.dtype:
+            raise BlobError(f"dpu function {name}: input {tname} is {arr.dtype}{list(arr.shape)}"
+                            f", the blob expects {p.dtype}{list(p.shape)}")
+        feed[tname] = arr
+    prof = profiler.active()
+    trace = prof.trace_file() if prof is not None else None
+    outputs, stats = execute_program(program, feed, cfg, trace_path=trace)
+    if prof is not None:
+        prof.absorb_trace(trace, prof.time_us)
+        layers = {ly.name: ly for ly in program.layers}
+        for lname, st in stats:
+            ly = layers[lname]
+            util = ly.macs / (st.cycles * cfg.peak_macs_per_cycle) if st.cycles else 0.0
+            profiler.record(profiler.LayerRecord(
+                function=name, layer=lname, op=ly.op, shape=ly.shape, engine="dpu",
+                macs=ly.macs, cycles=st.cycles, utilization=util,
+                bytes_moved=st.ddr_read_bytes + st.ddr_write_bytes,
+                time_us=st.cycles / cfg.CLOCK_MHZ,
+                extra={"load_busy": st.load_busy, "save_busy": st.save_busy,
+                       "conv_busy": st.conv_busy, "misc_busy": st.misc_busy,
+                       "knobs": ly.knobs}))
+    return [outputs[n] for n in program.outputs]
+
+
+@tvm_ffi.register_global_func("tvm_dpu.run", override=True)
+def _run(blob, *args):
+    """``call_dps_packed`` entry: ``(blob, *inputs, *outputs)``; outputs are written in place."""
+    data = blob.numpy()
+    program, _, _ = decode_blob(data)
+    n_in = len(program.inputs)
+    results = run_blob(data, [a.numpy() for a in args[:n_in]])
+    outs = args[n_in:]
+    if len(outs) != len(results):
+        raise BlobError(f"dpu function expects {len(results)} output buffers, got {len(outs)}")
+    for t, r in zip(outs, results, strict=True):
+        t.copyfrom(np.ascontiguousarray(r.astype(str(t.dtype))))

@@ -1,0 +1,449 @@
+"""DPU strategy: a layer graph -> per-layer DPU instruction streams, DDR map and PM parameters.
+
+XGraph view (see :mod:`tvm_dpu.xgraph`): one node per layer, parameters folded in. Each layer
+becomes one instruction stream (ending in END) that reads its inputs from DDR and writes its
+output to DDR (function inputs in INPUT, outputs in OUTPUT, intermediates in SWAP, weights and
+biases in PARAM), so consecutive layers are ordered by the runtime running the streams in turn.
+
+Data layout. A tensor is stored per image as H x W x C bytes (channels innermost, the FM
+layout), images ``img_stride = H*W*C`` apart; a dense tensor (N, C) is 1 x 1 x C. The batch is
+split over the ``NUM_PE`` PEs (PE p of group g runs image ``g*NUM_PE + p``); tensors are
+allocated for the batch rounded up to a multiple of ``NUM_PE``, the extra images are don't-care.
+
+Tiling (knobs per layer, :func:`knob_space`):
+
+- ``oc_tile`` -- weight tiling over output channels (multiple of ``CONV_OC_PAR``) when a
+  layer's int8 weights + int32 biases exceed the PM; each chunk's parameters are LOADed to PM 0.
+- ``tile_h`` -- H-split: output rows per tile; options are multiples of the preferred height
+  (``CONV_ROW_PAR`` = 8 for conv, ``MISC_ROW_PAR`` = 2 for eltwise) plus the full height.
+- ``tile_w`` -- W-split: output columns per tile, the input windows of neighbouring tiles overlap
+  by ``kernel - stride`` columns (and rows likewise for the H-split); used when a row band does not
+  fit the FM.
+- ``pipeline`` -- software pipelining on (default) or off.
+
+FM allocation. FM memory 0 holds the input tile (and memory 2 the second add operand), memory 1
+the output tile; each memory is split into two halves (ping-pong buffers) so tile ``i`` uses half
+``i % 2``. Tile data must fit half a memory; the circular addressing wraps nothing because every
+buffer lies inside its memory.
+
+Software pipelining, purely with DPON/DPBY (tile i, compute unit X = CONV or MISC)::
+
+    LOAD(i)  DPON=X if i >= 2 (X(i-2) freed input buffer i%2)        DPBY=X
+    X(i)     DPON=LOAD, SAVE if i >= 2 (SAVE(i-2) freed output buffer)  DPBY=SAVE, LOAD if i+2 < n
+    SAVE(i)  DPON=X                                                   DPBY=X if i+2 < n
+
+so LOAD(i+1) overlaps X(i) and SAVE(i-1): a head (LOADs of tiles 0 and 1 without waits), a
+steady state, and a tail (the last two X/SAVE push no tokens), every FIFO balanced. Weight
+chunks are separated by a barrier (the last SAVE of a chunk DPBY=LOAD, the next chunk's PM LOAD
+DPON=SAVE). With ``pipeline=False`` every tile waits for the previous one's SAVE (serial).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tvm_accel.errors import AccelError
+from tvm_accel.knobs import Knob, KnobSpace
+from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, conv_output_shape
+from tvm_dpu import codegen as cg
+from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
+
+
+class MappingError(AccelError):
+    """A layer cannot be mapped onto the DPU (should have been rejected by a pattern check)."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class TensorPlacement:
+    """A tensor in DDR: ``region`` + ``offset``, ``n_alloc`` images of ``h x w x c`` bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    region: str
+    offset: int
+    n_alloc: int
+
+    @property
+    def hwc(self) -> tuple[int, int, int]:
+        s = self.shape
+        return (s[2], s[3], s[1]) if len(s) == 4 else (1, 1, s[1])
+
+    @property
+    def img_stride(self) -> int:
+        h, w, c = self.hwc
+        return h * w * c
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_alloc * self.img_stride
+
+
+@dataclass
+class LayerProgram:
+    name: str
+    op: str
+    insns: bytes
+    n_insns: int
+    macs: int
+    shape: str
+    knobs: dict = field(default_factory=dict)
+
+
+@dataclass
+class DPUProgram:
+    tensors: dict[str, TensorPlacement]
+    inputs: list[str]
+    outputs: list[str]
+    region_sizes: dict[str, int]
+    params: bytes
+    layers: list[LayerProgram]
+
+
+# --- knobs ---------------------------------------------------------------------------------------
+def _options(n: int, pref: int) -> list[int]:
+    opts = sorted({min(n, m) for m in range(pref, n + pref, pref)} | ({n} if n < pref else set()))
+    return opts
+
+
+def _conv_geometry(layer: ConvLayer, in_shape):
+    n, k, ho, wo = conv_output_shape(layer, in_shape)
+    c = in_shape[1]
+    kh, kw = layer.kernel
+    return c, k, ho, wo, kh, kw
+
+
+def _param_bytes(layer: ConvLayer, kt: int, ic: int) -> int:
+    kh, kw = layer.kernel
+    per = kh * kw * (1 if layer.is_depthwise else ic)
+    return kt * per + 4 * kt
+
+
+def _pm_block(nbytes: int) -> tuple[int, int]:
+    """PM LOAD shape (cols, chans) covering ``nbytes`` (padded to a multiple of chans)."""
+    chans = min(2048, max(1, nbytes))
+    return _cdiv(nbytes, chans), chans
+
+
+def _in_window(y0: int, n: int, stride: int, pad: int, k: int, size: int):
+    start = y0 * stride - pad
+    end = (y0 + n - 1) * stride - pad + k
+    a, b = max(0, start), min(size, end)
+    return a, b - a, a - start, end - b
+
+
+def _check_conv(layer: ConvLayer, in_shape, cfg: DPUConfig, kn: dict) -> None:
+    c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
+    half = cfg.fm_memory_bytes // 2
+    kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
+    pm = _pm_block(_param_bytes(layer, kt, c))
+    if pm[0] * pm[1] > cfg.PM_BYTES:
+        raise ValueError(f"oc_tile {kt}: parameters of {pm[0] * pm[1]} bytes exceed the PM "
+                         f"({cfg.PM_BYTES})")
+    rows = (th - 1) * layer.strides[0] + kh
+    cols = (tw - 1) * layer.strides[1] + kw
+    ic = kt if layer.is_depthwise else c
+    if rows * cols * ic > half or cols > 4095 or rows > 4095:
+        raise ValueError(f"tile_h {th} x tile_w {tw}: input tile of {rows}x{cols}x{ic} bytes "
+                         f"exceeds half an FM memory ({half})")
+    if th * tw * kt > half or tw * kt > 4095 * 256:
+        raise ValueError(f"tile_h {th} x tile_w {tw}: output tile of {th}x{tw}x{kt} bytes "
+                         f"exceeds half an FM memory ({half})")
+
+
+def _check_add(shape, cfg: DPUConfig, kn: dict) -> None:
+    _, c, _, w = shape
+    half = cfg.fm_memory_bytes // 2
+    if kn["tile_h"] * kn["tile_w"] * c > half:
+        raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: tile of "
+                         f"{kn['tile_h'] * kn['tile_w'] * c} bytes exceeds half an FM memory")
+
+
+def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
+    """Declared knobs of a layer with heuristic defaults (see the module docstring)."""
+    if isinstance(layer, ConvLayer):
+        c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
+        kts = _options(k, cfg.CONV_OC_PAR)
+        kt = max([t for t in kts if _pm_block(_param_bytes(layer, t, c))[0]
+                  * _pm_block(_param_bytes(layer, t, c))[1] <= cfg.PM_BYTES] or [kts[0]])
+        ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
+        pref = cfg.CONV_ROW_PAR
+
+        def fits(th, tw):
+            try:
+                _check_conv(layer, in_shape, cfg, {"oc_tile": kt, "tile_h": th, "tile_w": tw})
+                return True
+            except ValueError:
+                return False
+        check = (lambda kn: _check_conv(layer, in_shape, cfg, kn))
+        knobs_extra = [Knob("oc_tile", tuple(kts), kt)]
+    else:
+        n, c, ho, wo = in_shape
+        ths, tws = _options(ho, cfg.MISC_ROW_PAR), list(range(1, wo + 1))
+        pref = cfg.MISC_ROW_PAR
+
+        def fits(th, tw):
+            return th * tw * c <= cfg.fm_memory_bytes // 2
+        check = (lambda kn: _check_add(in_shape, cfg, kn))
+        knobs_extra = []
+    # default: full width, the largest preferred-height band that fits, at most ~1/4 of the
+    # height (so LOAD/compute/SAVE overlap) but at least the preferred height
+    target = max(pref, _cdiv(_cdiv(ho, 4), pref) * pref)
+    th = max([t for t in ths if t <= target and fits(t, wo)] or [0])
+    tw = wo
+    if not th:  # W-split: a band of the smallest height does not fit at full width
+        th = ths[0]
+        tw = max([t for t in tws if fits(th, t)] or [1])
+    return KnobSpace([*knobs_extra, Knob("tile_h", tuple(ths), th),
+                      Knob("tile_w", tuple(tws), tw), Knob("pipeline", (True, False), True)],
+                     check=check, name=layer.name)
+
+
+def _validate_knobs(space: KnobSpace, user: dict | None, layer: str) -> dict:
+    try:
+        return space.validate(user or {})
+    except ValueError as e:
+        raise MappingError(f"layer {layer}: {e}") from None
+
+
+# --- dependency scheduling ---------------------------------------------------------------------
+@dataclass
+class _Tile:
+    loads: list  # LOAD instructions (the last one carries the tokens)
+    compute: object  # Conv or MISC instruction
+    save: cg.Save
+
+
+def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool) -> list:
+    """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
+    module docstring); returns the instructions including the final END."""
+    out: list = []
+    for si, (pm_loads, tiles) in enumerate(segments):
+        n = len(tiles)
+        last_seg = si == len(segments) - 1
+        for j, ld in enumerate(pm_loads):
+            ld.dpon = frozenset({"SAVE"} if (si > 0 and j == 0) else ())
+            out.append(ld)
+        first_load_waits = si > 0 and not pm_loads  # barrier on the first tile LOAD instead
+        for i, t in enumerate(tiles):
+            for j, ld in enumerate(t.loads):
+                dpon = set()
+                if j == 0 and i == 0 and first_load_waits:
+                    dpon.add("SAVE")
+                if j == 0 and i > 0 and not pipeline:
+                    dpon.add("SAVE")
+                if j == 0 and pipeline and i >= 2:
+                    dpon.add(unit)
+                ld.dpon = frozenset(dpon)
+                ld.dpby = frozenset({unit} if j == len(t.loads) - 1 else ())
+                out.append(ld)
+            c = t.compute
+            dpon, dpby = {"LOAD"}, {"SAVE"}
+            if pipeline and i >= 2:
+                dpon.add("SAVE")
+            if pipeline and i + 2 < n:
+                dpby.add("LOAD")
+            c.dpon, c.dpby = frozenset(dpon), frozenset(dpby)
+            out.append(c)
+            dpby = set()
+            if pipeline and i + 2 < n:
+                dpby.add(unit)
+            if (not pipeline and i + 1 < n) or (i == n - 1 and not last_seg):
+                dpby.add("LOAD")
+            t.save.dpon, t.save.dpby = frozenset({unit}), frozenset(dpby)
+            out.append(t.save)
+    out.append(cg.End())
+    return out
+
+
+# --- planning ----------------------------------------------------------------------------------
+class _Planner:
+    def __init__(self, graph: LayerGraph, cfg: DPUConfig):
+        self.g, self.cfg = graph, cfg
+        self.P = cfg.NUM_PE
+        self.params = bytearray()
+        self.tensors: dict[str, TensorPlacement] = {}
+        self.region_use = {"INPUT": 0, "OUTPUT": 0, "SWAP": 0}
+        for name, t in graph.tensors.items():
+            if t.dtype != "int8":
+                raise MappingError(f"tensor {name}: dtype {t.dtype} is not supported on the DPU "
+                                   "(int8 only)")
+            if len(t.shape) not in (2, 4):
+                raise MappingError(f"tensor {name}: shape {t.shape} is neither NCHW nor NC")
+            region = ("INPUT" if name in graph.inputs else
+                      "OUTPUT" if name in graph.outputs else "SWAP")
+            n_alloc = _cdiv(int(t.shape[0]), self.P) * self.P
+            off = self.region_use[region]
+            p = TensorPlacement(name, tuple(int(s) for s in t.shape), t.dtype, region, off,
+                                n_alloc)
+            self.region_use[region] = off + _cdiv(p.nbytes, 64) * 64
+            self.tensors[name] = p
+
+    def _param(self, data: bytes) -> int:
+        off = len(self.params)
+        self.params += data
+        self.params += bytes((-len(self.params)) % 64)
+        return off
+
+    @staticmethod
+    def _region(p: TensorPlacement) -> int:
+        return REGION_NAMES.index(p.region)
+
+    def _load(self, t: TensorPlacement, mem: int, addr: int, g: int, r0: int, rows: int, c0: int,
+              cols: int, ch0: int, chans: int) -> cg.Load:
+        h, w, c = t.hwc
+        return cg.Load(fm_mem=mem, dst_addr=addr, region=self._region(t),
+                       ddr_offset=t.offset + g * self.P * t.img_stride + (r0 * w + c0) * c + ch0,
+                       rows=rows, cols=cols, chans=chans, ddr_pix_stride=c, ddr_row_stride=w * c,
+                       fm_pix_stride=chans, fm_row_stride=cols * chans, img_stride=t.img_stride)
+
+    def _save(self, t: TensorPlacement, addr: int, g: int, r0: int, rows: int, c0: int, cols: int,
+              ch0: int, chans: int) -> cg.Save:
+        h, w, c = t.hwc
+        return cg.Save(fm_mem=1, src_addr=addr, region=self._region(t),
+                       ddr_offset=t.offset + g * self.P * t.img_stride + (r0 * w + c0) * c + ch0,
+                       rows=rows, cols=cols, chans=chans, fm_pix_stride=chans,
+                       fm_row_stride=cols * chans, ddr_pix_stride=c, ddr_row_stride=w * c,
+                       img_stride=t.img_stride)
+
+    def conv(self, layer: ConvLayer, user: dict | None) -> LayerProgram:
+        cfg = self.cfg
+        tin, tout = self.tensors[layer.input], self.tensors[layer.output]
+        in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])
+        c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
+        kn = _validate_knobs(knob_space(layer, in_shape, cfg), user, layer.name)
+        kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
+        sh, sw = layer.strides
+        pt, pl, pb, pr = layer.padding
+        rq = layer.requant
+        if rq.pre_shift != 0 or np.any(np.asarray(rq.multiplier) != 1) or not 0 <= rq.shift <= 31:
+            raise MappingError(f"layer {layer.name}: requantize is not a right shift")
+        w = layer.weight.astype(np.int64)
+        if w.min() < -128 or w.max() > 127:
+            raise MappingError(f"layer {layer.name}: weights do not fit int8")
+        zx = int(layer.input_zero_point)
+        axes = (1, 2, 3)
+        bias = (layer.bias.astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
+                + (int(rq.zero_point) << rq.shift))
+        if np.abs(bias).max(initial=0) >= 2**31:
+            raise MappingError(f"layer {layer.name}: folded bias overflows int32")
+        if not -128 <= zx <= 127:
+            raise MappingError(f"layer {layer.name}: input zero point {zx} does not fit int8")
+        dw = layer.is_depthwise
+        if layer.groups != 1 and not (dw and layer.groups == c == k):
+            raise MappingError(f"layer {layer.name}: grouped conv is not supported")
+        wt = np.transpose(w, (0, 2, 3, 1))  # [oc][kh][kw][ic]
+        half = cfg.fm_memory_bytes // 2
+        n_groups = tin.n_alloc // self.P
+        segments = []
+        for k0 in range(0, k, kt):
+            kk = min(kt, k - k0)
+            block = wt[k0:k0 + kk].astype(np.int8).tobytes() + \
+                bias[k0:k0 + kk].astype("<i4").tobytes()
+            cols_pm, chans_pm = _pm_block(len(block))
+            block += bytes(cols_pm * chans_pm - len(block))
+            poff = self._param(block)
+            pm = cg.Load(to_pm=True, dst_addr=0, region=cg.REGION_PARAM, ddr_offset=poff, rows=1,
+                         cols=cols_pm, chans=chans_pm, ddr_pix_stride=chans_pm,
+                         ddr_row_stride=cols_pm * chans_pm)
+            tiles = []
+            i = 0
+            for g in range(n_groups):
+                for y0 in range(0, ho, th):
+                    nh = min(th, ho - y0)
+                    r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, in_shape[2])
+                    for x0 in range(0, wo, tw):
+                        nw = min(tw, wo - x0)
+                        c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, in_shape[3])
+                        ic, ch0 = (kk, k0) if dw else (c, 0)
+                        buf = (i % 2) * half
+                        ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, ch0, ic)
+                        conv = cg.Conv(in_mem=0, in_addr=buf, in_pix_stride=ic,
+                                       in_row_stride=cols * ic, ic=ic, out_mem=1, out_addr=buf,
+                                       out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
+                                       out_w=nw, oc=kk, kernel_h=kh, kernel_w=kw, stride_h=sh,
+                                       stride_w=sw, pad_top=ptop, pad_bottom=pbot,
+                                       pad_left=pleft, pad_right=pright, pad_value=zx,
+                                       param_addr=0, shift=int(rq.shift), clip_lo=int(rq.qmin),
+                                       clip_hi=int(rq.qmax), depthwise=dw)
+                        sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)
+                        tiles.append(_Tile([ld], conv, sv))
+                        i += 1
+            segments.append(([pm], tiles))
+        insns = schedule(segments, "CONV", kn["pipeline"])
+        n = tin.shape[0]
+        macs = n * k * ho * wo * kh * kw * (1 if dw else c)
+        op = "dense" if layer.is_dense else ("depthwise_conv2d" if dw else "conv2d")
+        return LayerProgram(layer.name, op, cg.encode_stream(insns), len(insns), int(macs),
+                            f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{sh}", kn)
+
+    def add(self, layer: AddLayer, user: dict | None) -> LayerProgram:
+        cfg = self.cfg
+        ta, tb = (self.tensors[x] for x in layer.inputs)
+        tout = self.tensors[layer.output]
+        if ta.shape != tb.shape or ta.shape != tout.shape or len(ta.shape) != 4:
+            raise MappingError(f"layer {layer.name}: operands differ in shape")
+        if layer.a_zero_point or layer.b_zero_point or layer.requant.zero_point:
+            raise MappingError(f"layer {layer.name}: ELTADD needs zero points 0")
+        shifts = []
+        for m in (layer.a_multiplier, layer.b_multiplier):
+            if m < 1 or m & (m - 1):
+                raise MappingError(f"layer {layer.name}: add multiplier {m} is not 2^k")
+            shifts.append(m.bit_length() - 1)
+        rq = layer.requant
+        h, w, c = ta.hwc
+        in_shape = (ta.shape[0], c, h, w)
+        kn = _validate_knobs(knob_space(layer, in_shape, cfg), user, layer.name)
+        th, tw = kn["tile_h"], kn["tile_w"]
+        half = cfg.fm_memory_bytes // 2
+        tiles, i = [], 0
+        for g in range(ta.n_alloc // self.P):
+            for y0 in range(0, h, th):
+                nh = min(th, h - y0)
+                for x0 in range(0, w, tw):
+                    nw = min(tw, w - x0)
+                    buf = (i % 2) * half
+                    la = self._load(ta, 0, buf, g, y0, nh, x0, nw, 0, c)
+                    lb = self._load(tb, 2, buf, g, y0, nh, x0, nw, 0, c)
+                    op = cg.EltAdd(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=nw * c,
+                                   out_mem=1, out_addr=buf, out_pix_stride=c,
+                                   out_row_stride=nw * c, out_h=nh, out_w=nw, chans=c,
+                                   b_mem=2, b_addr=buf, b_pix_stride=c, b_row_stride=nw * c,
+                                   shift_a=shifts[0], shift_b=shifts[1], shift=int(rq.shift),
+                                   clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+                    sv = self._save(tout, buf, g, y0, nh, x0, nw, 0, c)
+                    tiles.append(_Tile([la, lb], op, sv))
+                    i += 1
+        insns = schedule([([], tiles)], "MISC", kn["pipeline"])
+        return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
+                            f"{list(in_shape)}", kn)
+
+
+def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None) -> DPUProgram:
+    """Compile a layer graph into per-layer DPU streams, a DDR map and the PARAM image.
+
+    ``knobs`` maps layer names to (partial) knob dicts overriding the defaults."""
+    cfg.validate("DPU config")
+    knobs = knobs or {}
+    p = _Planner(graph, cfg)
+    layers = []
+    for layer in graph.layers:
+        user = knobs.get(layer.name)
+        if isinstance(layer, ConvLayer):
+            layers.append(p.conv(layer, user))
+        elif isinstance(layer, AddLayer):
+            layers.append(p.add(layer, user))
+        else:
+            raise MappingError(f"layer {layer.name}: {type(layer).__name__} is not supported on "
+                               "the DPU yet")
+    sizes = {r: max(64, _cdiv(v, 4096) * 4096) for r, v in p.region_use.items()}
+    sizes["PARAM"] = max(64, _cdiv(len(p.params), 4096) * 4096)
+    sizes["INSN"] = max(64, _cdiv(sum(len(ly.insns) for ly in layers), 4096) * 4096)
+    return DPUProgram(tensors=p.tensors, inputs=list(graph.inputs), outputs=list(graph.outputs),
+                      region_sizes=sizes, params=bytes(p.params), layers=layers)
