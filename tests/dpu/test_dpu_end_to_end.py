@@ -1,0 +1,102 @@
+"""Whole flow on the DPU: ONNX QDQ (power-of-two scales) -> canonicalize -> partition ->
+strategy -> DPU simulator, bit-exact against the canonical integer graph compiled for the CPU."""
+
+import numpy as np
+import pytest
+
+from tvm_accel import zoo
+
+
+def pow2(name, **kw):
+    return zoo.quantized(name, power_of_two=True, **kw)
+
+
+# (cin, cout, k, stride, pad, batch, hw): kernels 1/3/5/7, strides 1/2, padding, odd channels,
+# batch 1..4 over 4 PEs (2 and 3 are not multiples of NUM_PE)
+CONV_CASES = [
+    (3, 16, 7, 2, 3, 1, 16),
+    (16, 16, 1, 1, 0, 4, 8),
+    (17, 24, 3, 1, 1, 2, 9),
+    (24, 33, 5, 2, 2, 3, 9),
+    (5, 7, 3, 2, 0, 1, 7),
+    (16, 16, 7, 1, 2, 1, 10),
+]
+
+
+@pytest.mark.parametrize("cin, cout, k, stride, pad, batch, hw", CONV_CASES)
+def test_conv2d_is_bit_exact(compare, cin, cout, k, stride, pad, batch, hw):
+    r = compare(pow2("single_conv", cin=cin, cout=cout, k=k, stride=stride, pad=pad,
+                     batch=batch, hw=hw))
+    assert [o.op for o in r.offloaded] == ["conv2d"]
+    r.assert_bit_exact()
+
+
+def test_conv_relu_is_bit_exact_on_the_8pe_config(compare):
+    r = compare(pow2("single_conv", cin=16, cout=24, k=3, pad=1, hw=8, batch=5, relu=True),
+                "dpu_8pe")
+    assert len(r.offloaded) == 1
+    r.assert_bit_exact()
+
+
+def test_depthwise_conv_runs_on_the_conv_engine(compare):
+    r = compare(pow2("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8))
+    assert [o.op for o in r.offloaded] == ["conv2d"]
+    r.assert_bit_exact()
+
+
+def test_dense_is_bit_exact(compare):
+    r = compare(pow2("single_dense", cin=100, cout=24, batch=3, relu=True))
+    assert [o.op for o in r.offloaded] == ["dense"]
+    r.assert_bit_exact()
+
+
+def test_conv_with_residual_add_runs_add_on_misc(compare):
+    r = compare(pow2("conv_residual", c=24, hw=8, batch=2))
+    assert {o.op for o in r.offloaded} == {"conv2d", "add"}
+    r.assert_bit_exact()
+
+
+def test_uint8_activations_fall_back_with_their_reason(compare):
+    r = compare(zoo.quantized("single_conv", "uint8", cin=8, cout=8, k=3, pad=1, hw=6))
+    conv = [o for o in r.report.offloads if o.op == "conv2d"]
+    assert conv and conv[0].placement == "cpu"
+    assert "int8" in conv[0].reason or "power of two" in conv[0].reason
+    r.assert_bit_exact()
+
+
+def test_non_power_of_two_scales_fall_back_with_their_reason(compare):
+    r = compare(zoo.quantized("single_conv", "int8", False, cin=8, cout=8, k=3, pad=1, hw=6))
+    conv = [o for o in r.report.offloads if o.op == "conv2d"]
+    assert conv and conv[0].placement == "cpu" and "power of two" in conv[0].reason
+    r.assert_bit_exact()
+
+
+def test_resnet_block_is_bit_exact_and_profiled(compare):
+    from tvm_accel import profiler
+
+    with profiler.profiling() as prof:
+        r = compare(pow2("conv_residual", c=64, hw=16, batch=4))
+    r.assert_bit_exact()
+    recs = [x for x in prof.records if x.engine == "dpu"]
+    assert {x.op for x in recs} >= {"conv2d", "add"}
+    for x in recs:
+        assert x.cycles > 0 and 0 <= x.utilization <= 1
+    conv = [x for x in recs if x.op == "conv2d"]
+    assert all(x.utilization > 0.05 for x in conv)
+
+
+def test_registered_pipeline_compiles_by_name_and_disassembles():
+    import tvm
+    from tvm import relax
+
+    import tvm_dpu
+    from tvm_accel.frontend import load_onnx, random_inputs
+    from tvm_accel.pipeline import compile_reference
+
+    mod, info = load_onnx(pow2("conv_residual", c=16, hw=8))
+    ex = tvm.compile(mod, target="llvm", relax_pipeline="dpu")
+    assert "tvm_dpu.run" in ex.as_text()
+    x = tvm.runtime.tensor(next(iter(random_inputs(info).values())))
+    y = relax.VirtualMachine(ex, tvm.cpu())["main"](x).numpy()
+    ref = relax.VirtualMachine(compile_reference(mod, tvm_dpu.TARGET), tvm.cpu())
+    np.testing.assert_array_equal(y, ref["main"](x).numpy())
