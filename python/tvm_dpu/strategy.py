@@ -125,10 +125,16 @@ def _param_bytes(layer: ConvLayer, kt: int, ic: int) -> int:
     return kt * per + 4 * kt
 
 
-def _pm_block(nbytes: int) -> tuple[int, int]:
-    """PM LOAD shape (cols, chans) covering ``nbytes`` (padded to a multiple of chans)."""
-    chans = min(2048, max(1, nbytes))
-    return _cdiv(nbytes, chans), chans
+def _pm_block(nbytes: int) -> tuple[int, int, int]:
+    """PM LOAD shape (rows, cols, chans) covering ``nbytes`` (padded by at most rows x 64)."""
+    units = _cdiv(max(1, nbytes), 64)
+    rows = _cdiv(units, 4095)
+    return rows, _cdiv(units, rows), 64
+
+
+def _pm_bytes(nbytes: int) -> int:
+    r, c, ch = _pm_block(nbytes)
+    return r * c * ch
 
 
 def _in_window(y0: int, n: int, stride: int, pad: int, k: int, size: int):
@@ -142,9 +148,9 @@ def _check_conv(layer: ConvLayer, in_shape, cfg: DPUConfig, kn: dict) -> None:
     c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
     half = cfg.fm_memory_bytes // 2
     kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
-    pm = _pm_block(_param_bytes(layer, kt, c))
-    if pm[0] * pm[1] > cfg.PM_BYTES:
-        raise ValueError(f"oc_tile {kt}: parameters of {pm[0] * pm[1]} bytes exceed the PM "
+    pm = _pm_bytes(_param_bytes(layer, kt, c))
+    if pm > cfg.PM_BYTES:
+        raise ValueError(f"oc_tile {kt}: parameters of {pm} bytes exceed the PM "
                          f"({cfg.PM_BYTES})")
     rows = (th - 1) * layer.strides[0] + kh
     cols = (tw - 1) * layer.strides[1] + kw
@@ -170,8 +176,8 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
     if isinstance(layer, ConvLayer):
         c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
         kts = _options(k, cfg.CONV_OC_PAR)
-        kt = max([t for t in kts if _pm_block(_param_bytes(layer, t, c))[0]
-                  * _pm_block(_param_bytes(layer, t, c))[1] <= cfg.PM_BYTES] or [kts[0]])
+        kt = max([t for t in kts if _pm_bytes(_param_bytes(layer, t, c)) <= cfg.PM_BYTES]
+                 or [kts[0]])
         ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
         pref = cfg.CONV_ROW_PAR
 
@@ -346,11 +352,11 @@ class _Planner:
             kk = min(kt, k - k0)
             block = wt[k0:k0 + kk].astype(np.int8).tobytes() + \
                 bias[k0:k0 + kk].astype("<i4").tobytes()
-            cols_pm, chans_pm = _pm_block(len(block))
-            block += bytes(cols_pm * chans_pm - len(block))
+            rows_pm, cols_pm, chans_pm = _pm_block(len(block))
+            block += bytes(rows_pm * cols_pm * chans_pm - len(block))
             poff = self._param(block)
-            pm = cg.Load(to_pm=True, dst_addr=0, region=cg.REGION_PARAM, ddr_offset=poff, rows=1,
-                         cols=cols_pm, chans=chans_pm, ddr_pix_stride=chans_pm,
+            pm = cg.Load(to_pm=True, dst_addr=0, region=cg.REGION_PARAM, ddr_offset=poff,
+                         rows=rows_pm, cols=cols_pm, chans=chans_pm, ddr_pix_stride=chans_pm,
                          ddr_row_stride=cols_pm * chans_pm)
             tiles = []
             i = 0

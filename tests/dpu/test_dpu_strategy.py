@@ -1,0 +1,213 @@
+"""DPU strategy without TVM: layer graphs -> plan -> simulator, bit-exact against
+``reference_execute``; tiling (H/W split, weight tiling), FM/PM fit, knobs, pipelining."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, Requant, Tensor, reference_execute
+from tvm_dpu import codegen as cg
+from tvm_dpu.hw_config import config_from_dict, load_config
+from tvm_dpu.runtime import execute_program
+from tvm_dpu.strategy import MappingError, knob_space, plan
+
+
+def _rq(k, shift, zp=0, lo=-128, hi=127):
+    return Requant(0, np.ones(k, dtype=np.int64), np.full(k, (1 << shift) >> 1, dtype=np.int64),
+                   shift, zp, lo, hi)
+
+
+def _conv(rng, name, x, y, c, k, ksz=3, stride=1, pad=1, zx=0, zp=0, shift=7, dw=False,
+          relu=False):
+    w = rng.integers(-128, 128, size=(k, 1 if dw else c, ksz, ksz))
+    return ConvLayer(name=name, input=x, output=y, weight=w,
+                     bias=rng.integers(-2000, 2000, size=k), input_zero_point=zx,
+                     strides=(stride, stride), padding=(pad,) * 4,
+                     requant=_rq(k, shift, zp, 0 if relu else -128), groups=c if dw else 1)
+
+
+def _graph(layers, shapes, inputs, outputs):
+    return LayerGraph({n: Tensor(n, s, "int8") for n, s in shapes.items()}, layers, inputs,
+                      outputs)
+
+
+def _run(graph, cfg, knobs=None, seed=0):
+    rng = np.random.default_rng(seed)
+    feed = {n: rng.integers(-128, 128, size=graph.tensors[n].shape).astype(np.int8)
+            for n in graph.inputs}
+    prog = plan(graph, cfg, knobs)
+    out, stats = execute_program(prog, feed, cfg)
+    ref = reference_execute(graph, feed)
+    for n in graph.outputs:
+        np.testing.assert_array_equal(out[n], ref[n])
+    return prog, stats
+
+
+def _single(c=16, k=24, hw=20, batch=1, **kw):
+    rng = np.random.default_rng(1)
+    ly = _conv(rng, "conv", "x", "y", c, k, **kw)
+    ho = (hw + 2 * kw.get("pad", 1) - kw.get("ksz", 3)) // kw.get("stride", 1) + 1
+    return _graph([ly], {"x": (batch, c, hw, hw), "y": (batch, k, ho, ho)}, ["x"], ["y"])
+
+
+def _small_cfg(**fields):
+    d = dict(load_config().to_json())
+    d.update(fields)
+    return config_from_dict(d, name="small")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config()
+
+
+def test_default_knobs_split_h_by_the_preferred_conv_height(cfg):
+    g = _single(hw=40)
+    sp = knob_space(g.layers[0], (1, 16, 40, 40), cfg)
+    d = sp.default()
+    assert d["tile_h"] % cfg.CONV_ROW_PAR == 0 and d["tile_h"] < 40
+    assert d["tile_w"] == 40 and d["oc_tile"] == 24 and d["pipeline"] is True
+    prog, _ = _run(g, cfg)
+    n_conv = sum(isinstance(i, cg.Conv) for i in cg.decode_stream(prog.layers[0].insns))
+    assert n_conv == -(-40 // d["tile_h"])
+
+
+@pytest.mark.parametrize("kn", [{"tile_h": 8}, {"tile_h": 16, "tile_w": 7},
+                                {"tile_h": 20, "tile_w": 1}, {"pipeline": False}])
+def test_every_tiling_is_bit_exact_with_input_and_output_zero_points(cfg, kn):
+    _run(_single(hw=20, zx=3, zp=-5, batch=3), cfg, {"conv": kn})
+
+
+def test_strided_odd_kernel_with_overlapping_windows_is_bit_exact(cfg):
+    _run(_single(c=5, k=7, hw=23, ksz=5, stride=2, pad=2), cfg, {"conv": {"tile_h": 8,
+                                                                           "tile_w": 3}})
+
+
+def test_w_split_when_a_row_band_does_not_fit_the_fm():
+    small = _small_cfg(FM_BANK_BYTES=512)  # 4 KiB memories: 2 KiB ping-pong halves
+    g = _single(c=32, k=16, hw=24)
+    d = knob_space(g.layers[0], (1, 32, 24, 24), small).default()
+    assert d["tile_w"] < 24
+    _run(g, small)
+
+
+def test_weight_tiling_over_output_channels_when_parameters_exceed_the_pm():
+    small = _small_cfg(PM_BYTES=8192)
+    g = _single(c=32, k=64, hw=8)  # 64 x 3 x 3 x 32 = 18 KiB of weights
+    d = knob_space(g.layers[0], (1, 32, 8, 8), small).default()
+    assert d["oc_tile"] < 64 and d["oc_tile"] % small.CONV_OC_PAR == 0
+    prog, _ = _run(g, small)
+    pm_loads = [i for i in cg.decode_stream(prog.layers[0].insns)
+                if isinstance(i, cg.Load) and i.to_pm]
+    assert len(pm_loads) == -(-64 // d["oc_tile"])
+    with pytest.raises(MappingError, match="oc_tile"):
+        plan(g, small, {"conv": {"oc_tile": 64}})
+
+
+def test_knobs_that_do_not_fit_are_rejected_naming_the_knob():
+    small = _small_cfg(FM_BANK_BYTES=512)
+    with pytest.raises(MappingError, match="tile_h"):
+        plan(_single(c=32, k=16, hw=24), small, {"conv": {"tile_h": 24, "tile_w": 24}})
+
+
+def test_depthwise_with_weight_tiling_is_bit_exact():
+    small = _small_cfg(PM_BYTES=2048)
+    rng = np.random.default_rng(2)
+    ly = _conv(rng, "dw", "x", "y", 96, 96, dw=True)
+    g = _graph([ly], {"x": (2, 96, 10, 10), "y": (2, 96, 10, 10)}, ["x"], ["y"])
+    _run(g, small, {"dw": {"oc_tile": 32}})
+
+
+def _block(c=64, hw=16, batch=4):
+    rng = np.random.default_rng(3)
+    c1 = _conv(rng, "conv1", "x", "t1", c, c, relu=True, shift=10)
+    c2 = _conv(rng, "conv2", "t1", "t2", c, c, shift=10)
+    add = AddLayer("add", ("t2", "x"), "y", 0, 0, 2, 1, _rq(1, 1, lo=0))
+    s = (batch, c, hw, hw)
+    return _graph([c1, c2, add], {"x": s, "t1": s, "t2": s, "y": s}, ["x"], ["y"])
+
+
+def test_resnet_block_with_eltwise_add_is_bit_exact(cfg):
+    prog, stats = _run(_block(), cfg)
+    ops = [ly.op for ly in prog.layers]
+    assert ops == ["conv2d", "conv2d", "add"]
+    assert prog.layers[2].knobs["tile_h"] % cfg.MISC_ROW_PAR == 0
+
+
+def test_software_pipelining_overlaps_units_and_cuts_cycles(cfg):
+    g = _block(c=64, hw=32, batch=4)
+    serial = {n: {"pipeline": False} for n in ("conv1", "conv2", "add")}
+    _, st_pipe = _run(g, cfg)
+    _, st_ser = _run(g, cfg, serial)
+    for (name, p), (_, s) in zip(st_pipe, st_ser, strict=True):
+        assert p.cycles < s.cycles, name
+    total_p = sum(s.cycles for _, s in st_pipe)
+    total_s = sum(s.cycles for _, s in st_ser)
+    assert total_p < 0.85 * total_s
+    conv = dict(st_pipe)["conv1"]
+    assert conv.utilization(cfg) > 0.3
+
+
+def test_pipelined_stream_is_head_steady_tail_with_balanced_tokens(cfg):
+    prog = plan(_single(hw=40), cfg, {"conv": {"tile_h": 8}})
+    insns = cg.decode_stream(prog.layers[0].insns)
+    loads = [i for i in insns if isinstance(i, cg.Load) and not i.to_pm]
+    convs = [i for i in insns if isinstance(i, cg.Conv)]
+    saves = [i for i in insns if isinstance(i, cg.Save)]
+    n = len(convs)
+    assert n == 5
+    assert [i.dpon for i in loads[:2]] == [frozenset()] * 2  # head: no waits
+    assert all(i.dpon == frozenset({"CONV"}) for i in loads[2:])
+    assert convs[2].dpon == frozenset({"LOAD", "SAVE"}) and convs[0].dpon == {"LOAD"}
+    assert convs[-1].dpby == frozenset({"SAVE"}) and saves[-1].dpby == frozenset()  # tail
+    # tokens: pushes == pops per FIFO
+    for a in cg.UNITS:
+        for b in cg.UNITS:
+            if a == b:
+                continue
+            push = sum(1 for i in insns if not isinstance(i, cg.End)
+                       and cg.UNITS[cg.unit_of(i)] == a and b in i.dpby)
+            pop = sum(1 for i in insns if not isinstance(i, cg.End)
+                      and cg.UNITS[cg.unit_of(i)] == b and a in i.dpon)
+            assert push == pop, (a, b)
+
+
+def test_blob_round_trip_and_validation(cfg):
+    from tvm_accel.errors import BlobError
+
+    prog = plan(_block(c=16, hw=8, batch=1), cfg)
+    blob = cg.build_blob(prog, cfg, "f")
+    back, cfg2, name = cg.load_blob(blob)
+    assert name == "f" and cfg2.fingerprint == cfg.fingerprint
+    assert [ly.insns for ly in back.layers] == [ly.insns for ly in prog.layers]
+    assert back.params == prog.params
+    with pytest.raises(BlobError):
+        cg.load_blob(blob[:-3])
+    import json
+
+    from tvm_accel.blob import Blob, pack_blob, unpack_blob
+
+    b = unpack_blob(blob)
+    meta = json.loads(b.sections["META"])
+    meta["tensors"]["x"]["offset"] = 1 << 40
+    b.sections["META"] = json.dumps(meta).encode()
+    with pytest.raises(BlobError, match="outside"):
+        cg.load_blob(pack_blob(Blob(b.target, b.fingerprint, b.sections)))
+
+
+def test_disassembly_prints_dpu_assembly(cfg):
+    import tvm_dpu
+
+    prog = plan(_single(hw=16), cfg)
+    text = tvm_dpu.TARGET.disassemble(cg.build_blob(prog, cfg, "f"))
+    assert "CONV DPON=LOAD DPBY=" in text and "LOAD DPON=- DPBY=CONV" in text
+    assert text.strip().splitlines()[-1].strip().endswith("END")
+
+
+def test_unsupported_layers_raise_mapping_errors(cfg):
+    g = _single()
+    bad = dataclasses.replace(g.layers[0], requant=Requant(0, np.full(24, 3), np.zeros(24), 2,
+                                                           0, -128, 127))
+    with pytest.raises(MappingError, match="shift"):
+        plan(_graph([bad], {n: t.shape for n, t in g.tensors.items()}, ["x"], ["y"]), cfg)
