@@ -46,7 +46,16 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 from tvm_accel.knobs import Knob, KnobSpace
-from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, conv_output_shape
+from tvm_accel.layers import (
+    AddLayer,
+    ConcatLayer,
+    ConvLayer,
+    LayerGraph,
+    PoolLayer,
+    UpsampleLayer,
+    conv_output_shape,
+    pool_output_shape,
+)
 from tvm_dpu import codegen as cg
 from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
 
@@ -187,8 +196,40 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
                 return True
             except ValueError:
                 return False
-        check = (lambda kn: _check_conv(layer, in_shape, cfg, kn))
+        def check(kn):
+            _check_conv(layer, in_shape, cfg, kn)
+
         knobs_extra = [Knob("oc_tile", tuple(kts), kt)]
+    elif isinstance(layer, (PoolLayer, UpsampleLayer)):
+        n, c, h, w = in_shape
+        half = cfg.fm_memory_bytes // 2
+        if isinstance(layer, PoolLayer):
+            _, _, ho, wo = pool_output_shape(layer, in_shape)
+            (kh, kw), (sh, sw) = layer.kernel, layer.strides
+        else:
+            ho, wo = h, w  # tiles over input rows/cols; outputs are scale x larger
+            (kh, kw), (sh, sw) = (1, 1), (1, 1)
+        up = layer.scale if isinstance(layer, UpsampleLayer) else (1, 1)
+        ths, tws = _options(ho, cfg.MISC_ROW_PAR), list(range(1, wo + 1))
+        pref = cfg.MISC_ROW_PAR
+
+        def _misc_check(th, tw):
+            rows, cols = (th - 1) * sh + kh, (tw - 1) * sw + kw
+            if rows * cols * c > half or th * up[0] * tw * up[1] * c > half:
+                raise ValueError(f"tile_h {th} x tile_w {tw}: tile of {c} channels exceeds "
+                                 f"half an FM memory ({half})")
+
+        def fits(th, tw):
+            try:
+                _misc_check(th, tw)
+                return True
+            except ValueError:
+                return False
+
+        def check(kn):
+            _misc_check(kn["tile_h"], kn["tile_w"])
+
+        knobs_extra = []
     else:
         n, c, ho, wo = in_shape
         ths, tws = _options(ho, cfg.MISC_ROW_PAR), list(range(1, wo + 1))
@@ -196,7 +237,9 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
 
         def fits(th, tw):
             return th * tw * c <= cfg.fm_memory_bytes // 2
-        check = (lambda kn: _check_add(in_shape, cfg, kn))
+        def check(kn):
+            _check_add(in_shape, cfg, kn)
+
         knobs_extra = []
     # default: full width, the largest preferred-height band that fits, at most ~1/4 of the
     # height (so LOAD/compute/SAVE overlap) but at least the preferred height
@@ -430,6 +473,109 @@ class _Planner:
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
                             f"{list(in_shape)}", kn)
 
+    def _misc_tiles(self, tin: TensorPlacement, tout: TensorPlacement, layer, kn, make,
+                    window=((1, 1), (1, 1), (0, 0, 0, 0)), up=(1, 1), ch0=0):
+        """Tiles LOAD (input window) -> MISC ``make(...)`` -> SAVE (output tile, channel offset
+        ``ch0`` of the output: concat by placement)."""
+        half = self.cfg.fm_memory_bytes // 2
+        (kh, kw), (sh, sw), (pt, pl, pb, pr) = window
+        h, w, c = tin.hwc
+        ho, wo = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+        th, tw = kn["tile_h"], kn["tile_w"]
+        tiles, i = [], 0
+        for g in range(tin.n_alloc // self.P):
+            for y0 in range(0, ho, th):
+                nh = min(th, ho - y0)
+                r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
+                for x0 in range(0, wo, tw):
+                    nw = min(tw, wo - x0)
+                    c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
+                    buf = (i % 2) * half
+                    ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, 0, c)
+                    oh, ow = nh * up[0], nw * up[1]
+                    op = make(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=cols * c,
+                              out_mem=1, out_addr=buf, out_pix_stride=c, out_row_stride=ow * c,
+                              out_h=oh, out_w=ow, chans=c,
+                              pads=(ptop, pbot, pleft, pright))
+                    sv = self._save(tout, buf, g, y0 * up[0], oh, x0 * up[1], ow, ch0, c)
+                    tiles.append(_Tile([ld], op, sv))
+                    i += 1
+        return tiles
+
+    def pool(self, layer: PoolLayer, user: dict | None) -> LayerProgram:
+        tin, tout = self.tensors[layer.input], self.tensors[layer.output]
+        h, w, c = tin.hwc
+        in_shape = (tin.shape[0], c, h, w)
+        kn = _validate_knobs(knob_space(layer, in_shape, self.cfg), user, layer.name)
+        kh, kw = layer.kernel
+        if layer.kind == "max":
+            if layer.requant is not None:
+                raise MappingError(f"layer {layer.name}: a rescaling max pool is not supported")
+            extra = dict(op=cg.MISC_MAXPOOL, pad_value=-128, shift=0, mult=1)
+            lo, hi = -128, 127
+        else:
+            rq = layer.requant
+            m = int(np.asarray(rq.multiplier).reshape(-1)[0])
+            if (layer.input_zero_point or rq.zero_point or rq.pre_shift
+                    or len(set(np.asarray(rq.multiplier).reshape(-1).tolist())) != 1
+                    or not 1 <= m < 1 << 16 or not 0 <= rq.shift <= 31):
+                raise MappingError(f"layer {layer.name}: average pool recipe does not fit "
+                                   "AVGPOOL (zero points 0, 16-bit mult, shift 0..31)")
+            extra = dict(op=cg.MISC_AVGPOOL, pad_value=0, shift=int(rq.shift), mult=m)
+            lo, hi = int(rq.qmin), int(rq.qmax)
+
+        def make(pads, **kw_):
+            return cg.Pool(**kw_, kernel_h=kh, kernel_w=kw, stride_h=layer.strides[0],
+                           stride_w=layer.strides[1], pad_top=pads[0], pad_bottom=pads[1],
+                           pad_left=pads[2], pad_right=pads[3], clip_lo=lo, clip_hi=hi,
+                           **extra)
+        tiles = self._misc_tiles(tin, tout, layer, kn, make,
+                                 (layer.kernel, layer.strides, layer.padding))
+        insns = schedule([([], tiles)], "MISC", kn["pipeline"])
+        return LayerProgram(layer.name, layer.op_name, cg.encode_stream(insns), len(insns), 0,
+                            f"{list(in_shape)} k{kh}x{kw} s{layer.strides[0]}", kn)
+
+    def upsample(self, layer: UpsampleLayer, user: dict | None) -> LayerProgram:
+        tin, tout = self.tensors[layer.input], self.tensors[layer.output]
+        h, w, c = tin.hwc
+        in_shape = (tin.shape[0], c, h, w)
+        if layer.requant is not None:
+            raise MappingError(f"layer {layer.name}: a rescaling upsample is not supported")
+        kn = _validate_knobs(knob_space(layer, in_shape, self.cfg), user, layer.name)
+        fh, fw = layer.scale
+
+        def make(pads, **kw_):
+            return cg.Upsample(**kw_, factor_h=fh, factor_w=fw)
+        tiles = self._misc_tiles(tin, tout, layer, kn, make, up=(fh, fw))
+        insns = schedule([([], tiles)], "MISC", kn["pipeline"])
+        return LayerProgram(layer.name, "upsample", cg.encode_stream(insns), len(insns), 0,
+                            f"{list(in_shape)} x{fh}x{fw}", kn)
+
+    def concat(self, layer: ConcatLayer, user: dict | None) -> LayerProgram:
+        """Concat by placement: every input is copied tile by tile into its channel range of
+        the output (SAVE with the output's pixel stride and a channel offset)."""
+        tout = self.tensors[layer.output]
+        if layer.axis != 1 or any(rq is not None for rq in layer.requants):
+            raise MappingError(f"layer {layer.name}: only channel concat of identically "
+                               "quantized inputs is supported")
+        segments, ch0, kn0 = [], 0, None
+        for name in layer.inputs:
+            tin = self.tensors[name]
+            h, w, c = tin.hwc
+            kn = _validate_knobs(knob_space(PoolLayer(layer.name, name, layer.output, "max",
+                                                      (1, 1), (1, 1), (0, 0, 0, 0)),
+                                            (tin.shape[0], c, h, w), self.cfg),
+                                 user, layer.name)
+            kn0 = kn0 or kn
+
+            def make(pads, **kw_):
+                return cg.Copy(**kw_)
+            segments.append(([], self._misc_tiles(tin, tout, layer, kn, make, ch0=ch0)))
+            ch0 += c
+        insns = schedule(segments, "MISC", kn0["pipeline"])
+        return LayerProgram(layer.name, "concat", cg.encode_stream(insns), len(insns), 0,
+                            f"{len(layer.inputs)} inputs -> {list(tout.shape)}", kn0)
+
 
 def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None) -> DPUProgram:
     """Compile a layer graph into per-layer DPU streams, a DDR map and the PARAM image.
@@ -445,6 +591,12 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
             layers.append(p.conv(layer, user))
         elif isinstance(layer, AddLayer):
             layers.append(p.add(layer, user))
+        elif isinstance(layer, PoolLayer):
+            layers.append(p.pool(layer, user))
+        elif isinstance(layer, UpsampleLayer):
+            layers.append(p.upsample(layer, user))
+        elif isinstance(layer, ConcatLayer):
+            layers.append(p.concat(layer, user))
         else:
             raise MappingError(f"layer {layer.name}: {type(layer).__name__} is not supported on "
                                "the DPU yet")

@@ -211,3 +211,35 @@ def test_unsupported_layers_raise_mapping_errors(cfg):
                                                            0, -128, 127))
     with pytest.raises(MappingError, match="shift"):
         plan(_graph([bad], {n: t.shape for n, t in g.tensors.items()}, ["x"], ["y"]), cfg)
+
+
+# --- MISC layers: pool, upsample, concat by placement --------------------------------------------
+from tvm_accel.layers import ConcatLayer, PoolLayer, UpsampleLayer  # noqa: E402
+
+
+@pytest.mark.parametrize("kind, k, s, pad, kn", [
+    ("max", 3, 2, 1, {}), ("max", 2, 2, 0, {"tile_h": 2, "tile_w": 3}),
+    ("avg", 2, 2, 0, {}), ("avg", 4, 1, 1, {"pipeline": False}),
+])
+def test_pool_on_misc_is_bit_exact(cfg, kind, k, s, pad, kn):
+    rq = None if kind == "max" else _rq(1, 2 if k == 2 else 4)
+    ly = PoolLayer("pool", "x", "y", kind, (k, k), (s, s), (pad,) * 4, 0, rq)
+    ho = (13 + 2 * pad - k) // s + 1
+    g = _graph([ly], {"x": (3, 24, 13, 13), "y": (3, 24, ho, ho)}, ["x"], ["y"])
+    prog, _ = _run(g, cfg, {"pool": kn})
+    assert any(isinstance(i, cg.Pool) for i in cg.decode_stream(prog.layers[0].insns))
+
+
+def test_upsample_on_misc_is_bit_exact(cfg):
+    ly = UpsampleLayer("up", "x", "y", (2, 3))
+    g = _graph([ly], {"x": (2, 16, 5, 7), "y": (2, 16, 10, 21)}, ["x"], ["y"])
+    _run(g, cfg, {"up": {"tile_h": 2}})
+
+
+def test_concat_by_placement_is_bit_exact(cfg):
+    ly = ConcatLayer("cat", ("a", "b"), "y", (0, 0), (None, None))
+    g = _graph([ly], {"a": (2, 8, 6, 6), "b": (2, 24, 6, 6), "y": (2, 32, 6, 6)}, ["a", "b"],
+               ["y"])
+    prog, _ = _run(g, cfg)
+    saves = [i for i in cg.decode_stream(prog.layers[0].insns) if isinstance(i, cg.Save)]
+    assert {i.ddr_pix_stride for i in saves} == {32}
