@@ -736,7 +736,8 @@ def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | No
         return numpy_helper.to_array(inits[name])
 
     def put(name: str, value: np.ndarray) -> None:
-        inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        # (np.ascontiguousarray would turn a 0-d scale into shape (1,))
+        inits[name].CopyFrom(numpy_helper.from_array(np.array(value, order="C"), name))
 
     def axis_of(n) -> int:
         return next((a.i for a in n.attribute if a.name == "axis"), 1)
