@@ -51,6 +51,14 @@ class DPUTarget(AccelTarget):
 
         return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
 
+    def recipe_for(self, op: str):
+        """Average pools divide on AVGPOOL (16-bit multiplier + shift), not by shifting only."""
+        if op in ("avg_pool2d", "global_avg_pool2d"):
+            from tvm_dpu.numerics import avgpool_recipe
+
+            return avgpool_recipe
+        return None
+
     def pattern_table(self):
         return patterns.pattern_table()
 

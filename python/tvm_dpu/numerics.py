@@ -36,3 +36,15 @@ def add_recipe(scale_a: float, scale_b: float, zero_point: int, qmin: int,
                qmax: int) -> tuple[int, int, Requant]:
     """``(2^ea, 2^eb, shift recipe)`` for the residual add (RecipeError otherwise)."""
     return solve_add(scale_a, scale_b, zero_point, qmin, qmax, DPU_LIMITS, operand_bound=255)
+
+
+#: AVGPOOL: ``(sum * mult + 2^(shift-1)) >> shift`` with a 16-bit ``mult``, shift 0..31, no
+#: pre-shift, 64-bit intermediates; any window (1/9 is approximated like a multiplier)
+AVGPOOL_LIMITS = RecipeLimits(multiplier_max=(1 << 16) - 1, intermediate_bits=64, max_shift=31,
+                              max_pre_shift=0, hardware="DPU AVGPOOL")
+
+
+def avgpool_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
+                   qmax: int) -> Requant:
+    """Recipe of an average pool (the window divisor is part of ``scale``) on AVGPOOL."""
+    return solve_requant(scale, acc_bound, zero_point, qmin, qmax, AVGPOOL_LIMITS)

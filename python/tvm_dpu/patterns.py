@@ -1,7 +1,10 @@
 """DPU pattern table: which canonical integer layers the CONV engine and MISC unit take.
 
 Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding < kernel, groups 1 or
-depthwise), dense (as a 1x1 conv) and the residual add (MISC ELTADD). The DPU is int8-only with
+depthwise), dense (as a 1x1 conv) and the residual add (MISC ELTADD); on the MISC unit as
+separate layers: max pool (same quantization in and out), average / global average pool with a
+power-of-two window, nearest upsample by integer factors, and channel concat of identically
+quantized inputs (by placement). The DPU is int8-only with
 power-of-two requantization: uint8 activations and non-power-of-two scales stay on the CPU.
 Each check is named; its docstring is the reason a layer stays on the CPU.
 """
@@ -15,7 +18,10 @@ from tvm_accel.partition import (
     const_value,
     dtype_of,
     qadd_pattern,
+    qconcat_pattern,
     qlinear_pattern,
+    qpool_pattern,
+    qupsample_pattern,
     static_shape,
 )
 
@@ -50,8 +56,7 @@ def conv_no_dilation(m: dict) -> bool:
 
 
 def conv_groups_supported(m: dict) -> bool:
-    """grouped convolution other than depthwise with one output per channel (the CONV engine
-    reduces over all input channels or runs depthwise with ic == oc)"""
+    """grouped conv other than depthwise with ic == oc (the CONV engine has no groups)"""
     g = int(m["core"].attrs.groups)
     if g == 1:
         return True
@@ -118,8 +123,7 @@ def acc_fits_int32(m: dict) -> bool:
 
 
 def requant_is_shift(m: dict) -> bool:
-    """requantize is not a plain right shift 0..31 (scale not a power of two <= 1; the DPU
-    requantizes by shifting only)"""
+    """requantize is not a right shift 0..31 (the DPU requantizes by shifting only)"""
     pre, sh = const_value(m["pre_shift"]), const_value(m["shift"])
     mult = const_value(m["multiplier"])
     return (pre.size == 1 and sh.size == 1 and int(pre) == 0 and 0 <= int(sh) <= 31
@@ -154,6 +158,64 @@ def add_recipe_is_shift(m: dict) -> bool:
     return sh.size == 1 and 0 <= int(sh) <= 31
 
 
+def pool_input_int8(m: dict) -> bool:
+    """input is not int8 (the DPU is int8-only)"""
+    return dtype_of(m["data"]) == "int8"
+
+
+def pool_window_fits(m: dict) -> bool:
+    """pool window > 15, stride > 7, padding >= window, dilation or ceil mode (MISC fields)"""
+    a = m["core"].attrs
+    k = [int(x) for x in a.pool_size]
+    pad = [int(x) for x in a.padding]
+    return (max(k) <= 15 and all(1 <= int(x) <= 7 for x in a.strides)
+            and pad[0] < k[0] and pad[2] < k[0] and pad[1] < k[1] and pad[3] < k[1]
+            and all(int(d) == 1 for d in a.dilation) and not bool(a.ceil_mode)
+            and str(a.layout) == "NCHW")
+
+
+def pool_channels_fit(m: dict) -> bool:
+    """shape not static 4-D or more than 4095 channels"""
+    s = static_shape(m["data"])
+    return s is not None and len(s) == 4 and s[1] <= MAX_CHANNELS
+
+
+def avg_recipe_fits(m: dict) -> bool:
+    """average pool recipe does not fit AVGPOOL (zero points 0, 16-bit mult, shift 0..31)"""
+    mult = const_value(m["multiplier"]).reshape(-1)
+    return (int(const_value(m["input_zero_point"])) == 0
+            and int(const_value(m["zero_point"])) == 0 and int(const_value(m["pre_shift"])) == 0
+            and len(set(mult.tolist())) == 1 and 1 <= int(mult[0]) < 1 << 16
+            and 0 <= int(const_value(m["shift"])) <= 31)
+
+
+def global_pool_fits(m: dict) -> bool:
+    """global pool over more than 15 x 15 pixels (4-bit kernel fields)"""
+    s = static_shape(m["data"])
+    return s is not None and len(s) == 4 and s[2] <= 15 and s[3] <= 15
+
+
+def upsample_is_nearest_integer(m: dict) -> bool:
+    """resize is not a nearest upsample by integer factors up to 15 (UPSAMPLE factors)"""
+    from tvm_accel.canonicalize import nearest_upsample_scale
+
+    sc = nearest_upsample_scale(m["core"].attrs, static_shape(m["data"]),
+                                static_shape(m["core"]))
+    return sc is not None and 1 <= min(sc) and max(sc) <= 15
+
+
+def concat_inputs_placeable(m: dict) -> bool:
+    """an input is rescaled, not int8 or not 4-D (concat by placement needs equal scales)"""
+    i = 0
+    while f"input{i}" in m:
+        s = static_shape(m[f"input{i}"])
+        if (f"in{i}_input_zero_point" in m or dtype_of(m[f"input{i}"]) != "int8" or s is None
+                or len(s) != 4):
+            return False
+        i += 1
+    return int(m["core"].attrs.axis) in (1, -3)
+
+
 _COMMON = [input_is_int8, output_is_int8, static_shapes, weights_fit_int8, requant_is_shift,
            bias_fits_int32, acc_fits_int32]
 
@@ -172,4 +234,16 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.qadd", "add", add, add_ann,
                        [add_operands_int8, add_same_shape, output_is_int8, add_zero_points_zero,
                         add_recipe_is_shift]),
+        OffloadPattern("dpu.maxpool", "max_pool2d", *qpool_pattern("max"),
+                       [pool_input_int8, pool_channels_fit, pool_window_fits]),
+        OffloadPattern("dpu.avgpool", "avg_pool2d", *qpool_pattern("avg"),
+                       [pool_input_int8, output_is_int8, pool_channels_fit, pool_window_fits,
+                        avg_recipe_fits]),
+        OffloadPattern("dpu.globalavgpool", "global_avg_pool2d", *qpool_pattern("global_avg"),
+                       [pool_input_int8, output_is_int8, pool_channels_fit, global_pool_fits,
+                        avg_recipe_fits]),
+        OffloadPattern("dpu.upsample", "upsample", *qupsample_pattern(),
+                       [pool_input_int8, pool_channels_fit, upsample_is_nearest_integer]),
+        *[OffloadPattern(f"dpu.concat{n}", "concat", *qconcat_pattern(n),
+                         [concat_inputs_placeable]) for n in (2, 3, 4)],
     ]

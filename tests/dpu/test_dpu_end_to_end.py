@@ -101,3 +101,17 @@ def test_registered_pipeline_compiles_by_name_and_disassembles():
     y = relax.VirtualMachine(ex, tvm.cpu())["main"](x).numpy()
     ref = relax.VirtualMachine(compile_reference(mod, tvm_dpu.TARGET), tvm.cpu())
     np.testing.assert_array_equal(y, ref["main"](x).numpy())
+
+
+@pytest.mark.parametrize("name, kw, op", [
+    ("single_pool", dict(kind="max", c=16, hw=9, batch=2), "max_pool2d"),
+    ("single_pool", dict(kind="avg", k=2, stride=2, pad=0, c=16, hw=8), "avg_pool2d"),
+    ("single_pool", dict(kind="avg", k=3, stride=1, c=16, hw=8), "avg_pool2d"),
+    ("single_pool", dict(kind="gap", c=16, hw=8), "global_avg_pool2d"),
+    ("single_upsample", dict(c=16, hw=6, batch=3), "upsample"),
+    ("conv_concat", dict(c=8, hw=8), "concat"),
+])
+def test_misc_layers_run_on_the_dpu_bit_exact(compare, name, kw, op):
+    r = compare(pow2(name, **kw))
+    assert op in [o.op for o in r.offloaded]
+    r.assert_bit_exact()
