@@ -58,6 +58,7 @@ from tvm_accel.layers import (
 )
 from tvm_dpu import codegen as cg
 from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
+from tvm_dpu.xgraph import XGraphError, fold_add, fold_conv
 
 
 class MappingError(AccelError):
@@ -371,23 +372,14 @@ class _Planner:
         sh, sw = layer.strides
         pt, pl, pb, pr = layer.padding
         rq = layer.requant
-        if rq.pre_shift != 0 or np.any(np.asarray(rq.multiplier) != 1) or not 0 <= rq.shift <= 31:
-            raise MappingError(f"layer {layer.name}: requantize is not a right shift")
-        w = layer.weight.astype(np.int64)
-        if w.min() < -128 or w.max() > 127:
-            raise MappingError(f"layer {layer.name}: weights do not fit int8")
-        zx = int(layer.input_zero_point)
-        axes = (1, 2, 3)
-        bias = (layer.bias.astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
-                + (int(rq.zero_point) << rq.shift))
-        if np.abs(bias).max(initial=0) >= 2**31:
-            raise MappingError(f"layer {layer.name}: folded bias overflows int32")
-        if not -128 <= zx <= 127:
-            raise MappingError(f"layer {layer.name}: input zero point {zx} does not fit int8")
+        try:
+            folded = fold_conv(layer)
+        except XGraphError as e:
+            raise MappingError(str(e)) from None
+        zx, bias, wt = folded["pad_value"], folded["bias"].astype(np.int64), folded["weight"]
         dw = layer.is_depthwise
         if layer.groups != 1 and not (dw and layer.groups == c == k):
             raise MappingError(f"layer {layer.name}: grouped conv is not supported")
-        wt = np.transpose(w, (0, 2, 3, 1))  # [oc][kh][kw][ic]
         half = cfg.fm_memory_bytes // 2
         n_groups = tin.n_alloc // self.P
         segments = []
@@ -438,13 +430,10 @@ class _Planner:
         tout = self.tensors[layer.output]
         if ta.shape != tb.shape or ta.shape != tout.shape or len(ta.shape) != 4:
             raise MappingError(f"layer {layer.name}: operands differ in shape")
-        if layer.a_zero_point or layer.b_zero_point or layer.requant.zero_point:
-            raise MappingError(f"layer {layer.name}: ELTADD needs zero points 0")
-        shifts = []
-        for m in (layer.a_multiplier, layer.b_multiplier):
-            if m < 1 or m & (m - 1):
-                raise MappingError(f"layer {layer.name}: add multiplier {m} is not 2^k")
-            shifts.append(m.bit_length() - 1)
+        try:
+            shifts = [fold_add(layer)[k] for k in ("shift_a", "shift_b")]
+        except XGraphError as e:
+            raise MappingError(str(e)) from None
         rq = layer.requant
         h, w, c = ta.hwc
         in_shape = (ta.shape[0], c, h, w)

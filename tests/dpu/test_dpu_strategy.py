@@ -243,3 +243,16 @@ def test_concat_by_placement_is_bit_exact(cfg):
     prog, _ = _run(g, cfg)
     saves = [i for i in cg.decode_stream(prog.layers[0].insns) if isinstance(i, cg.Save)]
     assert {i.ddr_pix_stride for i in saves} == {32}
+
+
+def test_xgraph_folds_zero_points_into_the_bias():
+    from tvm_dpu.xgraph import build_xgraph
+
+    g = _single(c=4, k=8, hw=6, zx=3, zp=-5, shift=4)
+    xg = build_xgraph(g)
+    (node,) = xg.nodes
+    ly = g.layers[0]
+    expect = ly.bias - 3 * ly.weight.sum(axis=(1, 2, 3)) + (-5 << 4)
+    np.testing.assert_array_equal(node.params["bias"], expect)
+    assert node.params["weight"].shape == (8, 3, 3, 4) and node.params["pad_value"] == 3
+    assert "conv2d(x)" in str(xg)
