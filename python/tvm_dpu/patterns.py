@@ -4,7 +4,8 @@ Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding < kernel, groups
 depthwise), dense (as a 1x1 conv) and the residual add (MISC ELTADD); on the MISC unit as
 separate layers: max pool (same quantization in and out), average / global average pool with a
 power-of-two window, nearest upsample by integer factors, and channel concat of identically
-quantized inputs (by placement). The DPU is int8-only with
+quantized inputs (by placement); transpose conv as stride-1 sub-convolutions whose SAVEs
+scatter into the output. The DPU is int8-only with
 power-of-two requantization: uint8 activations and non-power-of-two scales stay on the CPU.
 Each check is named; its docstring is the reason a layer stays on the CPU.
 """
@@ -19,6 +20,7 @@ from tvm_accel.partition import (
     dtype_of,
     qadd_pattern,
     qconcat_pattern,
+    qdeconv_pattern,
     qlinear_pattern,
     qpool_pattern,
     qupsample_pattern,
@@ -101,10 +103,19 @@ def weights_fit_int8(m: dict) -> bool:
     return bool(w.min() >= -128 and w.max() <= 127)
 
 
+def _reduce_axes(m: dict, ndim: int) -> tuple[int, ...]:
+    op = m["core"].op.name
+    if op == "relax.nn.conv2d":
+        return tuple(range(1, ndim))
+    if op == "relax.nn.conv2d_transpose":
+        return (0, 2, 3)
+    return (0,)
+
+
 def _folded_bias(m: dict) -> np.ndarray:
     w = const_value(m["weight"]).astype(np.int64)
     zx = int(const_value(m["input_zero_point"]))
-    axes = tuple(range(1, w.ndim)) if m["core"].op.name == "relax.nn.conv2d" else (0,)
+    axes = _reduce_axes(m, w.ndim)
     b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
     zp, sh = int(const_value(m["zero_point"])), int(const_value(m["shift"]))
     return b + (zp << sh)
@@ -118,7 +129,7 @@ def bias_fits_int32(m: dict) -> bool:
 def acc_fits_int32(m: dict) -> bool:
     """accumulator may overflow int32 (the CONV engine accumulates in 32 bits)"""
     w = np.abs(const_value(m["weight"]).astype(np.int64))
-    axes = tuple(range(1, w.ndim)) if m["core"].op.name == "relax.nn.conv2d" else (0,)
+    axes = _reduce_axes(m, w.ndim)
     return bool((w.sum(axis=axes) * 256).max() < 2**31)
 
 
@@ -216,6 +227,16 @@ def concat_inputs_placeable(m: dict) -> bool:
     return int(m["core"].attrs.axis) in (1, -3)
 
 
+def deconv_supported(m: dict) -> bool:
+    """transpose conv with groups, dilation, non-NCHW layout, kernel > 15 or stride > 7"""
+    a = m["core"].attrs
+    w = const_value(m["weight"])
+    return (int(a.groups) == 1 and all(int(d) == 1 for d in a.dilation)
+            and a.data_layout == "NCHW" and a.kernel_layout == "IOHW"
+            and w.shape[2] <= 15 and w.shape[3] <= 15 and all(1 <= int(s) <= 7 for s in a.strides)
+            and max(w.shape[0], w.shape[1]) <= MAX_CHANNELS)
+
+
 _COMMON = [input_is_int8, output_is_int8, static_shapes, weights_fit_int8, requant_is_shift,
            bias_fits_int32, acc_fits_int32]
 
@@ -234,6 +255,8 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.qadd", "add", add, add_ann,
                        [add_operands_int8, add_same_shape, output_is_int8, add_zero_points_zero,
                         add_recipe_is_shift]),
+        OffloadPattern("dpu.qdeconv", "conv2d_transpose", *qdeconv_pattern(),
+                       [deconv_supported, *_COMMON]),
         OffloadPattern("dpu.maxpool", "max_pool2d", *qpool_pattern("max"),
                        [pool_input_int8, pool_channels_fit, pool_window_fits]),
         OffloadPattern("dpu.avgpool", "avg_pool2d", *qpool_pattern("avg"),

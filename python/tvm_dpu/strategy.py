@@ -50,10 +50,12 @@ from tvm_accel.layers import (
     AddLayer,
     ConcatLayer,
     ConvLayer,
+    DeconvLayer,
     LayerGraph,
     PoolLayer,
     UpsampleLayer,
     conv_output_shape,
+    deconv_subconvs,
     pool_output_shape,
 )
 from tvm_dpu import codegen as cg
@@ -363,11 +365,31 @@ class _Planner:
                        img_stride=t.img_stride)
 
     def conv(self, layer: ConvLayer, user: dict | None) -> LayerProgram:
-        cfg = self.cfg
         tin, tout = self.tensors[layer.input], self.tensors[layer.output]
         in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])
         c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
-        kn = _validate_knobs(knob_space(layer, in_shape, cfg), user, layer.name)
+        kn = _validate_knobs(knob_space(layer, in_shape, self.cfg), user, layer.name)
+
+        def save(buf, g, y0, nh, x0, nw, k0, kk):
+            return self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)
+        segments = self._conv_segments(layer, tin, kn, save, (0, ho), (0, wo))
+        insns = schedule(segments, "CONV", kn["pipeline"])
+        n = tin.shape[0]
+        dw = layer.is_depthwise
+        macs = n * k * ho * wo * kh * kw * (1 if dw else c)
+        op = "dense" if layer.is_dense else ("depthwise_conv2d" if dw else "conv2d")
+        return LayerProgram(layer.name, op, cg.encode_stream(insns), len(insns), int(macs),
+                            f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{layer.strides[0]}",
+                            kn)
+
+    def _conv_segments(self, layer: ConvLayer, tin: TensorPlacement, kn: dict, save,
+                       out_rows: tuple[int, int], out_cols: tuple[int, int]) -> list:
+        """Segments (one per output-channel chunk) computing output rows ``out_rows`` =
+        (start, count) and columns ``out_cols`` of ``layer``; ``save(buf, g, y0, nh, x0, nw, k0,
+        kk)`` places each output tile in DDR."""
+        cfg = self.cfg
+        in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])
+        c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
         kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
         sh, sw = layer.strides
         pt, pl, pb, pr = layer.padding
@@ -382,6 +404,7 @@ class _Planner:
             raise MappingError(f"layer {layer.name}: grouped conv is not supported")
         half = cfg.fm_memory_bytes // 2
         n_groups = tin.n_alloc // self.P
+        (ys, yn), (xs, xn) = out_rows, out_cols
         segments = []
         for k0 in range(0, k, kt):
             kk = min(kt, k - k0)
@@ -396,12 +419,15 @@ class _Planner:
             tiles = []
             i = 0
             for g in range(n_groups):
-                for y0 in range(0, ho, th):
-                    nh = min(th, ho - y0)
+                for y0 in range(ys, ys + yn, th):
+                    nh = min(th, ys + yn - y0)
                     r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, in_shape[2])
-                    for x0 in range(0, wo, tw):
-                        nw = min(tw, wo - x0)
+                    for x0 in range(xs, xs + xn, tw):
+                        nw = min(tw, xs + xn - x0)
                         c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, in_shape[3])
+                        if rows < 1 or cols < 1:
+                            raise MappingError(f"layer {layer.name}: an output tile reads "
+                                               "padding only")
                         ic, ch0 = (kk, k0) if dw else (c, 0)
                         buf = (i % 2) * half
                         ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, ch0, ic)
@@ -413,16 +439,47 @@ class _Planner:
                                        pad_left=pleft, pad_right=pright, pad_value=zx,
                                        param_addr=0, shift=int(rq.shift), clip_lo=int(rq.qmin),
                                        clip_hi=int(rq.qmax), depthwise=dw)
-                        sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)
+                        sv = save(buf, g, y0, nh, x0, nw, k0, kk)
                         tiles.append(_Tile([ld], conv, sv))
                         i += 1
             segments.append(([pm], tiles))
-        insns = schedule(segments, "CONV", kn["pipeline"])
-        n = tin.shape[0]
-        macs = n * k * ho * wo * kh * kw * (1 if dw else c)
-        op = "dense" if layer.is_dense else ("depthwise_conv2d" if dw else "conv2d")
-        return LayerProgram(layer.name, op, cg.encode_stream(insns), len(insns), int(macs),
-                            f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{sh}", kn)
+        return segments
+
+    def deconv(self, layer: DeconvLayer, user: dict | None) -> LayerProgram:
+        """Transpose conv as SH x SW stride-1 sub-convolutions (``deconv_subconvs``); each
+        sub-conv's SAVE scatters its tiles to every SH-th row / SW-th column of the output (the
+        shuffle is done by DDR placement)."""
+        tin, tout = self.tensors[layer.input], self.tensors[layer.output]
+        in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])
+        pipe = bool((user or {}).get("pipeline", True))
+        try:
+            subs = deconv_subconvs(layer, in_shape)
+        except ValueError as e:
+            raise MappingError(str(e)) from None
+        ho, wo, k = tout.hwc
+        sh, sw = layer.strides
+        segments, macs = [], 0
+        for sc in subs:
+            kn = _validate_knobs(knob_space(sc.conv, in_shape, self.cfg), {"pipeline": pipe},
+                                 layer.name)
+            (qh, qw), (nh_t, nw_t), (oy, ox) = sc.crop, sc.count, sc.offset
+
+            def save(buf, g, y0, nh, x0, nw, k0, kk, qh=qh, qw=qw, oy=oy, ox=ox):
+                r = oy + sh * (y0 - qh)
+                col = ox + sw * (x0 - qw)
+                return cg.Save(fm_mem=1, src_addr=buf, region=self._region(tout),
+                               ddr_offset=tout.offset + g * self.P * tout.img_stride
+                               + (r * wo + col) * k + k0,
+                               rows=nh, cols=nw, chans=kk, fm_pix_stride=kk,
+                               fm_row_stride=nw * kk, ddr_pix_stride=sw * k,
+                               ddr_row_stride=sh * wo * k, img_stride=tout.img_stride)
+            segments += self._conv_segments(sc.conv, tin, kn, save, (qh, nh_t), (qw, nw_t))
+            skh, skw = sc.conv.kernel
+            macs += tin.shape[0] * k * nh_t * nw_t * skh * skw * in_shape[1]
+        insns = schedule(segments, "CONV", pipe)
+        return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
+                            int(macs), f"{list(in_shape)}->{list(tout.shape)} "
+                            f"k{layer.kernel[0]}x{layer.kernel[1]} s{sh}", {"pipeline": pipe})
 
     def add(self, layer: AddLayer, user: dict | None) -> LayerProgram:
         cfg = self.cfg
@@ -582,6 +639,8 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
             layers.append(p.add(layer, user))
         elif isinstance(layer, PoolLayer):
             layers.append(p.pool(layer, user))
+        elif isinstance(layer, DeconvLayer):
+            layers.append(p.deconv(layer, user))
         elif isinstance(layer, UpsampleLayer):
             layers.append(p.upsample(layer, user))
         elif isinstance(layer, ConcatLayer):

@@ -115,3 +115,24 @@ def test_misc_layers_run_on_the_dpu_bit_exact(compare, name, kw, op):
     r = compare(pow2(name, **kw))
     assert op in [o.op for o in r.offloaded]
     r.assert_bit_exact()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(k=4, stride=2, pad=1),
+                                dict(output_padding=1, batch=2)])
+def test_deconv_runs_as_subconvs_bit_exact(compare, kw):
+    r = compare(pow2("single_deconv", **kw))
+    assert [o.op for o in r.offloaded] == ["conv2d_transpose"]
+    r.assert_bit_exact()
+
+
+def test_grouped_deconv_falls_back_with_its_reason(compare):
+    r = compare(pow2("single_deconv", groups=2))
+    de = [o for o in r.report.offloads if o.op == "conv2d_transpose"]
+    assert de and de[0].placement == "cpu" and "transpose conv with groups" in de[0].reason
+    r.assert_bit_exact()
+
+
+def test_encoder_decoder_with_deconv_and_concat_is_bit_exact(compare):
+    r = compare(pow2("encoder_decoder"))
+    assert {"conv2d", "conv2d_transpose", "concat"} <= {o.op for o in r.offloaded}
+    r.assert_bit_exact()

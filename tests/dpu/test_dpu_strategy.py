@@ -256,3 +256,19 @@ def test_xgraph_folds_zero_points_into_the_bias():
     np.testing.assert_array_equal(node.params["bias"], expect)
     assert node.params["weight"].shape == (8, 3, 3, 4) and node.params["pad_value"] == 3
     assert "conv2d(x)" in str(xg)
+
+
+@pytest.mark.parametrize("k, s, pad, opad, kn", [(3, 2, 1, 1, {}), (4, 2, 1, 0, {}),
+                                                 (2, 2, 0, 0, {"pipeline": False}),
+                                                 (5, 3, 2, 0, {})])
+def test_deconv_as_subconvs_scattered_by_save_is_bit_exact(cfg, k, s, pad, opad, kn):
+    from tvm_accel.layers import DeconvLayer, deconv_output_shape
+
+    rng = np.random.default_rng(4)
+    ly = DeconvLayer("de", "x", "y", rng.integers(-128, 128, size=(12, 20, k, k)),
+                     rng.integers(-500, 500, size=20), 2, (s, s), (pad,) * 4, (opad, opad),
+                     _rq(20, 9, zp=3))
+    out = deconv_output_shape(ly, (2, 12, 7, 6))
+    g = _graph([ly], {"x": (2, 12, 7, 6), "y": out}, ["x"], ["y"])
+    prog, _ = _run(g, cfg, {"de": kn})
+    assert prog.layers[0].op == "conv2d_transpose"
