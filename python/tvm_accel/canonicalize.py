@@ -109,8 +109,9 @@ class LayerRecord:
 
     name: str                 # layer name (Relax var name of the integer output)
     onnx_name: str            # ONNX node name (= name when the model had none)
-    op: str                   # conv2d, dense, add, max_pool2d, avg_pool2d, global_avg_pool2d,
-    #                           concat, reshape, ..., relu, clip, requantize, or the float op
+    op: str                   # conv2d, dense, conv2d_transpose, add, max_pool2d, avg_pool2d,
+    #                           global_avg_pool2d, concat, upsample, reshape, ..., relu, clip,
+    #                           requantize, or the float op
     integer: bool             # True: canonical integer ops; False: left float (CPU)
     out_dtype: str
     output_scale: float

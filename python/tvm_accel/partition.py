@@ -145,6 +145,9 @@ def qpool_pattern(kind: str, rescale: bool = False) -> tuple[DFPattern, dict]:
     - ``avg``: ``astype -> subtract(zx) -> multiply(window) -> avg_pool2d -> requant chain``
       (annotation ``window``: the constant ``KH * KW``);
     - ``global_avg``: ``astype -> subtract(zx) -> sum -> requant chain``.
+
+    Add :func:`pool_is_plain` to the entry's checks (the canonical form also covers ceil-mode
+    max pools, which :class:`~tvm_accel.layers.PoolLayer` cannot express).
     """
     x = wildcard()
     if kind == "max":
@@ -171,10 +174,9 @@ def qpool_pattern(kind: str, rescale: bool = False) -> tuple[DFPattern, dict]:
 
 
 def qupsample_pattern(rescale: bool = False) -> tuple[DFPattern, dict]:
-    """Nearest upsample in canonical form: ``image.resize2d(x, size)`` on the 8-bit tensor
-    (the check must confirm nearest mode and integer factors, e.g. with
-    :func:`tvm_accel.canonicalize.nearest_upsample_scale`); ``rescale=True`` adds the rescale
-    tail (list it first)."""
+    """Nearest upsample in canonical form: ``image.resize2d(x, size)`` on the 8-bit tensor;
+    ``rescale=True`` adds the rescale tail (list it first). Add :func:`upsample_is_nearest` to
+    the entry's checks (the op alone does not say nearest / integer factors)."""
     x = wildcard()
     core = is_op("relax.image.resize2d")(x, wildcard())
     if not rescale:
@@ -188,8 +190,9 @@ def qconcat_pattern(n: int) -> tuple[DFPattern, dict]:
     """Concat of ``n`` quantized tensors in canonical form: ``concat((f_0, ..., f_n-1))`` where
     each ``f_i`` is the input itself or :func:`rescale_pattern` of it. Annotations: ``input<i>``
     (the 8-bit input), ``in<i>_*`` (its rescale constants, present only when it is rescaled),
-    ``core``/``root`` (the concat). A target registers one entry per arity it accepts
-    (largest first is not needed: arities never overlap)."""
+    ``core``/``root`` (the concat). A target registers one entry per arity it accepts (arities
+    never overlap, so their order does not matter); :func:`concat_on_channels` checks the
+    axis."""
     if n < 1:
         raise ValueError("a concat has at least one input")
     fields, ann = [], {}
@@ -202,6 +205,34 @@ def qconcat_pattern(n: int) -> tuple[DFPattern, dict]:
     core = is_op("relax.concat")(is_tuple(fields))
     ann.update({"core": core, "root": core})
     return core, ann
+
+
+# --- form checks: what extract_layer_graph needs to rebuild a layer ----------------------------
+def pool_is_plain(m: dict) -> bool:
+    """pooling with ceil mode, dilation or a non-NCHW layout (no PoolLayer form)"""
+    c = m["core"]
+    if c.op.name == "relax.sum":
+        return True
+    a = c.attrs
+    return (not bool(a.ceil_mode) and all(int(d) == 1 for d in a.dilation)
+            and a.layout == "NCHW" and (a.out_layout or "NCHW") == "NCHW")
+
+
+def upsample_is_nearest(m: dict) -> bool:
+    """resize is not a nearest-neighbour upsample by integer factors"""
+    from tvm_accel.canonicalize import nearest_upsample_scale
+
+    c = m["core"]
+    shape_in, shape_out = static_shape(m["data"]), static_shape(c)
+    if shape_in is None or shape_out is None or len(shape_in) != 4:
+        return False
+    return nearest_upsample_scale(c.attrs, shape_in, shape_out) is not None
+
+
+def concat_on_channels(m: dict) -> bool:
+    """concat is not along the channel axis of NCHW tensors"""
+    shape = static_shape(m["core"])
+    return shape is not None and len(shape) == 4 and int(m["core"].attrs.axis) % 4 == 1
 
 
 def const_value(expr) -> np.ndarray:

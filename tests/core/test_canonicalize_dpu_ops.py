@@ -36,9 +36,11 @@ from tvm_accel.layers import (
 from tvm_accel.lower import extract_layer_graph, lower_offloads
 from tvm_accel.partition import (
     OffloadPattern,
+    concat_on_channels,
     dtype_of,
     explain,
     partition,
+    pool_is_plain,
     qadd_pattern,
     qconcat_pattern,
     qdeconv_pattern,
@@ -46,6 +48,7 @@ from tvm_accel.partition import (
     qpool_pattern,
     qupsample_pattern,
     static_shape,
+    upsample_is_nearest,
 )
 from tvm_accel.target import AccelTarget
 
@@ -147,12 +150,6 @@ def _static(m: dict) -> bool:
     return static_shape(m["core"]) is not None
 
 
-def _nearest(m: dict) -> bool:
-    """resize2d is not a nearest upsample by integer factors"""
-    c = m["core"]
-    return nearest_upsample_scale(c.attrs, static_shape(m["data"]), static_shape(c)) is not None
-
-
 def table(prefix: str = "reftest", max_concat: int = 4) -> list[OffloadPattern]:
     rows = [("qconv2d", "conv2d", qlinear_pattern("conv2d")),
             ("qdeconv", "conv2d_transpose", qdeconv_pattern()),
@@ -165,8 +162,10 @@ def table(prefix: str = "reftest", max_concat: int = 4) -> list[OffloadPattern]:
             ("qupsample_rq", "upsample", qupsample_pattern(rescale=True)),
             ("qupsample", "upsample", qupsample_pattern()),
             *[(f"qconcat{n}", "concat", qconcat_pattern(n)) for n in range(2, max_concat + 1)]]
-    return [OffloadPattern(f"{prefix}.{n}", op, pat, ann,
-                           [_eight_bit, _static] + ([_nearest] if op == "upsample" else []))
+    extra = {"upsample": [upsample_is_nearest], "concat": [concat_on_channels],
+             "max_pool2d": [pool_is_plain], "avg_pool2d": [pool_is_plain]}
+    return [OffloadPattern(f"{prefix}.{n}", op, pat, ann, [_eight_bit, _static,
+                                                          *extra.get(op, [])])
             for n, op, (pat, ann) in rows]
 
 
@@ -604,3 +603,16 @@ def test_power_of_two_differences_from_onnxruntime_are_only_rounding_ties():
     np.testing.assert_array_equal(ort_q / scale, np.clip(np.round(t), -128, 127))  # half even
     ties = np.abs(t - np.floor(t) - 0.5) == 0
     assert np.all((ours != ort_q / scale) <= ties) and ties.any()
+
+
+def test_form_checks_keep_what_a_layer_cannot_express_on_the_cpu():
+    m = zoo.single_pool("max", 4, 3, 2, 0, hw=8)
+    pool = next(n for n in m.graph.node if n.op_type == "MaxPool")
+    pool.attribute.append(onnx.helper.make_attribute("ceil_mode", 1))
+    q = zoo.quantize(m, cache=False)
+    t, recs, report, lsb = _offload_bit_exact(q)
+    assert ("max_pool2d", True) in [(r.op, r.integer) for r in report]   # integer, on the CPU
+    rec = next(r for r in recs if r.op == "max_pool2d")
+    assert rec.placement == "cpu" and "ceil mode" in rec.reason
+    assert [type(ly).__name__ for g in t.graphs for ly in g.layers] == ["ConvLayer"]
+    assert lsb == 0
