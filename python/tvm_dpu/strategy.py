@@ -167,12 +167,26 @@ def _check_conv(layer: ConvLayer, in_shape, cfg: DPUConfig, kn: dict) -> None:
     rows = (th - 1) * layer.strides[0] + kh
     cols = (tw - 1) * layer.strides[1] + kw
     ic = kt if layer.is_depthwise else c
+    if kn.get("format"):
+        if not format_applies(layer, c, cfg):
+            raise ValueError("format: the format unit needs <= FORMAT_MAX_CHANNELS input "
+                             "channels and a kernel width <= FORMAT_MAX_FACTOR")
+        ic *= kw  # every formatted pixel holds kw pixels
     if rows * cols * ic > half or cols > 4095 or rows > 4095:
         raise ValueError(f"tile_h {th} x tile_w {tw}: input tile of {rows}x{cols}x{ic} bytes "
                          f"exceeds half an FM memory ({half})")
     if th * tw * kt > half or tw * kt > 4095 * 256:
         raise ValueError(f"tile_h {th} x tile_w {tw}: output tile of {th}x{tw}x{kt} bytes "
                          f"exceeds half an FM memory ({half})")
+
+
+def format_applies(layer: ConvLayer, c: int, cfg: DPUConfig) -> bool:
+    """The format unit (W-direction im2col on LOAD) can feed this conv: few input channels
+    (e.g. an RGB first layer) and a kernel width it can gather."""
+    kw = layer.kernel[1]
+    return (cfg.format_unit and not layer.is_depthwise and layer.groups == 1 and kw > 1
+            and c <= cfg.FORMAT_MAX_CHANNELS and kw <= cfg.FORMAT_MAX_FACTOR
+            and c * kw <= 4095)
 
 
 def _check_add(shape, cfg: DPUConfig, kn: dict) -> None:
@@ -195,14 +209,17 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
 
         def fits(th, tw):
             try:
-                _check_conv(layer, in_shape, cfg, {"oc_tile": kt, "tile_h": th, "tile_w": tw})
+                _check_conv(layer, in_shape, cfg, {"oc_tile": kt, "tile_h": th, "tile_w": tw,
+                                                   "format": fmt})
                 return True
             except ValueError:
                 return False
         def check(kn):
             _check_conv(layer, in_shape, cfg, kn)
 
-        knobs_extra = [Knob("oc_tile", tuple(kts), kt)]
+        fmt = format_applies(layer, c, cfg)
+        knobs_extra = [Knob("oc_tile", tuple(kts), kt),
+                       Knob("format", (True, False) if fmt else (False,), fmt)]
     elif isinstance(layer, (PoolLayer, UpsampleLayer)):
         n, c, h, w = in_shape
         half = cfg.fm_memory_bytes // 2
@@ -402,6 +419,7 @@ class _Planner:
         dw = layer.is_depthwise
         if layer.groups != 1 and not (dw and layer.groups == c == k):
             raise MappingError(f"layer {layer.name}: grouped conv is not supported")
+        fmt = bool(kn.get("format"))
         half = cfg.fm_memory_bytes // 2
         n_groups = tin.n_alloc // self.P
         (ys, yn), (xs, xn) = out_rows, out_cols
@@ -431,14 +449,25 @@ class _Planner:
                         ic, ch0 = (kk, k0) if dw else (c, 0)
                         buf = (i % 2) * half
                         ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, ch0, ic)
-                        conv = cg.Conv(in_mem=0, in_addr=buf, in_pix_stride=ic,
-                                       in_row_stride=cols * ic, ic=ic, out_mem=1, out_addr=buf,
+                        geo = dict(in_pix_stride=ic, in_row_stride=cols * ic, ic=ic,
+                                   kernel_w=kw, pad_top=ptop, pad_bottom=pbot, pad_left=pleft,
+                                   pad_right=pright)
+                        if fmt:  # LOAD pads and gathers kw pixels: a kh x 1 conv on kw*c
+                            width = pleft + cols + pright
+                            ld.pad_top, ld.pad_bottom = ptop, pbot
+                            ld.pad_left, ld.pad_right = pleft, pright
+                            ld.pad_value, ld.fmt = zx, kw
+                            ld.fm_pix_stride = kw * c
+                            ld.fm_row_stride = width * kw * c
+                            geo = dict(in_pix_stride=kw * c, in_row_stride=width * kw * c,
+                                       ic=kw * c, kernel_w=1, pad_top=0, pad_bottom=0,
+                                       pad_left=0, pad_right=0)
+                        conv = cg.Conv(in_mem=0, in_addr=buf, out_mem=1, out_addr=buf,
                                        out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
-                                       out_w=nw, oc=kk, kernel_h=kh, kernel_w=kw, stride_h=sh,
-                                       stride_w=sw, pad_top=ptop, pad_bottom=pbot,
-                                       pad_left=pleft, pad_right=pright, pad_value=zx,
+                                       out_w=nw, oc=kk, kernel_h=kh, stride_h=sh,
+                                       stride_w=sw, pad_value=zx,
                                        param_addr=0, shift=int(rq.shift), clip_lo=int(rq.qmin),
-                                       clip_hi=int(rq.qmax), depthwise=dw)
+                                       clip_hi=int(rq.qmax), depthwise=dw, **geo)
                         sv = save(buf, g, y0, nh, x0, nw, k0, kk)
                         tiles.append(_Tile([ld], conv, sv))
                         i += 1

@@ -272,3 +272,17 @@ def test_deconv_as_subconvs_scattered_by_save_is_bit_exact(cfg, k, s, pad, opad,
     g = _graph([ly], {"x": (2, 12, 7, 6), "y": out}, ["x"], ["y"])
     prog, _ = _run(g, cfg, {"de": kn})
     assert prog.layers[0].op == "conv2d_transpose"
+
+
+@pytest.mark.parametrize("c, ksz, stride, pad", [(3, 7, 2, 3), (3, 3, 1, 1), (8, 5, 2, 2),
+                                                 (1, 2, 1, 0)])
+def test_format_unit_im2col_for_few_input_channels_is_bit_exact_and_faster(cfg, c, ksz, stride,
+                                                                            pad):
+    g = _single(c=c, k=32, hw=33, ksz=ksz, stride=stride, pad=pad, zx=-3)
+    assert knob_space(g.layers[0], (1, c, 33, 33), cfg).default()["format"] is True
+    prog, st_fmt = _run(g, cfg, {"conv": {"tile_w": 7}})
+    assert any(i.fmt == ksz for i in cg.decode_stream(prog.layers[0].insns)
+               if isinstance(i, cg.Load) and not i.to_pm)
+    _, st_plain = _run(g, cfg, {"conv": {"format": False}})
+    _, st_fmt_full = _run(g, cfg)
+    assert st_fmt_full[0][1].conv_busy < st_plain[0][1].conv_busy
