@@ -88,8 +88,7 @@ def padding_fits(m: dict) -> bool:
 def channels_fit(m: dict) -> bool:
     """more than 4095 input or output channels (12-bit channel fields)"""
     w = const_value(m["weight"])
-    return max(w.shape[0], w.shape[1] * (w.shape[0] if w.shape[1] == 1 else 1)) <= MAX_CHANNELS \
-        and static_shape(m["data"])[1] <= MAX_CHANNELS
+    return max(w.shape[:2]) <= MAX_CHANNELS and static_shape(m["data"])[1] <= MAX_CHANNELS
 
 
 def dense_is_2d(m: dict) -> bool:
@@ -112,11 +111,20 @@ def _reduce_axes(m: dict, ndim: int) -> tuple[int, ...]:
     return (0,)
 
 
+def _weight_sums(m: dict, w: np.ndarray) -> np.ndarray:
+    """Per-output-channel sums of ``w`` (transpose conv: IOHW, per group)."""
+    sums = w.sum(axis=_reduce_axes(m, w.ndim))
+    if m["core"].op.name == "relax.nn.conv2d_transpose" and int(m["core"].attrs.groups) > 1:
+        g = int(m["core"].attrs.groups)
+        cg_ = w.shape[0] // g
+        sums = np.concatenate([w[i * cg_:(i + 1) * cg_].sum(axis=(0, 2, 3)) for i in range(g)])
+    return sums
+
+
 def _folded_bias(m: dict) -> np.ndarray:
     w = const_value(m["weight"]).astype(np.int64)
     zx = int(const_value(m["input_zero_point"]))
-    axes = _reduce_axes(m, w.ndim)
-    b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
+    b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * _weight_sums(m, w)
     zp, sh = int(const_value(m["zero_point"])), int(const_value(m["shift"]))
     return b + (zp << sh)
 
@@ -129,8 +137,7 @@ def bias_fits_int32(m: dict) -> bool:
 def acc_fits_int32(m: dict) -> bool:
     """accumulator may overflow int32 (the CONV engine accumulates in 32 bits)"""
     w = np.abs(const_value(m["weight"]).astype(np.int64))
-    axes = _reduce_axes(m, w.ndim)
-    return bool((w.sum(axis=axes) * 256).max() < 2**31)
+    return bool((_weight_sums(m, w) * 256).max() < 2**31)
 
 
 def requant_is_shift(m: dict) -> bool:

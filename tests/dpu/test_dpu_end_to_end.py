@@ -129,10 +129,17 @@ def test_grouped_deconv_falls_back_with_its_reason(compare):
     r = compare(pow2("single_deconv", groups=2))
     de = [o for o in r.report.offloads if o.op == "conv2d_transpose"]
     assert de and de[0].placement == "cpu" and "transpose conv with groups" in de[0].reason
+    assert "Error" not in de[0].reason
     r.assert_bit_exact()
 
 
 def test_encoder_decoder_with_deconv_and_concat_is_bit_exact(compare):
     r = compare(pow2("encoder_decoder"))
     assert {"conv2d", "conv2d_transpose", "concat"} <= {o.op for o in r.offloaded}
+    r.assert_bit_exact()
+
+
+def test_dense_with_one_output_channel_is_offloaded(compare):
+    r = compare(pow2("single_dense", cin=100, cout=1, batch=2))
+    assert [o.op for o in r.offloaded] == ["dense"]
     r.assert_bit_exact()
