@@ -289,46 +289,83 @@ class _Tile:
     save: cg.Save
 
 
+def resolve_tokens(items: list[tuple[object, list[int]]]) -> list:
+    """DPON/DPBY for a stream given as ``(instruction, [indices of earlier instructions it must
+    wait for])`` in program order.
+
+    Per ordered unit pair (A, B) the FIFO is a counting semaphore whose k-th pop matches its k-th
+    push, so for every B instruction (in order) we wait for the latest A instruction it needs,
+    unless an earlier B instruction already waited for that one or a later one (then B's
+    in-order execution covers it): the waited-for A instructions strictly increase, each pushes
+    one token, and pops equal pushes (balanced at END). Dependencies on the same unit are
+    program order. Every dependency points backwards, so the stream order is a valid schedule and
+    the result cannot deadlock."""
+    units = [cg.UNITS[cg.unit_of(i)] for i, _ in items]
+    dpon = [set() for _ in items]
+    dpby = [set() for _ in items]
+    mark: dict[tuple[str, str], int] = {}
+    for b, (_, deps) in enumerate(items):
+        ub = units[b]
+        latest: dict[str, int] = {}
+        for d in deps:
+            if d >= b:
+                raise ValueError(f"dependency {d} of instruction {b} is not earlier")
+            ua = units[d]
+            if ua != ub and d > latest.get(ua, -1):
+                latest[ua] = d
+        for ua, a in latest.items():
+            if a > mark.get((ua, ub), -1):
+                dpon[b].add(ua)
+                dpby[a].add(ub)
+                mark[(ua, ub)] = a
+    out = []
+    for k, (insn, _) in enumerate(items):
+        insn.dpon, insn.dpby = frozenset(dpon[k]), frozenset(dpby[k])
+        out.append(insn)
+    return out
+
+
 def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool) -> list:
     """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
-    module docstring); returns the instructions including the final END."""
-    out: list = []
-    for si, (pm_loads, tiles) in enumerate(segments):
-        n = len(tiles)
-        last_seg = si == len(segments) - 1
-        for j, ld in enumerate(pm_loads):
-            ld.dpon = frozenset({"SAVE"} if (si > 0 and j == 0) else ())
-            out.append(ld)
-        first_load_waits = si > 0 and not pm_loads  # barrier on the first tile LOAD instead
-        for i, t in enumerate(tiles):
+    module docstring); returns the instructions including the final END.
+
+    Dependencies are by buffer: a tile's LOAD waits for the last compute that read its FM input
+    buffer, its compute for its LOADs and for the last SAVE of its output buffer, its SAVE for
+    the compute; a PM LOAD waits for the last CONV that read its PM slot. ``pipeline=False``
+    additionally makes every tile's first LOAD wait for the previous tile's SAVE (serial)."""
+    items: list[tuple[object, list[int]]] = []
+    last_reader: dict[tuple, int] = {}   # FM input buffer -> last compute reading it
+    last_saver: dict[tuple, int] = {}    # FM output buffer -> last SAVE reading it
+    last_pm_user: dict[int, int] = {}    # PM slot -> last CONV reading it
+    prev_save = None
+    for pm_loads, tiles in segments:
+        for ld in pm_loads:
+            deps = [last_pm_user[ld.dst_addr]] if ld.dst_addr in last_pm_user else []
+            items.append((ld, deps))
+        for t in tiles:
+            in_keys = [(ld.fm_mem, ld.dst_addr) for ld in t.loads]
+            load_idx = []
             for j, ld in enumerate(t.loads):
-                dpon = set()
-                if j == 0 and i == 0 and first_load_waits:
-                    dpon.add("SAVE")
-                if j == 0 and i > 0 and not pipeline:
-                    dpon.add("SAVE")
-                if j == 0 and pipeline and i >= 2:
-                    dpon.add(unit)
-                ld.dpon = frozenset(dpon)
-                ld.dpby = frozenset({unit} if j == len(t.loads) - 1 else ())
-                out.append(ld)
+                deps = [last_reader[in_keys[j]]] if in_keys[j] in last_reader else []
+                if not pipeline and prev_save is not None and j == 0:
+                    deps.append(prev_save)
+                items.append((ld, deps))
+                load_idx.append(len(items) - 1)
             c = t.compute
-            dpon, dpby = {"LOAD"}, {"SAVE"}
-            if pipeline and i >= 2:
-                dpon.add("SAVE")
-            if pipeline and i + 2 < n:
-                dpby.add("LOAD")
-            c.dpon, c.dpby = frozenset(dpon), frozenset(dpby)
-            out.append(c)
-            dpby = set()
-            if pipeline and i + 2 < n:
-                dpby.add(unit)
-            if (not pipeline and i + 1 < n) or (i == n - 1 and not last_seg):
-                dpby.add("LOAD")
-            t.save.dpon, t.save.dpby = frozenset({unit}), frozenset(dpby)
-            out.append(t.save)
-    out.append(cg.End())
-    return out
+            out_key = (c.out_mem, c.out_addr)
+            deps = list(load_idx)
+            if out_key in last_saver:
+                deps.append(last_saver[out_key])
+            items.append((c, deps))
+            ci = len(items) - 1
+            for k in in_keys:
+                last_reader[k] = ci
+            if isinstance(c, cg.Conv):
+                last_pm_user[c.param_addr] = ci
+            items.append((t.save, [ci]))
+            prev_save = len(items) - 1
+            last_saver[out_key] = prev_save
+    return [*resolve_tokens(items), cg.End()]
 
 
 # --- planning ----------------------------------------------------------------------------------
