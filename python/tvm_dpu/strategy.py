@@ -202,8 +202,10 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
     if isinstance(layer, ConvLayer):
         c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
         kts = _options(k, cfg.CONV_OC_PAR)
-        kt = max([t for t in kts if _pm_bytes(_param_bytes(layer, t, c)) <= cfg.PM_BYTES]
-                 or [kts[0]])
+        fit = [t for t in kts if _pm_bytes(_param_bytes(layer, t, c)) <= cfg.PM_BYTES]
+        half_fit = [t for t in fit if _pm_bytes(_param_bytes(layer, t, c)) <= cfg.PM_BYTES // 2]
+        # all channels at once if they fit; else chunks that double-buffer in the PM halves
+        kt = k if k in fit else max(half_fit or fit or [kts[0]])
         ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
         pref = cfg.CONV_ROW_PAR
 
@@ -325,7 +327,8 @@ def resolve_tokens(items: list[tuple[object, list[int]]]) -> list:
     return out
 
 
-def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool) -> list:
+def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool,
+             pm_half: int = 1 << 30) -> list:
     """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
     module docstring); returns the instructions including the final END.
 
@@ -336,12 +339,15 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
     items: list[tuple[object, list[int]]] = []
     last_reader: dict[tuple, int] = {}   # FM input buffer -> last compute reading it
     last_saver: dict[tuple, int] = {}    # FM output buffer -> last SAVE reading it
-    last_pm_user: dict[int, int] = {}    # PM slot -> last CONV reading it
+    last_pm_user: dict[int, int] = {}    # PM slot (0 or pm_half) -> last CONV reading it
+    pm_keys: dict[int, list[int]] = {}   # PM address -> slots its current block covers
     prev_save = None
     for pm_loads, tiles in segments:
         for ld in pm_loads:
-            deps = [last_pm_user[ld.dst_addr]] if ld.dst_addr in last_pm_user else []
-            items.append((ld, deps))
+            big = ld.rows * ld.cols * ld.chans > pm_half
+            keys = [0, pm_half] if big else [ld.dst_addr]
+            pm_keys[ld.dst_addr] = keys
+            items.append((ld, [last_pm_user[k] for k in keys if k in last_pm_user]))
         for t in tiles:
             in_keys = [(ld.fm_mem, ld.dst_addr) for ld in t.loads]
             load_idx = []
@@ -361,7 +367,8 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
             for k in in_keys:
                 last_reader[k] = ci
             if isinstance(c, cg.Conv):
-                last_pm_user[c.param_addr] = ci
+                for k in pm_keys.get(c.param_addr, [c.param_addr]):
+                    last_pm_user[k] = ci
             items.append((t.save, [ci]))
             prev_save = len(items) - 1
             last_saver[out_key] = prev_save
@@ -374,6 +381,7 @@ class _Planner:
         self.g, self.cfg = graph, cfg
         self.P = cfg.NUM_PE
         self.params = bytearray()
+        self._pm_seq = 0
         self.tensors: dict[str, TensorPlacement] = {}
         self.region_use = {"INPUT": 0, "OUTPUT": 0, "SWAP": 0}
         for name, t in graph.tensors.items():
@@ -427,7 +435,7 @@ class _Planner:
         def save(buf, g, y0, nh, x0, nw, k0, kk):
             return self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)
         segments = self._conv_segments(layer, tin, kn, save, (0, ho), (0, wo))
-        insns = schedule(segments, "CONV", kn["pipeline"])
+        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         n = tin.shape[0]
         dw = layer.is_depthwise
         macs = n * k * ho * wo * kh * kw * (1 if dw else c)
@@ -468,7 +476,11 @@ class _Planner:
             rows_pm, cols_pm, chans_pm = _pm_block(len(block))
             block += bytes(rows_pm * cols_pm * chans_pm - len(block))
             poff = self._param(block)
-            pm = cg.Load(to_pm=True, dst_addr=0, region=cg.REGION_PARAM, ddr_offset=poff,
+            pm_addr = 0
+            if len(block) <= cfg.PM_BYTES // 2:  # double-buffered PM: alternate the halves
+                pm_addr = (self._pm_seq % 2) * (cfg.PM_BYTES // 2)
+                self._pm_seq += 1
+            pm = cg.Load(to_pm=True, dst_addr=pm_addr, region=cg.REGION_PARAM, ddr_offset=poff,
                          rows=rows_pm, cols=cols_pm, chans=chans_pm, ddr_pix_stride=chans_pm,
                          ddr_row_stride=cols_pm * chans_pm)
             tiles = []
@@ -502,8 +514,8 @@ class _Planner:
                         conv = cg.Conv(in_mem=0, in_addr=buf, out_mem=1, out_addr=buf,
                                        out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
                                        out_w=nw, oc=kk, kernel_h=kh, stride_h=sh,
-                                       stride_w=sw, pad_value=zx,
-                                       param_addr=0, shift=int(rq.shift), clip_lo=int(rq.qmin),
+                                       stride_w=sw, pad_value=zx, param_addr=pm_addr,
+                                       shift=int(rq.shift), clip_lo=int(rq.qmin),
                                        clip_hi=int(rq.qmax), depthwise=dw, **geo)
                         sv = save(buf, g, y0, nh, x0, nw, k0, kk)
                         tiles.append(_Tile([ld], conv, sv))
@@ -542,7 +554,7 @@ class _Planner:
             segments += self._conv_segments(sc.conv, tin, kn, save, (qh, nh_t), (qw, nw_t))
             skh, skw = sc.conv.kernel
             macs += tin.shape[0] * k * nh_t * nw_t * skh * skw * in_shape[1]
-        insns = schedule(segments, "CONV", pipe)
+        insns = schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
         return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
                             int(macs), f"{list(in_shape)}->{list(tout.shape)} "
                             f"k{layer.kernel[0]}x{layer.kernel[1]} s{sh}", {"pipeline": pipe})

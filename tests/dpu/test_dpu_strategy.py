@@ -10,7 +10,7 @@ from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, Requant, Tensor, r
 from tvm_dpu import codegen as cg
 from tvm_dpu.hw_config import config_from_dict, load_config
 from tvm_dpu.runtime import execute_program
-from tvm_dpu.strategy import MappingError, knob_space, plan
+from tvm_dpu.strategy import MappingError, _param_bytes, _pm_bytes, knob_space, plan
 
 
 def _rq(k, shift, zp=0, lo=-128, hi=127):
@@ -286,3 +286,15 @@ def test_format_unit_im2col_for_few_input_channels_is_bit_exact_and_faster(cfg, 
     _, st_plain = _run(g, cfg, {"conv": {"format": False}})
     _, st_fmt_full = _run(g, cfg)
     assert st_fmt_full[0][1].conv_busy < st_plain[0][1].conv_busy
+
+
+def test_weight_chunks_double_buffer_in_the_pm_halves():
+    small = _small_cfg(PM_BYTES=16384)
+    g = _single(c=32, k=128, hw=12)  # 128 x 3 x 3 x 32 = 36 KiB of weights
+    d = knob_space(g.layers[0], (1, 32, 12, 12), small).default()
+    assert _pm_bytes(_param_bytes(g.layers[0], d["oc_tile"], 32)) <= 8192
+    prog, st = _run(g, small)
+    insns = cg.decode_stream(prog.layers[0].insns)
+    pm = [i for i in insns if isinstance(i, cg.Load) and i.to_pm]
+    assert len(pm) >= 4 and {i.dst_addr for i in pm} == {0, 8192}
+    assert {i.param_addr for i in insns if isinstance(i, cg.Conv)} == {0, 8192}
