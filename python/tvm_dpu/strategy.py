@@ -13,29 +13,39 @@ allocated for the batch rounded up to a multiple of ``NUM_PE``, the extra images
 Tiling (knobs per layer, :func:`knob_space`):
 
 - ``oc_tile`` -- weight tiling over output channels (multiple of ``CONV_OC_PAR``) when a
-  layer's int8 weights + int32 biases exceed the PM; each chunk's parameters are LOADed to PM 0.
+  layer's int8 weights + int32 biases exceed the PM; chunks that fit half the PM alternate
+  between the two halves (double buffering), larger ones use the whole PM.
 - ``tile_h`` -- H-split: output rows per tile; options are multiples of the preferred height
-  (``CONV_ROW_PAR`` = 8 for conv, ``MISC_ROW_PAR`` = 2 for eltwise) plus the full height.
+  (``CONV_ROW_PAR`` = 8 for conv, ``MISC_ROW_PAR`` = 2 for pool/eltwise) plus the full height;
+  default: the largest that fits, at most about a quarter of the height.
 - ``tile_w`` -- W-split: output columns per tile, the input windows of neighbouring tiles overlap
-  by ``kernel - stride`` columns (and rows likewise for the H-split); used when a row band does not
-  fit the FM.
-- ``pipeline`` -- software pipelining on (default) or off.
+  by ``kernel - stride`` columns (and rows likewise for the H-split); the default is the full
+  width unless a band of the preferred height does not fit the FM.
+- ``format`` -- convs with at most ``FORMAT_MAX_CHANNELS`` input channels (an RGB first layer)
+  use the format unit: the LOAD pads and gathers ``kw`` neighbouring pixels into one (W-direction
+  im2col) and the CONV runs a ``kh x 1`` kernel on ``kw * c`` channels (same weight bytes).
+- ``pipeline`` -- software pipelining on (default) or off (serial: each tile waits for the
+  previous tile's SAVE).
 
-FM allocation. FM memory 0 holds the input tile (and memory 2 the second add operand), memory 1
-the output tile; each memory is split into two halves (ping-pong buffers) so tile ``i`` uses half
-``i % 2``. Tile data must fit half a memory; the circular addressing wraps nothing because every
-buffer lies inside its memory.
+FM allocation. FM memory 0 holds the input tile (memory 2 the second add operand), memory 1 the
+output tile; each memory is split into two halves (ping-pong buffers, tile ``i`` uses half
+``i % 2``) that every tile must fit; the addresses stay inside the circular memory.
 
-Software pipelining, purely with DPON/DPBY (tile i, compute unit X = CONV or MISC)::
+Software pipelining, purely with DPON/DPBY. :func:`schedule` states dependencies by buffer --
+a tile's LOAD waits for the last compute (CONV or MISC) that read its input buffer, the compute
+for its LOADs and for the last SAVE of its output buffer, the SAVE for the compute, a PM LOAD
+for the last CONV of its PM half -- and :func:`resolve_tokens` turns them into tokens (one
+counting FIFO per unit pair: the k-th pop matches the k-th push, redundant waits dropped). With
+two buffers this gives LOAD(i+1) overlapping CONV(i) and SAVE(i-1): a head (the first two LOADs
+wait for nothing), a steady state (LOAD(i) DPON=CONV, CONV(i) DPON=LOAD|SAVE) and a tail (the
+last two computes and SAVEs push no tokens), balanced at END without bubbles. Weight chunks,
+concat inputs and deconv phases follow each other in the same pipeline.
 
-    LOAD(i)  DPON=X if i >= 2 (X(i-2) freed input buffer i%2)        DPBY=X
-    X(i)     DPON=LOAD, SAVE if i >= 2 (SAVE(i-2) freed output buffer)  DPBY=SAVE, LOAD if i+2 < n
-    SAVE(i)  DPON=X                                                   DPBY=X if i+2 < n
-
-so LOAD(i+1) overlaps X(i) and SAVE(i-1): a head (LOADs of tiles 0 and 1 without waits), a
-steady state, and a tail (the last two X/SAVE push no tokens), every FIFO balanced. Weight
-chunks are separated by a barrier (the last SAVE of a chunk DPBY=LOAD, the next chunk's PM LOAD
-DPON=SAVE). With ``pipeline=False`` every tile waits for the previous one's SAVE (serial).
+MISC layers: max / average pool (MAXPOOL / AVGPOOL), nearest upsample (UPSAMPLE, tiles over input
+rows), concat by placement (COPY, each input's SAVE writes its channel range of the output),
+residual add (ELTADD). Transpose convolution runs as the stride-1 sub-convolutions of
+``tvm_accel.layers.deconv_subconvs``; their SAVEs scatter every tile to every SH-th row and SW-th
+column of the output (the shuffle is DDR placement).
 """
 
 from __future__ import annotations
