@@ -16,8 +16,10 @@ import numpy as np
 
 from tvm_accel.partition import (
     OffloadPattern,
+    concat_on_channels,
     const_value,
     dtype_of,
+    pool_is_plain,
     qadd_pattern,
     qconcat_pattern,
     qdeconv_pattern,
@@ -25,6 +27,7 @@ from tvm_accel.partition import (
     qpool_pattern,
     qupsample_pattern,
     static_shape,
+    upsample_is_nearest,
 )
 
 #: 12-bit channel fields (ic, oc, chans)
@@ -265,15 +268,16 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.qdeconv", "conv2d_transpose", *qdeconv_pattern(),
                        [deconv_supported, *_COMMON]),
         OffloadPattern("dpu.maxpool", "max_pool2d", *qpool_pattern("max"),
-                       [pool_input_int8, pool_channels_fit, pool_window_fits]),
+                       [pool_is_plain, pool_input_int8, pool_channels_fit, pool_window_fits]),
         OffloadPattern("dpu.avgpool", "avg_pool2d", *qpool_pattern("avg"),
-                       [pool_input_int8, output_is_int8, pool_channels_fit, pool_window_fits,
-                        avg_recipe_fits]),
+                       [pool_is_plain, pool_input_int8, output_is_int8, pool_channels_fit,
+                        pool_window_fits, avg_recipe_fits]),
         OffloadPattern("dpu.globalavgpool", "global_avg_pool2d", *qpool_pattern("global_avg"),
-                       [pool_input_int8, output_is_int8, pool_channels_fit, global_pool_fits,
-                        avg_recipe_fits]),
+                       [pool_is_plain, pool_input_int8, output_is_int8, pool_channels_fit,
+                        global_pool_fits, avg_recipe_fits]),
         OffloadPattern("dpu.upsample", "upsample", *qupsample_pattern(),
-                       [pool_input_int8, pool_channels_fit, upsample_is_nearest_integer]),
+                       [upsample_is_nearest, pool_input_int8, pool_channels_fit,
+                        upsample_is_nearest_integer]),
         *[OffloadPattern(f"dpu.concat{n}", "concat", *qconcat_pattern(n),
-                         [concat_inputs_placeable]) for n in (2, 3, 4)],
+                         [concat_on_channels, concat_inputs_placeable]) for n in (2, 3, 4)],
     ]
