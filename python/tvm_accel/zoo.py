@@ -657,7 +657,7 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8",
 
 # --- power-of-two (fix-point) scales -----------------------------------------------------------
 #: bump when make_power_of_two changes (part of the cache key)
-_POW2_VERSION = 1
+_POW2_VERSION = 2
 #: ops whose output a following ReLU/Clip is fused into (their canonical form folds it)
 _FUSE_INTO = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
 
@@ -704,6 +704,47 @@ def _fuse_activations(g: onnx.GraphProto) -> int:
     return fused
 
 
+def _unify_concat_scales(g, inits, prod, arr, put) -> None:
+    """Give every input of a Concat the largest scale among its inputs and output.
+
+    Concat by placement (a DPU writes each input's channels into the output buffer) needs one
+    scale for all of them, as Vitis AI's quantizer enforces. onnxruntime calibrates each tensor
+    on its own, so the concat output's scale (covering all inputs' ranges) is applied to the
+    inputs: their producers then requantize to it, at coarser steps but without clipping. A
+    tensor's Q and DQ nodes share one scale initializer, so the model stays consistent; chained
+    concats are handled by iterating to a fixed point.
+    """
+    def scale_name(tensor: str) -> str | None:
+        dq = prod.get(tensor)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[1] not in inits:
+            return None
+        return dq.input[1]
+
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    changed = True
+    while changed:
+        changed = False
+        for n in g.node:
+            if n.op_type != "Concat":
+                continue
+            names = [scale_name(i) for i in n.input]
+            q_out = next((c for c in consumers.get(n.output[0], [])
+                          if c.op_type == "QuantizeLinear" and c.input[1] in inits), None)
+            if q_out is None or any(nm is None for nm in names):
+                continue
+            names.append(q_out.input[1])
+            if any(arr(nm).size != 1 for nm in names):
+                continue
+            top = max(float(arr(nm)) for nm in names)
+            for nm in names:
+                if float(arr(nm)) != top:
+                    put(nm, np.array(top, dtype=arr(nm).dtype).reshape(arr(nm).shape))
+                    changed = True
+
+
 def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | None = None,
                       fuse_activations: bool = True) -> onnx.ModelProto:
     """Rewrite a symmetric QDQ model so that every scale is a power of two (a copy).
@@ -711,7 +752,8 @@ def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | No
     - ReLU/Clip after a conv/dense/add are fused (:func:`_fuse_activations`) when
       ``fuse_activations``;
     - every activation scale becomes the power of two at or above it (:func:`pow2_ceil`): the
-      calibrated range still fits, at up to 2x coarser steps; zero points are kept (0);
+      calibrated range still fits, at up to 2x coarser steps; zero points are kept (0); the
+      inputs of a Concat take the concat's scale (:func:`_unify_concat_scales`);
     - every weight scale likewise; the int8 weights are re-quantized from the float weights of
       ``float_model`` (matched by initializer name; else from the dequantized int8 values)
       with round-half-even and clipped to the quantizer's range ([-127, 127] when symmetric);
@@ -761,6 +803,7 @@ def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | No
     act_scales = {n.input[1] for n in qdq if n.input[0] not in inits}
     for name in act_scales:
         put(name, pow2_ceil(arr(name)))
+    _unify_concat_scales(g, inits, prod, arr, put)
     weight_dq = [n for n in const_dq if arr(n.input[0]).dtype in (np.int8, np.uint8)]
     bias_dq = [n for n in const_dq if arr(n.input[0]).dtype == np.int32]
     for dq in weight_dq:
