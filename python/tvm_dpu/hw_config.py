@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
+from tvm_accel.hwconfig import parse_fields, read_config_json
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "dpu_default"
@@ -249,30 +250,7 @@ class DPUConfig:
 
 def config_from_dict(d: dict, where: str = "config", name: str = "custom") -> DPUConfig:
     """Build and validate a config from parsed JSON, naming any bad or missing field."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"{where}: expected a JSON object of DPU parameters")
-    kw: dict = {}
-    for f in _INT_FIELDS:
-        if f not in d:
-            raise ConfigError(f"{where}: missing field {f}")
-        v = d[f]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"{where}: field {f}: expected an integer, got {v!r}")
-        kw[f] = v
-    for f in _FLOAT_FIELDS:
-        if f not in d:
-            raise ConfigError(f"{where}: missing field {f}")
-        v = d[f]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{where}: field {f}: expected a number, got {v!r}")
-        kw[f] = float(v)
-    for f, default in _OPTIONAL.items():
-        kw[f] = str(d.get(f, default))
-    known = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | set(_OPTIONAL)
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]} "
-                          f"(known: {', '.join(sorted(known))})")
+    kw = parse_fields(d, _INT_FIELDS, _FLOAT_FIELDS, _OPTIONAL, where, "DPU")
     cfg = DPUConfig(**kw, name=name)
     cfg.validate(where)
     return cfg
@@ -284,18 +262,5 @@ def load_config(path_or_name: str | Path | DPUConfig | None = None) -> DPUConfig
         path_or_name = DEFAULT_CONFIG
     if isinstance(path_or_name, DPUConfig):
         return path_or_name
-    p = Path(path_or_name)
-    if not p.exists():
-        bundled = CONFIG_DIR / f"{path_or_name}.json"
-        if bundled.exists():
-            p = bundled
-        else:
-            names = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.json")))
-            raise ConfigError(f"{path_or_name}: no such config file or bundled config ({names})")
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read config: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    d, p = read_config_json(path_or_name, CONFIG_DIR)
     return config_from_dict(d, where=str(p), name=p.stem)

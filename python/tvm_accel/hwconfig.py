@@ -1,0 +1,61 @@
+"""Hardware-config JSON handling shared by every target.
+
+A target declares its integer, numeric and optional string fields; these helpers read the JSON
+(a file path or a bundled config name), check each field's presence and type, and reject
+unknown fields, naming the file and the field. Consistency rules stay in each target's
+``validate``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tvm_accel.errors import ConfigError
+
+
+def parse_fields(d: dict, int_fields: tuple[str, ...], float_fields: tuple[str, ...],
+                 optional: dict[str, str], where: str, kind: str) -> dict:
+    """Typed keyword arguments for a config dataclass from parsed JSON ``d``."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a JSON object of {kind} parameters")
+    kw: dict = {}
+    for f in int_fields:
+        if f not in d:
+            raise ConfigError(f"{where}: missing field {f}")
+        v = d[f]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{where}: field {f}: expected an integer, got {v!r}")
+        kw[f] = v
+    for f in float_fields:
+        if f not in d:
+            raise ConfigError(f"{where}: missing field {f}")
+        v = d[f]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{where}: field {f}: expected a number, got {v!r}")
+        kw[f] = float(v)
+    for f, default in optional.items():
+        kw[f] = str(d.get(f, default))
+    known = set(int_fields) | set(float_fields) | set(optional)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]} "
+                          f"(known: {', '.join(sorted(known))})")
+    return kw
+
+
+def read_config_json(path_or_name: str | Path, config_dir: Path) -> tuple[dict, Path]:
+    """Parsed JSON of a config file, or of ``config_dir/<name>.json`` for a bundled name."""
+    p = Path(path_or_name)
+    if not p.exists():
+        bundled = config_dir / f"{path_or_name}.json"
+        if not bundled.exists():
+            names = ", ".join(sorted(q.stem for q in config_dir.glob("*.json")))
+            raise ConfigError(f"{path_or_name}: no such config file or bundled config ({names})")
+        p = bundled
+    try:
+        return json.loads(p.read_text()), p
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read config: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON: {e.msg} at line {e.lineno}") from None
