@@ -54,43 +54,28 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
 
 
 # --- TVM-facing runtime: the packed function behind call_dps_packed ------------------------------
-import zlib  # noqa: E402
-
-import tvm_ffi  # noqa: E402
-
 from tvm_accel import profiler  # noqa: E402
-from tvm_accel.errors import BlobError  # noqa: E402
+from tvm_accel.runtime import BlobCache, check_inputs, register_run  # noqa: E402
 
-_BLOB_CACHE: dict[tuple[int, int], tuple] = {}
+
+def _load(data: bytes):
+    from tvm_vta_cp.codegen import load_blob
+
+    return load_blob(data)
+
+
+_CACHE = BlobCache(_load)
 
 
 def decode_blob(data: np.ndarray):
-    """Validated ``(program, config, name)`` of a blob, cached by size and checksum."""
-    from tvm_vta_cp.codegen import load_blob
-
-    key = (data.size, zlib.crc32(data))
-    hit = _BLOB_CACHE.get(key)
-    if hit is None:
-        hit = load_blob(data.tobytes())
-        if len(_BLOB_CACHE) > 64:
-            _BLOB_CACHE.clear()
-        _BLOB_CACHE[key] = hit
-    return hit
+    """Validated ``(program, config, name)`` of a blob (cached)."""
+    return _CACHE.decode(data)
 
 
 def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run one offloaded function on the simulator; records per-layer stats when profiling."""
     program, cfg, name = decode_blob(blob)
-    if len(inputs) != len(program.inputs):
-        raise BlobError(f"vta function {name} takes {len(program.inputs)} inputs, got "
-                        f"{len(inputs)}")
-    feed = {}
-    for tname, arr in zip(program.inputs, inputs, strict=True):
-        p = program.tensors[tname]
-        if tuple(arr.shape) != tuple(p.shape) or str(arr.dtype) != p.dtype:
-            raise BlobError(f"vta function {name}: input {tname} is {arr.dtype}{list(arr.shape)}"
-                            f", the blob expects {p.dtype}{list(p.shape)}")
-        feed[tname] = arr
+    feed = check_inputs(program, inputs, "vta", name)
     prof = profiler.active()
     trace = prof.trace_file() if prof is not None else None
     outputs, stats = execute_program(program, feed, cfg, trace_path=trace)
@@ -111,15 +96,4 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [outputs[n] for n in program.outputs]
 
 
-@tvm_ffi.register_global_func("tvm_vta_cp.run", override=True)
-def _run(blob, *args):
-    """``call_dps_packed`` entry: ``(blob, *inputs, *outputs)``; outputs are written in place."""
-    data = blob.numpy()
-    program, _, _ = decode_blob(data)
-    n_in = len(program.inputs)
-    results = run_blob(data, [a.numpy() for a in args[:n_in]])
-    outs = args[n_in:]
-    if len(outs) != len(results):
-        raise BlobError(f"vta function expects {len(results)} output buffers, got {len(outs)}")
-    for t, r in zip(outs, results, strict=True):
-        t.copyfrom(np.ascontiguousarray(r.astype(str(t.dtype))))
+register_run("tvm_vta_cp.run", _CACHE, run_blob)

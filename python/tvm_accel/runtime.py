@@ -1,0 +1,71 @@
+"""Runtime pieces shared by every target's ``<package>.run`` packed function.
+
+A target supplies ``load_blob(bytes) -> (program, config, name)`` and
+``run_blob(blob, inputs) -> outputs``; this module caches decoded blobs, checks the inputs
+against the blob's memory map, and registers the ``call_dps_packed`` entry that writes the
+outputs into the buffers the Relax VM allocated.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+import tvm_ffi
+
+from tvm_accel.errors import BlobError
+
+
+class BlobCache:
+    """Validated ``(program, config, name)`` of blobs, keyed by size and checksum."""
+
+    def __init__(self, load: Callable[[bytes], tuple], capacity: int = 64):
+        self._load = load
+        self._capacity = capacity
+        self._hits: dict[tuple[int, int], tuple] = {}
+
+    def decode(self, data: np.ndarray) -> tuple:
+        key = (data.size, zlib.crc32(data))
+        hit = self._hits.get(key)
+        if hit is None:
+            hit = self._load(data.tobytes())
+            if len(self._hits) >= self._capacity:
+                self._hits.clear()
+            self._hits[key] = hit
+        return hit
+
+
+def check_inputs(program, inputs: list[np.ndarray], target: str, name: str) -> dict:
+    """Inputs by tensor name, after checking count, shape and dtype against the blob."""
+    if len(inputs) != len(program.inputs):
+        raise BlobError(f"{target} function {name} takes {len(program.inputs)} inputs, got "
+                        f"{len(inputs)}")
+    feed = {}
+    for tname, arr in zip(program.inputs, inputs, strict=True):
+        p = program.tensors[tname]
+        if tuple(arr.shape) != tuple(p.shape) or str(arr.dtype) != p.dtype:
+            raise BlobError(f"{target} function {name}: input {tname} is "
+                            f"{arr.dtype}{list(arr.shape)}, the blob expects "
+                            f"{p.dtype}{list(p.shape)}")
+        feed[tname] = arr
+    return feed
+
+
+def register_run(func_name: str, cache: BlobCache,
+                 run_blob: Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]]) -> None:
+    """Register the packed function ``(blob, *inputs, *outputs)`` behind call_dps_packed."""
+
+    def _run(blob, *args):
+        data = blob.numpy()
+        program = cache.decode(data)[0]
+        n_in = len(program.inputs)
+        results = run_blob(data, [a.numpy() for a in args[:n_in]])
+        outs = args[n_in:]
+        if len(outs) != len(results):
+            raise BlobError(f"{func_name}: the function expects {len(results)} output buffers, "
+                            f"got {len(outs)}")
+        for t, r in zip(outs, results, strict=True):
+            t.copyfrom(np.ascontiguousarray(r.astype(str(t.dtype))))
+
+    tvm_ffi.register_global_func(func_name, _run, override=True)
