@@ -228,6 +228,7 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern]) ->
                 args = [names[a.__chandle__()] for a in v.args]
                 layer = _layer_from_composite(comp, pat, args, "")
                 layer.output = out = unique(layer.name)
+                layer.name = out  # layer names are unique, like their output tensors
                 names[b.var.__chandle__()] = out
                 tensors[out] = _tensor(out, b.var)
                 layers.append(layer)

@@ -126,6 +126,7 @@ class DPUProgram:
     region_sizes: dict[str, int]
     params: bytes
     layers: list[LayerProgram]
+    fusion: object = None  # FusionReport of the compile (not serialized)
 
 
 # --- knobs ---------------------------------------------------------------------------------------
@@ -207,6 +208,21 @@ def _check_add(shape, cfg: DPUConfig, kn: dict) -> None:
                          f"{kn['tile_h'] * kn['tile_w'] * c} bytes exceeds half an FM memory")
 
 
+def _default_tile(ths: list[int], tws: list[int], ho: int, wo: int, pref: int, fits,
+                  cost=None) -> tuple[int, int]:
+    """Default (tile_h, tile_w): full width and the largest band of the listed heights that
+    fits, at most ~1/4 of the height (so LOAD/compute/SAVE overlap) but at least the preferred
+    height; ``cost(th)``, when given, is minimized first (ties: the larger band). A W-split when
+    no band fits at full width."""
+    target = max(pref, _cdiv(_cdiv(ho, 4), pref) * pref)
+    ok = [t for t in ths if t <= target and fits(t, wo)]
+    if ok:
+        th = min(ok, key=lambda t: (cost(t) if cost else 0, -t))
+        return th, wo
+    th = ths[0]
+    return th, max([t for t in tws if fits(th, t)] or [1])
+
+
 def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
     """Declared knobs of a layer with heuristic defaults (see the module docstring)."""
     if isinstance(layer, ConvLayer):
@@ -273,17 +289,84 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
             _check_add(in_shape, cfg, kn)
 
         knobs_extra = []
-    # default: full width, the largest preferred-height band that fits, at most ~1/4 of the
-    # height (so LOAD/compute/SAVE overlap) but at least the preferred height
-    target = max(pref, _cdiv(_cdiv(ho, 4), pref) * pref)
-    th = max([t for t in ths if t <= target and fits(t, wo)] or [0])
-    tw = wo
-    if not th:  # W-split: a band of the smallest height does not fit at full width
-        th = ths[0]
-        tw = max([t for t in tws if fits(th, t)] or [1])
+    th, tw = _default_tile(ths, tws, ho, wo, pref, fits)
     return KnobSpace([*knobs_extra, Knob("tile_h", tuple(ths), th),
                       Knob("tile_w", tuple(tws), tw), Knob("pipeline", (True, False), True)],
                      check=check, name=layer.name)
+
+
+def _pool_window(pool: PoolLayer, th: int, tw: int, hc: int, wc: int) -> tuple[int, int]:
+    """Conv output rows x columns a ``th x tw`` pool output tile reads (at most)."""
+    (kh, kw), (sh, sw) = pool.kernel, pool.strides
+    return min(hc, (th - 1) * sh + kh), min(wc, (tw - 1) * sw + kw)
+
+
+def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
+    """Knobs of a fused group (``tvm_dpu.fusion`` templates) with heuristic defaults.
+
+    ``conv+add``: the conv's knobs (the other operand's tile is the size of the output tile).
+    ``conv+pool``: the conv's ``oc_tile``/``format`` and ``tile_h``/``tile_w`` in pool output
+    rows/columns; each tile computes the conv rows its pool windows read (overlapping windows
+    recompute a row band); the default minimizes CONV row passes per output row.
+    ``horizontal``: ``tile_h``/``tile_w`` shared by the convs (all output channels of every
+    conv stay in the PM)."""
+    conv = layers[0]
+    base = knob_space(conv, in_shape, cfg)
+    if template == "conv+add":
+        return base
+    half = cfg.fm_memory_bytes // 2
+    c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
+    d = base.default()
+    if template.startswith("conv+") and template.endswith("pool"):
+        pool = layers[1]
+        _, _, ho, wo = pool_output_shape(pool, (in_shape[0], k, hc, wc))
+
+        def check(kn):
+            rows, cols = _pool_window(pool, kn["tile_h"], kn["tile_w"], hc, wc)
+            _check_conv(conv, in_shape, cfg, {**kn, "tile_h": rows, "tile_w": cols})
+            if kn["tile_h"] * kn["tile_w"] * kn["oc_tile"] > half:
+                raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: pool output "
+                                 f"tile exceeds half an FM memory ({half})")
+        ths, tws = list(range(1, ho + 1)), list(range(1, wo + 1))
+        kt, fmt = d["oc_tile"], d["format"]
+
+        def fits(th, tw):
+            try:
+                check({"oc_tile": kt, "format": fmt, "tile_h": th, "tile_w": tw})
+                return True
+            except ValueError:
+                return False
+
+        def passes(th):  # CONV row passes per pool output row
+            return _cdiv(_pool_window(pool, th, wo, hc, wc)[0], cfg.CONV_ROW_PAR) / th
+        th, tw = _default_tile(ths, tws, ho, wo, max(1, cfg.CONV_ROW_PAR // pool.strides[0]),
+                               fits, passes)
+        knobs = [base["oc_tile"], base["format"]]
+    elif template == "horizontal":
+        ks = [ly.weight.shape[0] for ly in layers]
+
+        def check(kn):
+            th, tw = kn["tile_h"], kn["tile_w"]
+            rows = (th - 1) * conv.strides[0] + kh
+            cols = (tw - 1) * conv.strides[1] + kw
+            if rows * cols * c > half or th * tw * sum(ks) > half:
+                raise ValueError(f"tile_h {th} x tile_w {tw}: the shared input tile or the "
+                                 f"{len(ks)} output tiles exceed half an FM memory ({half})")
+        ths, tws = _options(hc, cfg.CONV_ROW_PAR), list(range(1, wc + 1))
+
+        def fits(th, tw):
+            try:
+                check({"tile_h": th, "tile_w": tw})
+                return True
+            except ValueError:
+                return False
+        th, tw = _default_tile(ths, tws, hc, wc, cfg.CONV_ROW_PAR, fits)
+        knobs = []
+    else:
+        raise MappingError(f"unknown fusion template {template}")
+    return KnobSpace([*knobs, Knob("tile_h", tuple(ths), th), Knob("tile_w", tuple(tws), tw),
+                      Knob("pipeline", (True, False), True)], check=check,
+                     name="+".join(ly.name for ly in layers))
 
 
 def _validate_knobs(space: KnobSpace, user: dict | None, layer: str) -> dict:
@@ -296,9 +379,11 @@ def _validate_knobs(space: KnobSpace, user: dict | None, layer: str) -> dict:
 # --- dependency scheduling ---------------------------------------------------------------------
 @dataclass
 class _Tile:
-    loads: list  # LOAD instructions (the last one carries the tokens)
-    compute: object  # Conv or MISC instruction
-    save: cg.Save
+    """One step of a stream: its LOADs, its computes (CONV / MISC, in order) and its SAVEs."""
+
+    loads: list
+    computes: list
+    saves: list
 
 
 def resolve_tokens(items: list[tuple[object, list[int]]]) -> list:
@@ -337,57 +422,108 @@ def resolve_tokens(items: list[tuple[object, list[int]]]) -> list:
     return out
 
 
+def _buffers(insn, pm_keys: dict[int, list]) -> tuple[list, list]:
+    """``(read, written)`` buffer keys of an instruction: ``("FM", mem, base address)`` and
+    ``("PM", slot)``. Buffers are identified by their base address (the planner never places two
+    live buffers that overlap at different bases)."""
+    if isinstance(insn, cg.Load):
+        if insn.to_pm:
+            return [], pm_keys[insn.dst_addr]
+        return [], [("FM", insn.fm_mem, insn.dst_addr)]
+    if isinstance(insn, cg.Save):
+        return [("FM", insn.fm_mem, insn.src_addr)], []
+    reads = [("FM", insn.in_mem, insn.in_addr)]
+    if isinstance(insn, cg.Conv):
+        reads += pm_keys.get(insn.param_addr, [("PM", insn.param_addr)])
+    elif isinstance(insn, cg.EltAdd):
+        reads.append(("FM", insn.b_mem, insn.b_addr))
+    return reads, [("FM", insn.out_mem, insn.out_addr)]
+
+
 def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool,
              pm_half: int = 1 << 30) -> list:
     """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
     module docstring); returns the instructions including the final END.
 
-    Dependencies are by buffer: a tile's LOAD waits for the last compute that read its FM input
-    buffer, its compute for its LOADs and for the last SAVE of its output buffer, its SAVE for
-    the compute; a PM LOAD waits for the last CONV that read its PM slot. ``pipeline=False``
-    additionally makes every tile's first LOAD wait for the previous tile's SAVE (serial)."""
+    Dependencies are by buffer (FM memory + base address, PM slot): an instruction waits for
+    the last writer of every buffer it reads (RAW) and for the last writer and the readers since
+    of every buffer it writes (WAW, WAR). So a tile's LOAD waits for the last compute that read
+    its buffer, a compute for its inputs and for the SAVE (or MISC) that last read its output
+    buffer, a SAVE for its compute, a PM LOAD for the last CONV of its PM slot; fused computes
+    chain through FM. A PM block larger than ``pm_half`` covers both slots.
+    ``pipeline=False`` additionally makes every tile's first LOAD wait for the previous tile's
+    last SAVE (serial)."""
     items: list[tuple[object, list[int]]] = []
-    last_reader: dict[tuple, int] = {}   # FM input buffer -> last compute reading it
-    last_saver: dict[tuple, int] = {}    # FM output buffer -> last SAVE reading it
-    last_pm_user: dict[int, int] = {}    # PM slot (0 or pm_half) -> last CONV reading it
-    pm_keys: dict[int, list[int]] = {}   # PM address -> slots its current block covers
+    writer: dict[tuple, int] = {}
+    readers: dict[tuple, list[int]] = {}
+    pm_keys: dict[int, list] = {}
     prev_save = None
+
+    def add(insn, extra: list[int]) -> int:
+        reads, writes = _buffers(insn, pm_keys)
+        deps = list(extra)
+        deps += [writer[k] for k in reads if k in writer]
+        for k in writes:
+            deps += readers.get(k, [])
+            if k in writer:
+                deps.append(writer[k])
+        items.append((insn, deps))
+        i = len(items) - 1
+        for k in reads:
+            readers.setdefault(k, []).append(i)
+        for k in writes:
+            writer[k] = i
+            readers[k] = []
+        return i
+
     for pm_loads, tiles in segments:
         for ld in pm_loads:
             big = ld.rows * ld.cols * ld.chans > pm_half
-            keys = [0, pm_half] if big else [ld.dst_addr]
-            pm_keys[ld.dst_addr] = keys
-            items.append((ld, [last_pm_user[k] for k in keys if k in last_pm_user]))
+            pm_keys[ld.dst_addr] = ([("PM", 0), ("PM", pm_half)] if big
+                                    else [("PM", ld.dst_addr)])
+            add(ld, [])
         for t in tiles:
-            in_keys = [(ld.fm_mem, ld.dst_addr) for ld in t.loads]
-            load_idx = []
             for j, ld in enumerate(t.loads):
-                deps = [last_reader[in_keys[j]]] if in_keys[j] in last_reader else []
-                if not pipeline and prev_save is not None and j == 0:
-                    deps.append(prev_save)
-                items.append((ld, deps))
-                load_idx.append(len(items) - 1)
-            c = t.compute
-            out_key = (c.out_mem, c.out_addr)
-            deps = list(load_idx)
-            if out_key in last_saver:
-                deps.append(last_saver[out_key])
-            items.append((c, deps))
-            ci = len(items) - 1
-            for k in in_keys:
-                last_reader[k] = ci
-            if isinstance(c, cg.Conv):
-                for k in pm_keys.get(c.param_addr, [c.param_addr]):
-                    last_pm_user[k] = ci
-            items.append((t.save, [ci]))
-            prev_save = len(items) - 1
-            last_saver[out_key] = prev_save
+                serial = not pipeline and prev_save is not None and j == 0
+                add(ld, [prev_save] if serial else [])
+            for c in t.computes:
+                add(c, [])
+            for sv in t.saves:
+                prev_save = add(sv, [])
     return [*resolve_tokens(items), cg.End()]
+
+
+def _pool_maker(layer: PoolLayer):
+    """``make(pads, **geometry) -> cg.Pool`` for a pool layer (MAXPOOL pads with -128; AVGPOOL
+    needs zero points 0, one 16-bit multiplier and a 0..31 shift)."""
+    kh, kw = layer.kernel
+    if layer.kind == "max":
+        if layer.requant is not None:
+            raise MappingError(f"layer {layer.name}: a rescaling max pool is not supported")
+        extra = dict(op=cg.MISC_MAXPOOL, pad_value=-128, shift=0, mult=1)
+        lo, hi = -128, 127
+    else:
+        rq = layer.requant
+        m = int(np.asarray(rq.multiplier).reshape(-1)[0])
+        if (layer.input_zero_point or rq.zero_point or rq.pre_shift
+                or len(set(np.asarray(rq.multiplier).reshape(-1).tolist())) != 1
+                or not 1 <= m < 1 << 16 or not 0 <= rq.shift <= 31):
+            raise MappingError(f"layer {layer.name}: average pool recipe does not fit "
+                               "AVGPOOL (zero points 0, 16-bit mult, shift 0..31)")
+        extra = dict(op=cg.MISC_AVGPOOL, pad_value=0, shift=int(rq.shift), mult=m)
+        lo, hi = int(rq.qmin), int(rq.qmax)
+
+    def make(pads, **kw_):
+        return cg.Pool(**kw_, kernel_h=kh, kernel_w=kw, stride_h=layer.strides[0],
+                       stride_w=layer.strides[1], pad_top=pads[0], pad_bottom=pads[1],
+                       pad_left=pads[2], pad_right=pads[3], clip_lo=lo, clip_hi=hi, **extra)
+    return make
 
 
 # --- planning ----------------------------------------------------------------------------------
 class _Planner:
-    def __init__(self, graph: LayerGraph, cfg: DPUConfig):
+    def __init__(self, graph: LayerGraph, cfg: DPUConfig, on_chip: set[str] = frozenset()):
+        """``on_chip``: tensors a fused group keeps in FM (no DDR placement)."""
         self.g, self.cfg = graph, cfg
         self.P = cfg.NUM_PE
         self.params = bytearray()
@@ -400,6 +536,8 @@ class _Planner:
                                    "(int8 only)")
             if len(t.shape) not in (2, 4):
                 raise MappingError(f"tensor {name}: shape {t.shape} is neither NCHW nor NC")
+            if name in on_chip:
+                continue
             region = ("INPUT" if name in graph.inputs else
                       "OUTPUT" if name in graph.outputs else "SWAP")
             n_alloc = _cdiv(int(t.shape[0]), self.P) * self.P
@@ -428,9 +566,9 @@ class _Planner:
                        fm_pix_stride=chans, fm_row_stride=cols * chans, img_stride=t.img_stride)
 
     def _save(self, t: TensorPlacement, addr: int, g: int, r0: int, rows: int, c0: int, cols: int,
-              ch0: int, chans: int) -> cg.Save:
+              ch0: int, chans: int, fm_mem: int = 1) -> cg.Save:
         h, w, c = t.hwc
-        return cg.Save(fm_mem=1, src_addr=addr, region=self._region(t),
+        return cg.Save(fm_mem=fm_mem, src_addr=addr, region=self._region(t),
                        ddr_offset=t.offset + g * self.P * t.img_stride + (r0 * w + c0) * c + ch0,
                        rows=rows, cols=cols, chans=chans, fm_pix_stride=chans,
                        fm_row_stride=cols * chans, ddr_pix_stride=c, ddr_row_stride=w * c,
@@ -442,9 +580,9 @@ class _Planner:
         c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
         kn = _validate_knobs(knob_space(layer, in_shape, self.cfg), user, layer.name)
 
-        def save(buf, g, y0, nh, x0, nw, k0, kk):
-            return self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)
-        segments = self._conv_segments(layer, tin, kn, save, (0, ho), (0, wo))
+        def tail(buf, g, y0, nh, x0, nw, k0, kk):
+            return [], [], [self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)]
+        segments = self._conv_segments(layer, tin, kn, tail, (0, ho), (0, wo))
         insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         n = tin.shape[0]
         dw = layer.is_depthwise
@@ -454,81 +592,99 @@ class _Planner:
                             f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{layer.strides[0]}",
                             kn)
 
-    def _conv_segments(self, layer: ConvLayer, tin: TensorPlacement, kn: dict, save,
-                       out_rows: tuple[int, int], out_cols: tuple[int, int]) -> list:
-        """Segments (one per output-channel chunk) computing output rows ``out_rows`` =
-        (start, count) and columns ``out_cols`` of ``layer``; ``save(buf, g, y0, nh, x0, nw, k0,
-        kk)`` places each output tile in DDR."""
-        cfg = self.cfg
-        in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])
-        c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
-        kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
-        sh, sw = layer.strides
-        pt, pl, pb, pr = layer.padding
-        rq = layer.requant
+    def _conv_params(self, layer: ConvLayer, in_c: int) -> dict:
+        """Folded hardware parameters of a conv (``xgraph.fold_conv``), checked for the engine."""
         try:
             folded = fold_conv(layer)
         except XGraphError as e:
             raise MappingError(str(e)) from None
-        zx, bias, wt = folded["pad_value"], folded["bias"].astype(np.int64), folded["weight"]
-        dw = layer.is_depthwise
-        if layer.groups != 1 and not (dw and layer.groups == c == k):
+        if layer.groups != 1 and not (layer.is_depthwise and layer.groups == in_c
+                                      == layer.weight.shape[0]):
             raise MappingError(f"layer {layer.name}: grouped conv is not supported")
-        fmt = bool(kn.get("format"))
-        half = cfg.fm_memory_bytes // 2
-        n_groups = tin.n_alloc // self.P
+        return folded
+
+    def _pm_chunk(self, folded: dict, k0: int, kk: int,
+                  pm_addr: int | None = None) -> tuple[cg.Load, int]:
+        """PM LOAD of output channels ``k0 .. k0+kk`` (int8 weights then int32 biases); without
+        ``pm_addr``, chunks that fit half the PM alternate between the halves (double
+        buffering), larger ones start at 0."""
+        cfg = self.cfg
+        block = (folded["weight"][k0:k0 + kk].astype(np.int8).tobytes()
+                 + folded["bias"][k0:k0 + kk].astype("<i4").tobytes())
+        rows_pm, cols_pm, chans_pm = _pm_block(len(block))
+        block += bytes(rows_pm * cols_pm * chans_pm - len(block))
+        poff = self._param(block)
+        if pm_addr is None:
+            pm_addr = 0
+            if len(block) <= cfg.PM_BYTES // 2:
+                pm_addr = (self._pm_seq % 2) * (cfg.PM_BYTES // 2)
+                self._pm_seq += 1
+        ld = cg.Load(to_pm=True, dst_addr=pm_addr, region=cg.REGION_PARAM, ddr_offset=poff,
+                     rows=rows_pm, cols=cols_pm, chans=chans_pm, ddr_pix_stride=chans_pm,
+                     ddr_row_stride=cols_pm * chans_pm)
+        return ld, pm_addr
+
+    def _conv_tile(self, layer: ConvLayer, tin: TensorPlacement, folded: dict, fmt: bool,
+                   buf: int, g: int, k0: int, kk: int, y0: int, nh: int, x0: int, nw: int,
+                   out_mem: int, out_addr: int, pm_addr: int) -> tuple[cg.Load, cg.Conv]:
+        """LOAD of the input window + CONV computing output rows ``y0 .. y0+nh``, columns
+        ``x0 .. x0+nw`` and channels ``k0 .. k0+kk`` into ``out_mem`` at ``out_addr``."""
+        h, w, c = tin.hwc
+        kh, kw = layer.kernel
+        sh, sw = layer.strides
+        pt, pl, _, _ = layer.padding
+        rq, zx, dw = layer.requant, folded["pad_value"], layer.is_depthwise
+        r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
+        c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
+        if rows < 1 or cols < 1:
+            raise MappingError(f"layer {layer.name}: an output tile reads padding only")
+        ic, ch0 = (kk, k0) if dw else (c, 0)
+        ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, ch0, ic)
+        geo = dict(in_pix_stride=ic, in_row_stride=cols * ic, ic=ic, kernel_w=kw, pad_top=ptop,
+                   pad_bottom=pbot, pad_left=pleft, pad_right=pright)
+        if fmt:  # LOAD pads and gathers kw pixels: a kh x 1 conv on kw*c
+            width = pleft + cols + pright
+            ld.pad_top, ld.pad_bottom = ptop, pbot
+            ld.pad_left, ld.pad_right = pleft, pright
+            ld.pad_value, ld.fmt = zx, kw
+            ld.fm_pix_stride = kw * c
+            ld.fm_row_stride = width * kw * c
+            geo = dict(in_pix_stride=kw * c, in_row_stride=width * kw * c, ic=kw * c,
+                       kernel_w=1, pad_top=0, pad_bottom=0, pad_left=0, pad_right=0)
+        conv = cg.Conv(in_mem=0, in_addr=buf, out_mem=out_mem, out_addr=out_addr,
+                       out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh, out_w=nw, oc=kk,
+                       kernel_h=kh, stride_h=sh, stride_w=sw, pad_value=zx, param_addr=pm_addr,
+                       shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
+                       depthwise=dw, **geo)
+        return ld, conv
+
+    def _conv_segments(self, layer: ConvLayer, tin: TensorPlacement, kn: dict, tail,
+                       out_rows: tuple[int, int], out_cols: tuple[int, int]) -> list:
+        """Segments (one per output-channel chunk) computing output rows ``out_rows`` =
+        (start, count) and columns ``out_cols`` of ``layer`` into FM 1; ``tail(buf, g, y0, nh,
+        x0, nw, k0, kk)`` returns each tile's extra LOADs, extra computes (after the CONV) and
+        SAVEs."""
+        k = layer.weight.shape[0]
+        folded = self._conv_params(layer, tin.hwc[2])
+        kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
+        half = self.cfg.fm_memory_bytes // 2
         (ys, yn), (xs, xn) = out_rows, out_cols
         segments = []
         for k0 in range(0, k, kt):
             kk = min(kt, k - k0)
-            block = wt[k0:k0 + kk].astype(np.int8).tobytes() + \
-                bias[k0:k0 + kk].astype("<i4").tobytes()
-            rows_pm, cols_pm, chans_pm = _pm_block(len(block))
-            block += bytes(rows_pm * cols_pm * chans_pm - len(block))
-            poff = self._param(block)
-            pm_addr = 0
-            if len(block) <= cfg.PM_BYTES // 2:  # double-buffered PM: alternate the halves
-                pm_addr = (self._pm_seq % 2) * (cfg.PM_BYTES // 2)
-                self._pm_seq += 1
-            pm = cg.Load(to_pm=True, dst_addr=pm_addr, region=cg.REGION_PARAM, ddr_offset=poff,
-                         rows=rows_pm, cols=cols_pm, chans=chans_pm, ddr_pix_stride=chans_pm,
-                         ddr_row_stride=cols_pm * chans_pm)
-            tiles = []
-            i = 0
-            for g in range(n_groups):
+            pm, pm_addr = self._pm_chunk(folded, k0, kk)
+            tiles, i = [], 0
+            for g in range(tin.n_alloc // self.P):
                 for y0 in range(ys, ys + yn, th):
                     nh = min(th, ys + yn - y0)
-                    r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, in_shape[2])
                     for x0 in range(xs, xs + xn, tw):
                         nw = min(tw, xs + xn - x0)
-                        c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, in_shape[3])
-                        if rows < 1 or cols < 1:
-                            raise MappingError(f"layer {layer.name}: an output tile reads "
-                                               "padding only")
-                        ic, ch0 = (kk, k0) if dw else (c, 0)
                         buf = (i % 2) * half
-                        ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, ch0, ic)
-                        geo = dict(in_pix_stride=ic, in_row_stride=cols * ic, ic=ic,
-                                   kernel_w=kw, pad_top=ptop, pad_bottom=pbot, pad_left=pleft,
-                                   pad_right=pright)
-                        if fmt:  # LOAD pads and gathers kw pixels: a kh x 1 conv on kw*c
-                            width = pleft + cols + pright
-                            ld.pad_top, ld.pad_bottom = ptop, pbot
-                            ld.pad_left, ld.pad_right = pleft, pright
-                            ld.pad_value, ld.fmt = zx, kw
-                            ld.fm_pix_stride = kw * c
-                            ld.fm_row_stride = width * kw * c
-                            geo = dict(in_pix_stride=kw * c, in_row_stride=width * kw * c,
-                                       ic=kw * c, kernel_w=1, pad_top=0, pad_bottom=0,
-                                       pad_left=0, pad_right=0)
-                        conv = cg.Conv(in_mem=0, in_addr=buf, out_mem=1, out_addr=buf,
-                                       out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
-                                       out_w=nw, oc=kk, kernel_h=kh, stride_h=sh,
-                                       stride_w=sw, pad_value=zx, param_addr=pm_addr,
-                                       shift=int(rq.shift), clip_lo=int(rq.qmin),
-                                       clip_hi=int(rq.qmax), depthwise=dw, **geo)
-                        sv = save(buf, g, y0, nh, x0, nw, k0, kk)
-                        tiles.append(_Tile([ld], conv, sv))
+                        ld, conv = self._conv_tile(layer, tin, folded, bool(kn.get("format")),
+                                                   buf, g, k0, kk, y0, nh, x0, nw, 1, buf,
+                                                   pm_addr)
+                        loads, computes, saves = tail(buf, g, y0, nh, x0, nw, k0, kk)
+                        tiles.append(_Tile([ld, *loads], [conv, *computes], saves))
                         i += 1
             segments.append(([pm], tiles))
         return segments
@@ -552,16 +708,16 @@ class _Planner:
                                  layer.name)
             (qh, qw), (nh_t, nw_t), (oy, ox) = sc.crop, sc.count, sc.offset
 
-            def save(buf, g, y0, nh, x0, nw, k0, kk, qh=qh, qw=qw, oy=oy, ox=ox):
+            def tail(buf, g, y0, nh, x0, nw, k0, kk, qh=qh, qw=qw, oy=oy, ox=ox):
                 r = oy + sh * (y0 - qh)
                 col = ox + sw * (x0 - qw)
-                return cg.Save(fm_mem=1, src_addr=buf, region=self._region(tout),
+                return [], [], [cg.Save(fm_mem=1, src_addr=buf, region=self._region(tout),
                                ddr_offset=tout.offset + g * self.P * tout.img_stride
                                + (r * wo + col) * k + k0,
                                rows=nh, cols=nw, chans=kk, fm_pix_stride=kk,
                                fm_row_stride=nw * kk, ddr_pix_stride=sw * k,
-                               ddr_row_stride=sh * wo * k, img_stride=tout.img_stride)
-            segments += self._conv_segments(sc.conv, tin, kn, save, (qh, nh_t), (qw, nw_t))
+                               ddr_row_stride=sh * wo * k, img_stride=tout.img_stride)]
+            segments += self._conv_segments(sc.conv, tin, kn, tail, (qh, nh_t), (qw, nw_t))
             skh, skw = sc.conv.kernel
             macs += tin.shape[0] * k * nh_t * nw_t * skh * skw * in_shape[1]
         insns = schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
@@ -601,7 +757,7 @@ class _Planner:
                                    shift_a=shifts[0], shift_b=shifts[1], shift=int(rq.shift),
                                    clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
                     sv = self._save(tout, buf, g, y0, nh, x0, nw, 0, c)
-                    tiles.append(_Tile([la, lb], op, sv))
+                    tiles.append(_Tile([la, lb], [op], [sv]))
                     i += 1
         insns = schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
@@ -632,7 +788,7 @@ class _Planner:
                               out_h=oh, out_w=ow, chans=c,
                               pads=(ptop, pbot, pleft, pright))
                     sv = self._save(tout, buf, g, y0 * up[0], oh, x0 * up[1], ow, ch0, c)
-                    tiles.append(_Tile([ld], op, sv))
+                    tiles.append(_Tile([ld], [op], [sv]))
                     i += 1
         return tiles
 
@@ -642,27 +798,7 @@ class _Planner:
         in_shape = (tin.shape[0], c, h, w)
         kn = _validate_knobs(knob_space(layer, in_shape, self.cfg), user, layer.name)
         kh, kw = layer.kernel
-        if layer.kind == "max":
-            if layer.requant is not None:
-                raise MappingError(f"layer {layer.name}: a rescaling max pool is not supported")
-            extra = dict(op=cg.MISC_MAXPOOL, pad_value=-128, shift=0, mult=1)
-            lo, hi = -128, 127
-        else:
-            rq = layer.requant
-            m = int(np.asarray(rq.multiplier).reshape(-1)[0])
-            if (layer.input_zero_point or rq.zero_point or rq.pre_shift
-                    or len(set(np.asarray(rq.multiplier).reshape(-1).tolist())) != 1
-                    or not 1 <= m < 1 << 16 or not 0 <= rq.shift <= 31):
-                raise MappingError(f"layer {layer.name}: average pool recipe does not fit "
-                                   "AVGPOOL (zero points 0, 16-bit mult, shift 0..31)")
-            extra = dict(op=cg.MISC_AVGPOOL, pad_value=0, shift=int(rq.shift), mult=m)
-            lo, hi = int(rq.qmin), int(rq.qmax)
-
-        def make(pads, **kw_):
-            return cg.Pool(**kw_, kernel_h=kh, kernel_w=kw, stride_h=layer.strides[0],
-                           stride_w=layer.strides[1], pad_top=pads[0], pad_bottom=pads[1],
-                           pad_left=pads[2], pad_right=pads[3], clip_lo=lo, clip_hi=hi,
-                           **extra)
+        make = _pool_maker(layer)
         tiles = self._misc_tiles(tin, tout, layer, kn, make,
                                  (layer.kernel, layer.strides, layer.padding))
         insns = schedule([([], tiles)], "MISC", kn["pipeline"])
@@ -711,33 +847,246 @@ class _Planner:
                             f"{len(layer.inputs)} inputs -> {list(tout.shape)}", kn0)
 
 
-def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None) -> DPUProgram:
-    """Compile a layer graph into per-layer DPU streams, a DDR map and the PARAM image.
+    # --- fused groups (tvm_dpu.fusion templates) -------------------------------------------------
+    def layer(self, layer, user: dict | None) -> LayerProgram:
+        """The stream of one layer on its own."""
+        for kind, fn in ((ConvLayer, self.conv), (AddLayer, self.add), (PoolLayer, self.pool),
+                         (DeconvLayer, self.deconv), (UpsampleLayer, self.upsample),
+                         (ConcatLayer, self.concat)):
+            if isinstance(layer, kind):
+                return fn(layer, user)
+        raise MappingError(f"layer {layer.name}: {type(layer).__name__} is not supported on the "
+                           "DPU yet")
 
-    ``knobs`` maps layer names to (partial) knob dicts overriding the defaults."""
+    def group(self, template: str, layers: list, user: dict | None) -> LayerProgram:
+        """The stream of a fused group: intermediate tensors stay in FM."""
+        if template == "conv+add":
+            return self.conv_add(layers[0], layers[1], user)
+        if template == "horizontal":
+            return self.conv_horizontal(layers, user)
+        return self.conv_pool(layers[0], layers[1], template, user)
+
+    def _in_shape(self, name: str) -> tuple[int, int, int, int]:
+        t = self.tensors[name]
+        return (t.shape[0], t.hwc[2], t.hwc[0], t.hwc[1])
+
+    def conv_pool(self, conv: ConvLayer, pool: PoolLayer, template: str,
+                  user: dict | None) -> LayerProgram:
+        """conv+pool: per pool output tile, LOAD the conv input window, CONV the conv rows the
+        pool windows read into FM 1, MAXPOOL/AVGPOOL them into FM 2, SAVE."""
+        tin, tout = self.tensors[conv.input], self.tensors[pool.output]
+        in_shape = self._in_shape(conv.input)
+        c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
+        name = f"{conv.name}+{pool.name}"
+        kn = _validate_knobs(fused_knob_space(template, [conv, pool], in_shape, self.cfg), user,
+                             name)
+        folded = self._conv_params(conv, c)
+        make = _pool_maker(pool)
+        (pkh, pkw), (psh, psw), (ppt, ppl, _, _) = pool.kernel, pool.strides, pool.padding
+        _, _, ho, wo = pool_output_shape(pool, (in_shape[0], k, hc, wc))
+        kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
+        half = self.cfg.fm_memory_bytes // 2
+        segments = []
+        for k0 in range(0, k, kt):
+            kk = min(kt, k - k0)
+            pm, pm_addr = self._pm_chunk(folded, k0, kk)
+            tiles, i = [], 0
+            for g in range(tin.n_alloc // self.P):
+                for y0 in range(0, ho, th):
+                    nh = min(th, ho - y0)
+                    r0, rows, ptop, pbot = _in_window(y0, nh, psh, ppt, pkh, hc)
+                    for x0 in range(0, wo, tw):
+                        nw = min(tw, wo - x0)
+                        c0, cols, pleft, pright = _in_window(x0, nw, psw, ppl, pkw, wc)
+                        buf = (i % 2) * half
+                        ld, cv = self._conv_tile(conv, tin, folded, bool(kn["format"]), buf, g,
+                                                 k0, kk, r0, rows, c0, cols, 1, buf, pm_addr)
+                        op = make(pads=(ptop, pbot, pleft, pright), in_mem=1, in_addr=buf,
+                                  in_pix_stride=kk, in_row_stride=cols * kk, out_mem=2,
+                                  out_addr=buf, out_pix_stride=kk, out_row_stride=nw * kk,
+                                  out_h=nh, out_w=nw, chans=kk)
+                        sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
+                        tiles.append(_Tile([ld], [cv, op], [sv]))
+                        i += 1
+            segments.append(([pm], tiles))
+        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        macs = in_shape[0] * k * hc * wc * kh * kw * (1 if conv.is_depthwise else c)
+        return LayerProgram(name, f"{conv.op_name}+{pool.op_name}", cg.encode_stream(insns),
+                            len(insns), int(macs),
+                            f"{list(in_shape)}->{list(tout.shape)} k{kh}x{kw} "
+                            f"pool{pkh}x{pkw}", kn)
+
+    def conv_add(self, conv: ConvLayer, add: AddLayer, user: dict | None) -> LayerProgram:
+        """conv+add: per conv output tile, LOAD the conv input window and the other operand's
+        tile (FM 2), CONV into FM 1, ELTADD in place in FM 1, SAVE."""
+        tin, tout = self.tensors[conv.input], self.tensors[add.output]
+        idx = add.inputs.index(conv.output)
+        tb = self.tensors[add.inputs[1 - idx]]
+        in_shape = self._in_shape(conv.input)
+        c, k, ho, wo, kh, kw = _conv_geometry(conv, in_shape)
+        name = f"{conv.name}+{add.name}"
+        if tb.hwc != (ho, wo, k) or tout.hwc != (ho, wo, k):
+            raise MappingError(f"{name}: the add operands differ in shape")
+        try:
+            shifts = [fold_add(add)[x] for x in ("shift_a", "shift_b")]
+        except XGraphError as e:
+            raise MappingError(str(e)) from None
+        kn = _validate_knobs(fused_knob_space("conv+add", [conv, add], in_shape, self.cfg), user,
+                             name)
+        rq = add.requant
+
+        def tail(buf, g, y0, nh, x0, nw, k0, kk):
+            lb = self._load(tb, 2, buf, g, y0, nh, x0, nw, k0, kk)
+            (ma, aa), (mb, ba) = [(1, buf), (2, buf)][:: 1 if idx == 0 else -1]
+            op = cg.EltAdd(in_mem=ma, in_addr=aa, in_pix_stride=kk, in_row_stride=nw * kk,
+                           out_mem=1, out_addr=buf, out_pix_stride=kk, out_row_stride=nw * kk,
+                           out_h=nh, out_w=nw, chans=kk, b_mem=mb, b_addr=ba, b_pix_stride=kk,
+                           b_row_stride=nw * kk, shift_a=shifts[0], shift_b=shifts[1],
+                           shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+            return [lb], [op], [self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)]
+        segments = self._conv_segments(conv, tin, kn, tail, (0, ho), (0, wo))
+        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        macs = in_shape[0] * k * ho * wo * kh * kw * (1 if conv.is_depthwise else c)
+        return LayerProgram(name, f"{conv.op_name}+add", cg.encode_stream(insns), len(insns),
+                            int(macs),
+                            f"{list(in_shape)}->{list(tout.shape)} k{kh}x{kw} "
+                            f"s{conv.strides[0]} +add", kn)
+
+    def conv_horizontal(self, convs: list[ConvLayer], user: dict | None) -> LayerProgram:
+        """Horizontal fusion: convs of one geometry on the same input; every input tile is
+        loaded once and feeds one CONV per conv (all weights resident in the PM)."""
+        tin = self.tensors[convs[0].input]
+        in_shape = self._in_shape(convs[0].input)
+        name = "+".join(ly.name for ly in convs)
+        kn = _validate_knobs(fused_knob_space("horizontal", convs, in_shape, self.cfg), user,
+                             name)
+        c, _, ho, wo, kh, kw = _conv_geometry(convs[0], in_shape)
+        th, tw = kn["tile_h"], kn["tile_w"]
+        half = self.cfg.fm_memory_bytes // 2
+        pms, members, pm_at, out_at = [], [], 0, 0
+        for ly in convs:
+            folded = self._conv_params(ly, c)
+            k = ly.weight.shape[0]
+            ld, addr = self._pm_chunk(folded, 0, k, pm_addr=pm_at)
+            pm_at += ld.rows * ld.cols * ld.chans
+            pms.append(ld)
+            members.append((ly, folded, k, addr, out_at, self.tensors[ly.output]))
+            out_at += th * tw * k
+        if pm_at > self.cfg.PM_BYTES:
+            raise MappingError(f"{name}: the parameters of the fused convs ({pm_at} bytes) "
+                               f"exceed the PM ({self.cfg.PM_BYTES})")
+        tiles, i = [], 0
+        for g in range(tin.n_alloc // self.P):
+            for y0 in range(0, ho, th):
+                nh = min(th, ho - y0)
+                for x0 in range(0, wo, tw):
+                    nw = min(tw, wo - x0)
+                    buf = (i % 2) * half
+                    ld, computes, saves = None, [], []
+                    for ly, folded, k, addr, off, tout in members:
+                        ld_m, cv = self._conv_tile(ly, tin, folded, False, buf, g, 0, k, y0, nh,
+                                                   x0, nw, 1, buf + off, addr)
+                        ld = ld or ld_m
+                        computes.append(cv)
+                        saves.append(self._save(tout, buf + off, g, y0, nh, x0, nw, 0, k))
+                    tiles.append(_Tile([ld], computes, saves))
+                    i += 1
+        insns = schedule([(pms, tiles)], "CONV", kn["pipeline"])
+        macs = sum(in_shape[0] * k * ho * wo * kh * kw * c for _, _, k, _, _, _ in members)
+        return LayerProgram(name, f"{len(convs)}x{convs[0].op_name} (horizontal)",
+                            cg.encode_stream(insns), len(insns), int(macs),
+                            f"{list(in_shape)} -> {len(convs)} convs k{kh}x{kw} "
+                            f"s{convs[0].strides[0]}", kn)
+
+FUSION_KNOB = "@fusion"
+
+
+@dataclass
+class FusionReport:
+    """What the fusion search saw: every candidate with its measured cycles and the summed
+    cycles of its layers alone, and the chosen groups."""
+
+    candidates: list[tuple[str, str, int, int]]  # (name, template, fused, unfused) cycles
+    chosen: list[str]
+    search_cycles: int  # total measured cycles of the chosen strategy over the measured layers
+
+
+def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[str, bool]
+                   ) -> tuple[list[tuple[str | None, tuple[str, ...]]], FusionReport]:
+    """DNNVM's search (``tvm_dpu.fusion``): candidates by subgraph isomorphism, each planned and
+    simulated (cycles on a zeroed DDR image; the timing does not depend on the data) together
+    with its layers alone, then the cheapest strategy between barriers."""
+    from tvm_dpu import fusion
+    from tvm_dpu.simulator import simulate
+
+    by = {ly.name: ly for ly in graph.layers}
+    p = _Planner(graph, cfg)
+    progs: dict = {}
+
+    def accept(c) -> bool:
+        try:
+            progs[c] = p.group(c.template, [by[n] for n in c.layers], knobs.get(c.name))
+            return True
+        except MappingError:
+            return False
+    cands = fusion.find_candidates(graph, accept)
+    unknown = sorted(set(forced) - {c.name for c in cands})
+    if unknown:
+        raise MappingError(f"{FUSION_KNOB}: no fusion candidate named {unknown[0]} (candidates: "
+                           f"{', '.join(c.name for c in cands) or 'none'})")
+    if not cands:
+        return [(None, (ly.name,)) for ly in graph.layers], FusionReport([], [], 0)
+    names = sorted({n for c in cands for n in c.layers}, key=[ly.name for ly in graph.layers].index)
+    singles = {n: p.layer(by[n], knobs.get(n)) for n in names}
+    sizes = {r: max(64, v) for r, v in p.region_use.items()}
+    sizes.update(PARAM=max(64, len(p.params)), INSN=64)
+    layout = cfg.region_layout(sizes)
+    ddr = np.zeros(cfg.ddr_bytes(layout), dtype=np.uint8)
+
+    def cycles(prog: LayerProgram) -> int:
+        return simulate(cfg, prog.insns, ddr, regions=layout).cycles
+    single = {n: cycles(pr) for n, pr in singles.items()}
+    fused = {c: cycles(progs[c]) for c in cands}
+    try:
+        groups, total = fusion.choose(graph, cands, single, fused, forced)
+    except ValueError as e:
+        raise MappingError(f"{FUSION_KNOB}: {e}") from None
+    template = {c.layers: c.template for c in cands}
+    ordered = fusion.order_groups(graph, groups)
+    report = FusionReport(
+        [(c.name, c.template, fused[c], sum(single[n] for n in c.layers)) for c in cands],
+        ["+".join(g) for g in ordered if len(g) > 1], int(total))
+    return [(template.get(g) if len(g) > 1 else None, g) for g in ordered], report
+
+
+def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None) -> DPUProgram:
+    """Compile a layer graph into DPU streams (one per layer or fused group), a DDR map and the
+    PARAM image.
+
+    ``knobs`` maps layer names (and fused group names ``a+b``) to (partial) knob dicts overriding
+    the defaults; ``knobs["@fusion"]`` controls the fusion search: ``{"enabled": False}`` runs
+    layer by layer, ``{"<candidate name>": False}`` forbids a candidate, ``True`` forces it."""
     cfg.validate("DPU config")
     knobs = knobs or {}
-    p = _Planner(graph, cfg)
+    fk = dict(knobs.get(FUSION_KNOB) or {})
+    enabled = fk.pop("enabled", True)
+    if not isinstance(enabled, bool) or any(not isinstance(v, bool) for v in fk.values()):
+        raise MappingError(f"{FUSION_KNOB}: expected true/false values, got {knobs[FUSION_KNOB]}")
+    groups = [(None, (ly.name,)) for ly in graph.layers]
+    report = None
+    if enabled:
+        groups, report = _fusion_search(graph, cfg, knobs, fk)
+    by = {ly.name: ly for ly in graph.layers}
+    on_chip = {by[g[0]].output for t, g in groups if t is not None and t != "horizontal"}
+    p = _Planner(graph, cfg, on_chip)
     layers = []
-    for layer in graph.layers:
-        user = knobs.get(layer.name)
-        if isinstance(layer, ConvLayer):
-            layers.append(p.conv(layer, user))
-        elif isinstance(layer, AddLayer):
-            layers.append(p.add(layer, user))
-        elif isinstance(layer, PoolLayer):
-            layers.append(p.pool(layer, user))
-        elif isinstance(layer, DeconvLayer):
-            layers.append(p.deconv(layer, user))
-        elif isinstance(layer, UpsampleLayer):
-            layers.append(p.upsample(layer, user))
-        elif isinstance(layer, ConcatLayer):
-            layers.append(p.concat(layer, user))
+    for tpl, names in groups:
+        if tpl is None:
+            layers.append(p.layer(by[names[0]], knobs.get(names[0])))
         else:
-            raise MappingError(f"layer {layer.name}: {type(layer).__name__} is not supported on "
-                               "the DPU yet")
+            layers.append(p.group(tpl, [by[n] for n in names], knobs.get("+".join(names))))
     sizes = {r: max(64, _cdiv(v, 4096) * 4096) for r, v in p.region_use.items()}
     sizes["PARAM"] = max(64, _cdiv(len(p.params), 4096) * 4096)
     sizes["INSN"] = max(64, _cdiv(sum(len(ly.insns) for ly in layers), 4096) * 4096)
     return DPUProgram(tensors=p.tensors, inputs=list(graph.inputs), outputs=list(graph.outputs),
-                      region_sizes=sizes, params=bytes(p.params), layers=layers)
+                      region_sizes=sizes, params=bytes(p.params), layers=layers, fusion=report)

@@ -72,18 +72,20 @@ def test_non_power_of_two_scales_fall_back_with_their_reason(compare):
     r.assert_bit_exact()
 
 
-def test_resnet_block_is_bit_exact_and_profiled(compare):
+@pytest.mark.parametrize("fusion", [True, False], ids=["fused", "layer_by_layer"])
+def test_resnet_block_is_bit_exact_and_profiled(compare, fusion):
     from tvm_accel import profiler
 
     with profiler.profiling() as prof:
-        r = compare(pow2("conv_residual", c=64, hw=16, batch=4))
+        r = compare(pow2("conv_residual", c=64, hw=16, batch=4),
+                    knobs={"@fusion": {"enabled": fusion}})
     r.assert_bit_exact()
     recs = [x for x in prof.records if x.engine == "dpu"]
-    assert {x.op for x in recs} >= {"conv2d", "add"}
+    assert {x.op for x in recs} >= ({"conv2d+add"} if fusion else {"conv2d", "add"})
     for x in recs:
         assert x.cycles > 0 and 0 <= x.utilization <= 1
-    conv = [x for x in recs if x.op == "conv2d"]
-    assert all(x.utilization > 0.05 for x in conv)
+    conv = [x for x in recs if x.op.startswith("conv2d")]
+    assert conv and all(x.utilization > 0.05 for x in conv)
 
 
 def test_registered_pipeline_compiles_by_name_and_disassembles():

@@ -129,16 +129,19 @@ def _block(c=64, hw=16, batch=4):
 
 
 def test_resnet_block_with_eltwise_add_is_bit_exact(cfg):
-    prog, stats = _run(_block(), cfg)
+    prog, stats = _run(_block(), cfg, {"@fusion": {"enabled": False}})
     ops = [ly.op for ly in prog.layers]
     assert ops == ["conv2d", "conv2d", "add"]
     assert prog.layers[2].knobs["tile_h"] % cfg.MISC_ROW_PAR == 0
+    fused, _ = _run(_block(), cfg)
+    assert [ly.op for ly in fused.layers] == ["conv2d", "conv2d+add"]
 
 
 def test_software_pipelining_overlaps_units_and_cuts_cycles(cfg):
     g = _block(c=64, hw=32, batch=4)
-    serial = {n: {"pipeline": False} for n in ("conv1", "conv2", "add")}
-    _, st_pipe = _run(g, cfg)
+    off = {"@fusion": {"enabled": False}}
+    serial = {**off, **{n: {"pipeline": False} for n in ("conv1", "conv2", "add")}}
+    _, st_pipe = _run(g, cfg, off)
     _, st_ser = _run(g, cfg, serial)
     for (name, p), (_, s) in zip(st_pipe, st_ser, strict=True):
         assert p.cycles < s.cycles, name

@@ -1,0 +1,324 @@
+"""DNNVM fusion search: template embeddings by subgraph isomorphism, then the cheapest execution
+strategy between barriers by shortest path over simulator-measured costs.
+
+Templates (DNNVM Fig. 4, kernel fusion; the intrinsic and point-wise fusions are done by
+canonicalization: bias, zero points and a following ReLU live inside the conv node as its bias
+and clip, so ``conv+relu`` is the conv node itself and ``conv+relu+pool`` is ``conv+pool`` on a
+conv whose clip is a ReLU):
+
+- ``conv+pool``  a conv whose only consumer is a max/avg pool: the pool runs on the CONV output
+  tile in FM (MISC), the conv output never goes to DDR;
+- ``conv+add``   a conv whose only consumer is an element-wise add: the other operand is loaded
+  next to the CONV output tile and ELTADD runs in place, the conv output never goes to DDR;
+- ``horizontal`` two or more convs with the same kernel, stride and padding that read the same
+  tensor: one LOAD per input tile feeds every CONV (the input is read once).
+
+:func:`find_candidates` enumerates every embedding of every template (not greedily) with a
+VF2/Ullmann-style backtracking matcher (:func:`match`, DNNVM Algorithm 1: candidate filtering by
+node type, start at the rarest query vertex, breadth-first next query vertex, candidates refined
+by adjacency to the matched ones); the horizontal template is a star of k convs around a shared
+input for every k >= 2, and automorphic matches are reported once.
+
+:func:`choose` is DNNVM Algorithm 2. Links ``u -> v`` where ``u``'s output goes only to ``v`` and
+``v`` reads only ``u`` cut the graph into chains between barriers (nodes that depend on several
+nodes or that several nodes depend on). Inside a chain the best strategy is the shortest path
+over positions with an edge for every single node and every fused candidate it contains. The
+special cases at barriers are candidates that cross chains -- a ``conv+add`` takes the last node
+of one chain and the add that starts another (so the add's other branch edges into it are
+pruned: it runs once), a horizontal group takes the first nodes of several chains leaving a
+shared tensor. Crossing candidates that share a node or a chain are decided together: every
+node-disjoint subset of such a cluster is tried, each touched chain solved by its shortest path
+with its first/last node removed as the subset requires, and the cheapest kept. Costs are
+additive because the streams run one after another, so the result is optimal for the measured
+costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import combinations
+
+from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
+
+MAX_CLUSTER = 12  # crossing candidates decided jointly; a larger cluster keeps its most beneficial
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One embedding of a fusion template: ``layers`` in execution order."""
+
+    template: str
+    layers: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.layers)
+
+
+# --- graph view ---------------------------------------------------------------------------------
+class _View:
+    """Producer/consumer maps of a layer graph (edges through named tensors)."""
+
+    def __init__(self, graph: LayerGraph):
+        self.g = graph
+        self.layer = {ly.name: ly for ly in graph.layers}
+        self.order = {ly.name: i for i, ly in enumerate(graph.layers)}
+        self.producer: dict[str, str] = {ly.output: ly.name for ly in graph.layers}
+        self.consumers: dict[str, list[str]] = {}
+        for ly in graph.layers:
+            for t in inputs_of(ly):
+                self.consumers.setdefault(t, []).append(ly.name)
+
+    def single_consumer(self, name: str) -> str | None:
+        """The only consumer of ``name``'s output, if it has exactly one and is not an output."""
+        out = self.layer[name].output
+        cons = self.consumers.get(out, [])
+        return cons[0] if len(cons) == 1 and out not in self.g.outputs else None
+
+
+def inputs_of(layer) -> list[str]:
+    return list(getattr(layer, "inputs", None) or [layer.input])
+
+
+# --- subgraph isomorphism ------------------------------------------------------------------------
+@dataclass
+class Template:
+    """Query graph: vertex predicates and edges ``("flow", i, j)`` (j reads i's output, which
+    nothing else reads) or ``("share", i, j)`` (i and j read the same tensor)."""
+
+    name: str
+    vertices: list[Callable[[object], bool]]
+    edges: list[tuple[str, int, int]]
+
+
+def _edge_ok(v: _View, kind: str, a: str, b: str) -> bool:
+    if kind == "flow":
+        return v.single_consumer(a) == b
+    return inputs_of(v.layer[a])[0] == inputs_of(v.layer[b])[0]
+
+
+def match(tpl: Template, v: _View) -> list[tuple[str, ...]]:
+    """Every embedding of ``tpl`` in the graph (query vertex i -> layer name), automorphic
+    duplicates (same layer set) reported once."""
+    cand = [[n for n, ly in v.layer.items() if pred(ly)] for pred in tpl.vertices]
+    if any(not c for c in cand):
+        return []
+    nq = len(tpl.vertices)
+    adj: dict[int, list[tuple[str, int, int]]] = {i: [] for i in range(nq)}
+    for e in tpl.edges:
+        adj[e[1]].append(e)
+        adj[e[2]].append(e)
+    start = min(range(nq), key=lambda i: len(cand[i]))
+    order, seen = [start], {start}
+    for q in order:  # breadth-first NextQueryVertex
+        for _, i, j in adj[q]:
+            for nxt in (i, j):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    order.append(nxt)
+    order += [i for i in range(nq) if i not in seen]
+    found: dict[frozenset, tuple[str, ...]] = {}
+    m: dict[int, str] = {}
+
+    def search(depth: int) -> None:
+        if depth == nq:
+            key = frozenset(m.values())
+            found.setdefault(key, tuple(m[i] for i in range(nq)))
+            return
+        q = order[depth]
+        for u in cand[q]:  # RefineCandidates: unused and adjacent to the matched vertices
+            if u in m.values():
+                continue
+            ok = all(_edge_ok(v, kind, m[i] if i != q else u, m[j] if j != q else u)
+                     for kind, i, j in adj[q] if (i == q or i in m) and (j == q or j in m))
+            if ok:
+                m[q] = u
+                search(depth + 1)
+                del m[q]
+
+    search(0)
+    return list(found.values())
+
+
+def _is_conv(ly) -> bool:
+    return isinstance(ly, ConvLayer) and not ly.is_dense
+
+
+def _same_geometry(a: ConvLayer, b: ConvLayer) -> bool:
+    return (a.kernel == b.kernel and tuple(a.strides) == tuple(b.strides)
+            and tuple(a.padding) == tuple(b.padding))
+
+
+def templates(max_horizontal: int) -> list[Template]:
+    conv = _is_conv
+    tpls = [
+        Template("conv+pool", [conv, lambda ly: isinstance(ly, PoolLayer)], [("flow", 0, 1)]),
+        Template("conv+add", [conv, lambda ly: isinstance(ly, AddLayer)], [("flow", 0, 1)]),
+    ]
+    for k in range(2, max_horizontal + 1):
+        plain = [lambda ly: conv(ly) and ly.groups == 1] * k
+        tpls.append(Template("horizontal", plain, [("share", 0, j) for j in range(1, k)]))
+    return tpls
+
+
+def find_candidates(graph: LayerGraph, accept: Callable[[Candidate], bool] | None = None
+                    ) -> list[Candidate]:
+    """All embeddings of the fusion templates in ``graph`` that ``accept`` (hardware fit) allows."""
+    v = _View(graph)
+    fan = max((len(c) for c in v.consumers.values()), default=1)
+    out: list[Candidate] = []
+    for tpl in templates(max(2, fan)):
+        for emb in match(tpl, v):
+            layers = [v.layer[n] for n in emb]
+            name = tpl.name
+            if name == "horizontal":
+                if not all(_same_geometry(layers[0], ly) for ly in layers[1:]):
+                    continue
+                emb = tuple(sorted(emb, key=v.order.__getitem__))
+            elif name == "conv+pool" and layers[0].requant.qmin > -128:
+                name = "conv+relu+pool"
+            c = Candidate(name, emb)
+            if accept is None or accept(c):
+                out.append(c)
+    return out
+
+
+# --- execution strategy -----------------------------------------------------------------------
+def _chains(v: _View) -> list[list[str]]:
+    nxt: dict[str, str] = {}
+    for n in v.layer:
+        c = v.single_consumer(n)
+        if c is not None and len(inputs_of(v.layer[c])) == 1:
+            nxt[n] = c
+    heads = set(v.layer) - set(nxt.values())
+    chains = []
+    for h in sorted(heads, key=v.order.__getitem__):
+        ch = [h]
+        while ch[-1] in nxt:
+            ch.append(nxt[ch[-1]])
+        chains.append(ch)
+    return chains
+
+
+def _chain_cost(chain: list[str], lo: int, hi: int, single: dict[str, float],
+                inner: dict[tuple[str, ...], float]) -> tuple[float, list[tuple[str, ...]]]:
+    """Shortest path over positions ``lo .. hi`` of a chain: edges are single nodes and fused
+    candidates inside the chain (``inner``: layer tuple -> cost); returns (cost, groups)."""
+    best: dict[int, tuple[float, list]] = {lo: (0.0, [])}
+    for i in range(lo, hi):
+        if i not in best:
+            continue
+        base, groups = best[i]
+        for j in range(i + 1, hi + 1):
+            seg = tuple(chain[i:j])
+            cost = single[seg[0]] if j == i + 1 else inner.get(seg)
+            if cost is None:
+                continue
+            if j not in best or base + cost < best[j][0]:
+                best[j] = (base + cost, [*groups, seg])
+    return best[hi]
+
+
+def choose(graph: LayerGraph, cands: list[Candidate], single: dict[str, float],
+           fused: dict[Candidate, float], forced: dict[str, bool] | None = None
+           ) -> tuple[list[tuple[str, ...]], float]:
+    """Groups (tuples of layer names) covering every layer with the least total cost.
+
+    ``single[layer]`` and ``fused[candidate]`` are measured cycles (a layer in no candidate may
+    be missing from ``single``: it is alone whatever the choice); ``forced`` maps candidate names
+    to True (must be used: it gets a bonus larger than any cost) or False (never used). Returns
+    the groups and their total measured cost (unmeasured layers count 0)."""
+    forced = forced or {}
+    v = _View(graph)
+    single = {n: single.get(n, 0.0) for n in v.layer}
+    cands = [c for c in cands if c in fused and forced.get(c.name, True)]
+    bonus = 2.0 * (sum(single.values()) + sum(fused.values()) + 1.0)
+    cost_of = {c: fused[c] - (bonus if forced.get(c.name) else 0.0) for c in cands}
+    chains = _chains(v)
+    where = {n: (ci, k) for ci, ch in enumerate(chains) for k, n in enumerate(ch)}
+    inner: dict[tuple[str, ...], float] = {}
+    crossing: list[Candidate] = []
+    for c in cands:
+        pos = [where[n] for n in c.layers]
+        ci, k0 = pos[0]
+        if all(p == (ci, k0 + i) for i, p in enumerate(pos)):
+            inner[c.layers] = cost_of[c]
+        elif all(k in (0, len(chains[cj]) - 1) for cj, k in pos):
+            crossing.append(c)
+    touched = {c: {where[n][0] for n in c.layers} for c in crossing}
+
+    clusters: list[list[Candidate]] = []  # crossing candidates linked by a shared chain
+    for c in crossing:
+        linked = [cl for cl in clusters if any(touched[c] & touched[d] for d in cl)]
+        clusters = [cl for cl in clusters if cl not in linked]
+        clusters.append([c] + [d for cl in linked for d in cl])
+
+    def chain_with(ci: int, taken: set[str]) -> tuple[float, list]:
+        ch = chains[ci]
+        lo = 1 if ch[0] in taken else 0
+        hi = len(ch) - 1 if ch[-1] in taken and len(ch) > lo else len(ch)
+        if hi <= lo:
+            return 0.0, []
+        if any(n in taken for n in ch[lo:hi]):
+            return float("inf"), []
+        return _chain_cost(ch, lo, hi, single, inner)
+
+    groups: list[tuple[str, ...]] = []
+    done_chains: set[int] = set()
+    for cl in clusters:
+        def benefit(c: Candidate) -> float:
+            return sum(single[n] for n in c.layers) - cost_of[c]
+        cl = sorted(cl, key=benefit, reverse=True)[:MAX_CLUSTER]
+        chs = sorted(set().union(*(touched[c] for c in cl)))
+        best: tuple[float, list] = (float("inf"), [])
+        for r in range(len(cl) + 1):
+            for sub in combinations(cl, r):
+                taken = [n for c in sub for n in c.layers]
+                if len(taken) != len(set(taken)):
+                    continue
+                cost = sum(cost_of[c] for c in sub)
+                gs = [c.layers for c in sub]
+                for ci in chs:
+                    cc, more = chain_with(ci, set(taken))
+                    cost += cc
+                    gs += more
+                if cost < best[0]:
+                    best = (cost, gs)
+        groups += best[1]
+        done_chains |= set(chs)
+    for ci in range(len(chains)):
+        if ci not in done_chains:
+            groups += chain_with(ci, set())[1]
+    chosen = set(groups)
+    missing = [c.name for c in cands if forced.get(c.name) and c.layers not in chosen]
+    if missing:
+        raise ValueError(f"forced fusion candidates overlap or cannot be used: {missing}")
+    by_layers = {c.layers: fused[c] for c in cands}
+    total = sum(by_layers[g] if len(g) > 1 else single[g[0]] for g in groups)
+    return groups, total
+
+
+def order_groups(graph: LayerGraph, groups: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Groups in an execution order that respects every data dependency (Kahn's algorithm on
+    the group graph, ties broken by the original layer order)."""
+    v = _View(graph)
+    gid = {n: i for i, g in enumerate(groups) for n in g}
+    deps: list[set[int]] = [set() for _ in groups]
+    for i, g in enumerate(groups):
+        for n in g:
+            for t in inputs_of(v.layer[n]):
+                p = v.producer.get(t)
+                if p is not None and gid[p] != i:
+                    deps[i].add(gid[p])
+    key = [min(v.order[n] for n in g) for g in groups]
+    done: set[int] = set()
+    out = []
+    while len(out) < len(groups):
+        ready = [i for i in range(len(groups)) if i not in done and deps[i] <= done]
+        if not ready:
+            raise ValueError("fusion groups form a cycle")
+        i = min(ready, key=key.__getitem__)
+        done.add(i)
+        out.append(groups[i])
+    return out
