@@ -215,11 +215,15 @@ def _default_tile(ths: list[int], tws: list[int], ho: int, wo: int, pref: int, f
     height; ``cost(th)``, when given, is minimized first (ties: the larger band). A W-split when
     no band fits at full width."""
     target = max(pref, _cdiv(_cdiv(ho, 4), pref) * pref)
+
+    def best(ok: list[int]) -> int:
+        return min(ok, key=lambda t: (cost(t) if cost else 0, -t))
     ok = [t for t in ths if t <= target and fits(t, wo)]
     if ok:
-        th = min(ok, key=lambda t: (cost(t) if cost else 0, -t))
-        return th, wo
-    th = ths[0]
+        return best(ok), wo
+    # W-split: the preferred band (the cheapest one when costed) with the widest tile that fits
+    ok = [t for t in ths if t <= target and fits(t, 1)] if cost else []
+    th = best(ok) if ok else ths[0]
     return th, max([t for t in tws if fits(th, t)] or [1])
 
 
@@ -337,10 +341,16 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> K
             except ValueError:
                 return False
 
-        def passes(th):  # CONV row passes per pool output row
-            return _cdiv(_pool_window(pool, th, wo, hc, wc)[0], cfg.CONV_ROW_PAR) / th
-        th, tw = _default_tile(ths, tws, ho, wo, max(1, cfg.CONV_ROW_PAR // pool.strides[0]),
-                               fits, passes)
+        def conv_cycles(th, tw):  # CONV row passes x columns over the whole output
+            rows, cols = _pool_window(pool, th, tw, hc, wc)
+            n_tiles = _cdiv(ho, th) * _cdiv(wo, tw)
+            return n_tiles * (_cdiv(rows, cfg.CONV_ROW_PAR) * cols + cfg.CONV_LATENCY_CYCLES)
+        # default: the tile with the fewest CONV cycles (overlap recompute and row passes
+        # counted), at most ~1/4 of the output rows so LOAD/CONV/MISC/SAVE overlap
+        target = max(1, _cdiv(ho, 4))
+        shapes = [(t, w) for t in ths if t <= target for w in tws if fits(t, w)]
+        th, tw = min(shapes, key=lambda s: (conv_cycles(*s), -s[0] * s[1]),
+                     default=(1, 1))
         knobs = [base["oc_tile"], base["format"]]
     elif template == "horizontal":
         ks = [ly.weight.shape[0] for ly in layers]
@@ -1028,7 +1038,9 @@ def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[
             progs[c] = p.group(c.template, [by[n] for n in c.layers], knobs.get(c.name))
             return True
         except MappingError:
-            return False
+            if c.name in knobs:  # the user's knobs for this group are wrong: say so
+                raise
+            return False  # the group does not fit the hardware: not a candidate
     cands = fusion.find_candidates(graph, accept)
     unknown = sorted(set(forced) - {c.name for c in cands})
     if unknown:

@@ -301,3 +301,88 @@ def test_weight_chunks_double_buffer_in_the_pm_halves():
     pm = [i for i in insns if isinstance(i, cg.Load) and i.to_pm]
     assert len(pm) >= 4 and {i.dst_addr for i in pm} == {0, 8192}
     assert {i.param_addr for i in insns if isinstance(i, cg.Conv)} == {0, 8192}
+
+
+# --- fusion: templates, search, fused streams ----------------------------------------------------
+import itertools  # noqa: E402
+
+from tvm_dpu import fusion  # noqa: E402
+
+
+def _fusable(batch=2, hw=12, c=16):
+    """x -> a (3x3) -> pool; x -> b, c (1x1) and d (3x3): horizontal {b, c} and {a, d} (a is
+    also in conv+pool); b -> e -> add(e, c2), c -> c2: two conv+add embeddings share the add."""
+    rng = np.random.default_rng(5)
+    s = (batch, c, hw, hw)
+    a = _conv(rng, "a", "x", "ta", c, c, relu=True, shift=10)
+    pool = PoolLayer("pool", "ta", "tp", "max", (3, 3), (2, 2), (1,) * 4, 0, None)
+    b = _conv(rng, "b", "x", "tb", c, c, ksz=1, pad=0, shift=9)
+    cc = _conv(rng, "c", "x", "tc", c, c, ksz=1, pad=0, shift=9)
+    d = _conv(rng, "d", "x", "td", c, c, shift=10)
+    e = _conv(rng, "e", "tb", "te", c, c, shift=10)
+    c2 = _conv(rng, "c2", "tc", "tc2", c, c, shift=10)
+    add = AddLayer("add", ("te", "tc2"), "y", 0, 0, 1, 2, _rq(1, 1))
+    ho = (hw + 2 - 3) // 2 + 1
+    shapes = {n: s for n in ("x", "ta", "tb", "tc", "td", "te", "tc2", "y")}
+    shapes["tp"] = (batch, c, ho, ho)
+    return _graph([a, pool, b, cc, d, e, c2, add], shapes, ["x"], ["tp", "td", "y"])
+
+
+def test_subgraph_isomorphism_finds_every_embedding_not_a_greedy_subset():
+    cands = {(c.template, c.layers) for c in fusion.find_candidates(_fusable())}
+    assert cands == {("conv+relu+pool", ("a", "pool")), ("conv+add", ("e", "add")),
+                     ("conv+add", ("c2", "add")), ("horizontal", ("b", "c")),
+                     ("horizontal", ("a", "d"))}
+
+
+def test_shortest_path_search_matches_brute_force_over_all_strategies():
+    g = _fusable()
+    cands = fusion.find_candidates(g)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        single = {ly.name: float(rng.integers(50, 150)) for ly in g.layers}
+        fused = {c: float(rng.integers(60, 300)) for c in cands}
+        groups, total = fusion.choose(g, cands, single, fused)
+        best = float("inf")
+        for r in range(len(cands) + 1):
+            for sub in itertools.combinations(cands, r):
+                names = [n for c in sub for n in c.layers]
+                if len(names) == len(set(names)):
+                    best = min(best, sum(fused[c] for c in sub)
+                               + sum(v for n, v in single.items() if n not in names))
+        assert total == best
+        assert sorted(n for grp in groups for n in grp) == sorted(single)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"a+pool": {"oc_tile": 16, "tile_h": 2, "tile_w": 3},
+                                        "b+c": {"tile_h": 8, "tile_w": 5, "pipeline": False}}])
+def test_every_fusion_template_runs_bit_exact(cfg, knobs):
+    g = _fusable(batch=3)
+    forced = {"a+pool": True, "b+c": True, "c2+add": True}
+    prog, _ = _run(g, cfg, {"@fusion": forced, **knobs})
+    ops = sorted(ly.op for ly in prog.layers)
+    assert ops == ["2xconv2d (horizontal)", "conv2d", "conv2d", "conv2d+add",
+                   "conv2d+max_pool2d"]
+    assert "ta" not in prog.tensors and "tc2" not in prog.tensors  # kept in FM
+
+
+def test_conv_add_with_the_conv_as_second_operand_and_weight_tiling_is_bit_exact(cfg):
+    g = _fusable(batch=4, hw=10, c=40)
+    prog, _ = _run(g, cfg, {"@fusion": {"e+add": True}, "e+add": {"oc_tile": 16}})
+    assert any(ly.name == "e+add" for ly in prog.layers)
+
+
+def test_search_never_loses_to_layer_by_layer_and_honours_forbidden_candidates(cfg):
+    g = _fusable(batch=4, hw=24, c=32)
+    fused, st_f = _run(g, cfg)
+    _, st_u = _run(g, cfg, {"@fusion": {"enabled": False}})
+    assert sum(s.cycles for _, s in st_f) <= sum(s.cycles for _, s in st_u)
+    rep = fused.fusion
+    assert {c[0] for c in rep.candidates} == {"a+pool", "e+add", "c2+add", "b+c", "a+d"}
+    no, _ = _run(g, cfg, {"@fusion": dict.fromkeys(rep.chosen, False)})
+    assert not set(rep.chosen) & {ly.name for ly in no.layers}
+
+
+def test_unknown_fusion_candidate_is_a_clear_error(cfg):
+    with pytest.raises(MappingError, match="no fusion candidate named a\\+b.*candidates: "):
+        plan(_fusable(), cfg, {"@fusion": {"a+b": True}})
