@@ -54,3 +54,18 @@ def test_run_blob_rejects_wrong_inputs_and_foreign_blobs():
     b = unpack_blob(fn.blob)
     with pytest.raises(BlobError):
         tvm_dpu.codegen.load_blob(pack_blob(Blob("vta", b.fingerprint, b.sections)))
+
+
+def test_one_command_writes_a_model_trace_and_timeline_png(tmp_path, capsys):
+    import json
+
+    from tvm_dpu.timeline import main
+
+    assert main(["resnet20", "-o", str(tmp_path / "r20")]) == 0
+    assert "timeline written to" in capsys.readouterr().out
+    events = json.loads((tmp_path / "r20.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert {e.get("name") for e in events} >= {"CONV", "SAVE"}
+    assert (tmp_path / "r20.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["nosuchnet", "-o", str(tmp_path / "x")]) == 1
+    assert "unknown model nosuchnet" in capsys.readouterr().out
