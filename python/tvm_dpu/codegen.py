@@ -871,7 +871,7 @@ def build_blob(program, cfg: DPUConfig, name: str = "") -> bytes:
                        "macs": ly.macs, "shape": ly.shape, "knobs": ly.knobs})
         off += len(ly.insns)
     tensors = {t.name: {"shape": list(t.shape), "dtype": t.dtype, "region": t.region,
-                        "offset": t.offset, "n_alloc": t.n_alloc}
+                        "offset": t.offset, "n_alloc": t.n_alloc, "pix_stride": t.pix_stride}
                for t in program.tensors.values()}
     meta = {"name": name, "inputs": program.inputs, "outputs": program.outputs,
             "tensors": tensors, "layers": layers, "region_sizes": program.region_sizes}
@@ -920,10 +920,12 @@ def load_blob(data: bytes, expect_config: DPUConfig | None = None):
         for tname, t in meta["tensors"].items():
             p = TensorPlacement(name=str(tname), shape=tuple(int(s) for s in t["shape"]),
                                 dtype=str(t["dtype"]), region=str(t["region"]),
-                                offset=int(t["offset"]), n_alloc=int(t["n_alloc"]))
+                                offset=int(t["offset"]), n_alloc=int(t["n_alloc"]),
+                                pix_stride=int(t.get("pix_stride", 0)))
             if p.dtype != "int8":
                 raise BlobError(f"dpu blob: tensor {tname} has unsupported dtype {p.dtype}")
             if (len(p.shape) not in (2, 4) or min(p.shape) < 1 or p.n_alloc < p.shape[0]
+                    or (p.pix_stride and (p.pix_stride < p.hwc[2] or p.pix_stride > 1 << 16))
                     or p.n_alloc % cfg.NUM_PE or p.region not in ("INPUT", "OUTPUT", "SWAP")):
                 raise BlobError(f"dpu blob: tensor {tname} has an inconsistent placement "
                                 f"(shape {list(p.shape)}, {p.n_alloc} images, region "

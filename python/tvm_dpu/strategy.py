@@ -83,7 +83,10 @@ def _cdiv(a: int, b: int) -> int:
 
 @dataclass
 class TensorPlacement:
-    """A tensor in DDR: ``region`` + ``offset``, ``n_alloc`` images of ``h x w x c`` bytes."""
+    """A tensor in DDR: ``region`` + ``offset``, ``n_alloc`` images of ``h x w x c`` bytes.
+
+    ``pix_stride`` > 0 makes it a channel slice of a wider tensor (a concat input placed in its
+    concat's output): pixels are ``pix_stride`` bytes apart and images ``h x w x pix_stride``."""
 
     name: str
     shape: tuple[int, ...]
@@ -91,6 +94,7 @@ class TensorPlacement:
     region: str
     offset: int
     n_alloc: int
+    pix_stride: int = 0
 
     @property
     def hwc(self) -> tuple[int, int, int]:
@@ -98,13 +102,19 @@ class TensorPlacement:
         return (s[2], s[3], s[1]) if len(s) == 4 else (1, 1, s[1])
 
     @property
+    def pstride(self) -> int:
+        return self.pix_stride or self.hwc[2]
+
+    @property
     def img_stride(self) -> int:
-        h, w, c = self.hwc
-        return h * w * c
+        h, w, _ = self.hwc
+        return h * w * self.pstride
 
     @property
     def nbytes(self) -> int:
-        return self.n_alloc * self.img_stride
+        """Bytes from ``offset`` to the end of the last image's last pixel."""
+        h, w, c = self.hwc
+        return (self.n_alloc * h * w - 1) * self.pstride + c
 
 
 @dataclass
@@ -532,8 +542,11 @@ def _pool_maker(layer: PoolLayer):
 
 # --- planning ----------------------------------------------------------------------------------
 class _Planner:
-    def __init__(self, graph: LayerGraph, cfg: DPUConfig, on_chip: set[str] = frozenset()):
-        """``on_chip``: tensors a fused group keeps in FM (no DDR placement)."""
+    def __init__(self, graph: LayerGraph, cfg: DPUConfig, on_chip: set[str] = frozenset(),
+                 views: dict[str, tuple[str, int]] | None = None):
+        """``on_chip``: tensors a fused group keeps in FM (no DDR placement); ``views``: tensor ->
+        (concat output, first channel) for concat inputs written in place by their producers."""
+        views = views or {}
         self.g, self.cfg = graph, cfg
         self.P = cfg.NUM_PE
         self.params = bytearray()
@@ -546,7 +559,7 @@ class _Planner:
                                    "(int8 only)")
             if len(t.shape) not in (2, 4):
                 raise MappingError(f"tensor {name}: shape {t.shape} is neither NCHW nor NC")
-            if name in on_chip:
+            if name in on_chip or name in views:
                 continue
             region = ("INPUT" if name in graph.inputs else
                       "OUTPUT" if name in graph.outputs else "SWAP")
@@ -556,6 +569,12 @@ class _Planner:
                                 n_alloc)
             self.region_use[region] = off + _cdiv(p.nbytes, 64) * 64
             self.tensors[name] = p
+        for name, (whole, ch0) in views.items():
+            w = self.tensors[whole]
+            self.tensors[name] = TensorPlacement(name, tuple(int(x) for x in
+                                                            graph.tensors[name].shape),
+                                                 "int8", w.region, w.offset + ch0, w.n_alloc,
+                                                 pix_stride=w.hwc[2])
 
     def _param(self, data: bytes) -> int:
         off = len(self.params)
@@ -569,7 +588,7 @@ class _Planner:
 
     def _load(self, t: TensorPlacement, mem: int, addr: int, g: int, r0: int, rows: int, c0: int,
               cols: int, ch0: int, chans: int) -> cg.Load:
-        h, w, c = t.hwc
+        w, c = t.hwc[1], t.pstride
         return cg.Load(fm_mem=mem, dst_addr=addr, region=self._region(t),
                        ddr_offset=t.offset + g * self.P * t.img_stride + (r0 * w + c0) * c + ch0,
                        rows=rows, cols=cols, chans=chans, ddr_pix_stride=c, ddr_row_stride=w * c,
@@ -577,7 +596,7 @@ class _Planner:
 
     def _save(self, t: TensorPlacement, addr: int, g: int, r0: int, rows: int, c0: int, cols: int,
               ch0: int, chans: int, fm_mem: int = 1) -> cg.Save:
-        h, w, c = t.hwc
+        w, c = t.hwc[1], t.pstride
         return cg.Save(fm_mem=fm_mem, src_addr=addr, region=self._region(t),
                        ddr_offset=t.offset + g * self.P * t.img_stride + (r0 * w + c0) * c + ch0,
                        rows=rows, cols=cols, chans=chans, fm_pix_stride=chans,
@@ -711,6 +730,7 @@ class _Planner:
         except ValueError as e:
             raise MappingError(str(e)) from None
         ho, wo, k = tout.hwc
+        ps = tout.pstride
         sh, sw = layer.strides
         segments, macs = [], 0
         for sc in subs:
@@ -723,10 +743,10 @@ class _Planner:
                 col = ox + sw * (x0 - qw)
                 return [], [], [cg.Save(fm_mem=1, src_addr=buf, region=self._region(tout),
                                ddr_offset=tout.offset + g * self.P * tout.img_stride
-                               + (r * wo + col) * k + k0,
+                               + (r * wo + col) * ps + k0,
                                rows=nh, cols=nw, chans=kk, fm_pix_stride=kk,
-                               fm_row_stride=nw * kk, ddr_pix_stride=sw * k,
-                               ddr_row_stride=sh * wo * k, img_stride=tout.img_stride)]
+                               fm_row_stride=nw * kk, ddr_pix_stride=sw * ps,
+                               ddr_row_stride=sh * wo * ps, img_stride=tout.img_stride)]
             segments += self._conv_segments(sc.conv, tin, kn, tail, (qh, nh_t), (qw, nw_t))
             skh, skw = sc.conv.kernel
             macs += tin.shape[0] * k * nh_t * nw_t * skh * skw * in_shape[1]
@@ -1071,13 +1091,44 @@ def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[
     return [(template.get(g) if len(g) > 1 else None, g) for g in ordered], report
 
 
+def _concat_in_place(graph: LayerGraph, groups: list, on_chip: set[str]
+                     ) -> dict[str, tuple[str, int]]:
+    """Concats whose inputs their producers can write straight into the concat's output (DNNVM:
+    reorganization fused into the SAVE of the previous operator): channel concat of identically
+    quantized inputs, each input made by a DPU layer here (not a concat), read by nothing else,
+    not a function input or output. Returns the input -> (output, first channel) placements."""
+    single = {g[0] for t, g in groups if t is None}
+    producer = {ly.output: ly for ly in graph.layers}
+    readers: dict[str, int] = {}
+    for ly in graph.layers:
+        for t in getattr(ly, "inputs", None) or [ly.input]:
+            readers[t] = readers.get(t, 0) + 1
+    views: dict[str, tuple[str, int]] = {}
+    for ly in graph.layers:
+        if not isinstance(ly, ConcatLayer) or ly.name not in single:
+            continue
+        ins = list(ly.inputs)
+        if (ly.axis != 1 or any(rq is not None for rq in ly.requants) or len(set(ins)) != len(ins)
+                or len(graph.tensors[ly.output].shape) != 4):
+            continue
+        if all(t in producer and not isinstance(producer[t], ConcatLayer) and readers[t] == 1
+               and t not in graph.outputs and t not in on_chip for t in ins):
+            ch0 = 0
+            for t in ins:
+                views[t] = (ly.output, ch0)
+                ch0 += int(graph.tensors[t].shape[1])
+    return views
+
+
 def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None) -> DPUProgram:
     """Compile a layer graph into DPU streams (one per layer or fused group), a DDR map and the
     PARAM image.
 
     ``knobs`` maps layer names (and fused group names ``a+b``) to (partial) knob dicts overriding
     the defaults; ``knobs["@fusion"]`` controls the fusion search: ``{"enabled": False}`` runs
-    layer by layer, ``{"<candidate name>": False}`` forbids a candidate, ``True`` forces it."""
+    layer by layer, ``{"<candidate name>": False}`` forbids a candidate, ``True`` forces it.
+    With fusion on, a concat whose inputs can be written in place disappears: its producers
+    save straight into their channel range of its output (:func:`_concat_in_place`)."""
     cfg.validate("DPU config")
     knobs = knobs or {}
     fk = dict(knobs.get(FUSION_KNOB) or {})
@@ -1090,7 +1141,12 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
         groups, report = _fusion_search(graph, cfg, knobs, fk)
     by = {ly.name: ly for ly in graph.layers}
     on_chip = {by[g[0]].output for t, g in groups if t is not None and t != "horizontal"}
-    p = _Planner(graph, cfg, on_chip)
+    views = _concat_in_place(graph, groups, on_chip) if enabled else {}
+    if views:
+        placed = {whole for whole, _ in views.values()}
+        groups = [(t, g) for t, g in groups
+                  if not (t is None and by[g[0]].output in placed)]
+    p = _Planner(graph, cfg, on_chip, views)
     layers = []
     for tpl, names in groups:
         if tpl is None:

@@ -386,3 +386,26 @@ def test_search_never_loses_to_layer_by_layer_and_honours_forbidden_candidates(c
 def test_unknown_fusion_candidate_is_a_clear_error(cfg):
     with pytest.raises(MappingError, match="no fusion candidate named a\\+b.*candidates: "):
         plan(_fusable(), cfg, {"@fusion": {"a+b": True}})
+
+
+def test_concat_inputs_are_saved_in_place_by_their_producers(cfg):
+    from tvm_dpu.codegen import build_blob, load_blob
+
+    rng = np.random.default_rng(7)
+    s = (4, 16, 10, 10)
+    a = _conv(rng, "a", "x", "ta", 16, 24, shift=10)
+    b = _conv(rng, "b", "x", "tb", 16, 8, ksz=1, pad=0, shift=9)
+    up = PoolLayer("p", "x", "tp", "max", (3, 3), (1, 1), (1,) * 4, 0, None)
+    cat = ConcatLayer("cat", ("ta", "tp", "tb"), "tc", (0, 0, 0), (None,) * 3)
+    d = _conv(rng, "d", "tc", "y", 48, 16, shift=11)
+    shapes = {"x": s, "ta": (4, 24, 10, 10), "tb": (4, 8, 10, 10), "tp": s,
+              "tc": (4, 48, 10, 10), "y": s}
+    g = _graph([a, up, b, cat, d], shapes, ["x"], ["y"])
+    prog, _ = _run(g, cfg)
+    assert "concat" not in {ly.op for ly in prog.layers}
+    assert [prog.tensors[t].pix_stride for t in ("ta", "tp", "tb")] == [48, 48, 48]
+    assert prog.tensors["tb"].offset == prog.tensors["tc"].offset + 40
+    again, _, _ = load_blob(build_blob(prog, cfg, "f"))
+    assert again.tensors["tp"].pix_stride == 48
+    off, _ = _run(g, cfg, {"@fusion": {"enabled": False}})
+    assert "concat" in {ly.op for ly in off.layers}
