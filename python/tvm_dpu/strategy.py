@@ -351,13 +351,19 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> K
             except ValueError:
                 return False
 
-        def conv_cycles(th, tw):  # CONV row passes x columns over the whole output
+        ic = 1 if conv.is_depthwise else (c * kw if fmt else c)
+        per_col = (_cdiv(kt, cfg.CONV_OC_PAR) * _cdiv(ic, cfg.CONV_IC_PAR) * kh
+                   * (1 if fmt else kw))
+
+        def conv_cycles(th, tw):  # the CONV cycle model over the whole output (one oc chunk)
             rows, cols = _pool_window(pool, th, tw, hc, wc)
             n_tiles = _cdiv(ho, th) * _cdiv(wo, tw)
-            return n_tiles * (_cdiv(rows, cfg.CONV_ROW_PAR) * cols + cfg.CONV_LATENCY_CYCLES)
+            return n_tiles * (_cdiv(rows, cfg.CONV_ROW_PAR) * cols * per_col
+                              + cfg.CONV_LATENCY_CYCLES)
         # default: the tile with the fewest CONV cycles (overlap recompute and row passes
-        # counted), at most ~1/4 of the output rows so LOAD/CONV/MISC/SAVE overlap
-        target = max(1, _cdiv(ho, 4))
+        # counted), at most ~1/4 of the output rows (so LOAD/CONV/MISC/SAVE overlap) unless
+        # that is less than one full CONV row pass
+        target = max(_cdiv(ho, 4), _cdiv(cfg.CONV_ROW_PAR, pool.strides[0]))
         shapes = [(t, w) for t in ths if t <= target for w in tws if fits(t, w)]
         th, tw = min(shapes, key=lambda s: (conv_cycles(*s), -s[0] * s[1]),
                      default=(1, 1))
