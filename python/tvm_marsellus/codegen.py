@@ -184,8 +184,8 @@ class RbeJob(_Sync):
     w_ptr: int = 0
     nq_ptr: int = 0
     y_ptr: int = 0
-    h_in: int = 1
-    w_in: int = 1
+    h_in: int = 3
+    w_in: int = 3
     h_out: int = 1
     w_out: int = 1
     k_in: int = 32

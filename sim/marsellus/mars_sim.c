@@ -95,6 +95,7 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
     uint64_t sem_cap[MARS_NUM_SEMS] = {0}, budget;
     sem_heap sems[MARS_NUM_SEMS];
     int rc = ACCEL_OK, tracing = 0;
+    uint64_t rbe_end[16] = {0}, rbe_jobs = 0, best_ready = 0;
     double us_per_cycle;
 
     accel_err_init(&e, err, err_len);
@@ -180,24 +181,25 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
         uint64_t best_start = 0;
         for (int q = 0; q < MARS_NUM_ENGINES; q++) {
             const mars_cmd *c;
-            uint64_t start;
+            uint64_t start, tok = 0;
             int ready = 1;
             if (qpos[q] == qlen[q])
                 continue;
             c = &cs[queue[qbase[q] + qpos[q]]];
-            start = free_t[q];
             for (int s = 0; s < MARS_NUM_SEMS; s++)
                 if (c->wait >> s & 1) {
                     if (!sems[s].n) {
                         ready = 0;
                         break;
                     }
-                    if (sems[s].t[0] > start)
-                        start = sems[s].t[0];
+                    if (sems[s].t[0] > tok)
+                        tok = sems[s].t[0];
                 }
+            start = tok > free_t[q] ? tok : free_t[q];
             if (ready && (best < 0 || start < best_start)) {
                 best = q;
                 best_start = start;
+                best_ready = tok;
             }
         }
         if (best < 0) {
@@ -231,18 +233,15 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
                     heap_pop(&sems[s]);
             begin = start;
             if (c->op == MARS_OP_RBE) {
-                /* the job becomes ready at `start`; a core writes its registers (setup); with a
-                 * queue deeper than 1 this overlaps the running job */
-                uint64_t ready = start;
-                if (cfg->rbe_queue_depth > 1) {
-                    uint64_t t = accel_sat_add(ready, (uint64_t)cfg->rbe_job_setup);
-                    begin = t > free_t[best] ? t : free_t[best];
-                    /* the part of the setup that did not overlap */
-                    setup = begin - start;
-                } else {
-                    begin = accel_sat_add(start, (uint64_t)cfg->rbe_job_setup);
-                    setup = (uint64_t)cfg->rbe_job_setup;
-                }
+                /* a core writes the job registers (setup) once the job's inputs are ready and a
+                 * context is free: job j may be written when job j - depth has completed; it
+                 * runs when the engine is free and its registers are written */
+                uint64_t depth = (uint64_t)cfg->rbe_queue_depth;
+                uint64_t slot = rbe_jobs >= depth ? rbe_end[(rbe_jobs - depth) % 16] : 0;
+                uint64_t prog = best_ready > slot ? best_ready : slot;
+                uint64_t t = accel_sat_add(prog, (uint64_t)cfg->rbe_job_setup);
+                begin = t > free_t[best] ? t : free_t[best];
+                setup = begin - start;
             }
             dur = (c->op == MARS_OP_NOP) ? 0 : c->cycles;
             end = accel_sat_add(begin, dur);
@@ -279,6 +278,8 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
                 if (c->signal >> s & 1)
                     heap_push(&sems[s], end);
             free_t[best] = end;
+            if (c->op == MARS_OP_RBE)
+                rbe_end[rbe_jobs++ % 16] = end;
             if (end > stats->cycles)
                 stats->cycles = end;
             qpos[best]++;
