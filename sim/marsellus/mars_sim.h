@@ -23,8 +23,11 @@
  * Cycle model (per command, see the hw_config module docstring for the RBE formula):
  *   DMA      latency + ceil(bytes / bytes_per_cycle) + (rows - 1) * row_overhead
  *            (L3 transfers use l3_latency and l3_bytes_per_cycle)
- *   RBE      setup + LOAD / COMPUTE / NORMQUANT / STREAMOUT phases; the setup (job registers
- *            written by a core) overlaps the previous job when the queue is deeper than 1
+ *   RBE      setup + LOAD / COMPUTE / NORMQUANT / STREAMOUT phases. The setup (a core writes
+ *            the job registers) starts when the job's tokens are there and one of the
+ *            rbe_queue_depth contexts is free (job j - depth has completed); the job runs when
+ *            the engine is free and its setup is done, so with 2 contexts the setup of a queued
+ *            job overlaps the running one. Only the setup not hidden counts as busy/rbe_setup.
  *   CLUSTER  overhead + work / rate, rates from the config:
  *            CONV  ceil(MACs / matmul_rate(max(in, w bits))) + im2col bytes / im2col rate
  *                  (only for kernels > 1x1 or stride > 1) + outputs * nq_cycles / cores

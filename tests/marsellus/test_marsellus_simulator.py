@@ -14,7 +14,7 @@ import pytest
 from tvm_accel.errors import SimulatorError
 from tvm_marsellus import codegen as cg
 from tvm_marsellus.hw_config import MarsellusConfig, load_config
-from tvm_marsellus.simulator import rbe_job_phases, simulate
+from tvm_marsellus.simulator import rbe_job_phases, run_program, simulate
 
 CFG = load_config()
 
@@ -323,6 +323,71 @@ def test_cluster_and_rbe_run_concurrently_when_not_synchronised():
                                               replace(fc, wait=(0,))]))
     assert chained.cycles == sum(alone)
     assert chained.cluster_stall == alone[0]
+
+
+def _two_layer_program():
+    """HWC int8 input in L2 -> marshal to bit planes -> RBE 3x3 -> RBE 1x1 -> HWC output."""
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 16, (6, 6, 32))
+    w1 = rng.integers(-4, 4, (64, 32, 3, 3))
+    w2 = rng.integers(-2, 2, (32, 64, 1, 1))
+    k1, l1_ = rng.integers(1, 64, 64), rng.integers(-100, 100, 64)
+    k2, l2_ = rng.integers(1, 64, 32), rng.integers(-100, 100, 32)
+    params = [cg.pack_weights(w1, 3), cg.pack_normquant(k1, l1_), cg.pack_weights(w2, 2),
+              cg.pack_normquant(k2, l2_)]
+    offs, image = [], b""
+    for p in params:
+        offs.append(len(image))
+        image += p.tobytes() + bytes((-p.size) % 4)
+    xin, yout = 65536, 98304
+    L = {"x": 0, "xp": 4096, "w1": 8192, "nq1": 16384 + 4096, "h": 24576, "w2": 28672,
+         "nq2": 32768, "y2": 36864, "yh": 40960}
+    sizes = [p.size for p in params]
+    cmds1 = [
+        cg.Dma(src_mem="L2", dst_mem="L1", src=xin, dst=L["x"], length=6 * 6 * 32, signal=(0,)),
+        cg.Dma(src_mem="L2", dst_mem="L1", src=offs[0], dst=L["w1"], length=sizes[0]),
+        cg.Dma(src_mem="L2", dst_mem="L1", src=offs[1], dst=L["nq1"], length=sizes[1]),
+        cg.Dma(src_mem="L2", dst_mem="L1", src=offs[2], dst=L["w2"], length=sizes[2]),
+        cg.Dma(src_mem="L2", dst_mem="L1", src=offs[3], dst=L["nq2"], length=sizes[3],
+               signal=(1,)),
+        cg.ClusterKernel(wait=(0,), signal=(2,), kernel="HWC2RBE", in_bits=8, out_bits=4,
+                         in_signed=0, in_addr=L["x"], out_addr=L["xp"], h_in=6, w_in=6,
+                         c_in=32, h_out=6, w_out=6, c_out=32),
+        cg.RbeJob(wait=(1, 2), signal=(3,), x_ptr=L["xp"], w_ptr=L["w1"], nq_ptr=L["nq1"],
+                  y_ptr=L["h"], h_in=6, w_in=6, h_out=6, w_out=6, k_in=32, k_out=64, in_bits=4,
+                  w_bits=3, out_bits=4, relu=1, shift=6, pad_top=1, pad_bottom=1, pad_left=1,
+                  pad_right=1)]
+    cmds2 = [
+        cg.RbeJob(wait=(3,), signal=(4,), x_ptr=L["h"], w_ptr=L["w2"], nq_ptr=L["nq2"],
+                  y_ptr=L["y2"], h_in=6, w_in=6, h_out=6, w_out=6, k_in=64, k_out=32,
+                  in_bits=4, w_bits=2, out_bits=8, kernel=1, out_signed=1, shift=5),
+        cg.ClusterKernel(wait=(4,), signal=(5,), kernel="RBE2HWC", in_bits=8, out_bits=8,
+                         in_signed=1, in_addr=L["y2"], out_addr=L["yh"], h_in=6, w_in=6,
+                         c_in=32, h_out=6, w_out=6, c_out=32),
+        cg.Dma(wait=(5,), src_mem="L1", dst_mem="L2", src=L["yh"], dst=yout, length=6 * 6 * 32)]
+    prog = cg.MarsProgram(
+        layers=[cg.LayerProgram("conv3x3", "conv2d", "rbe", cmds1, macs=36 * 64 * 32 * 9),
+                cg.LayerProgram("conv1x1", "conv2d", "rbe", cmds2, macs=36 * 32 * 64)],
+        tensors={"x": cg.TensorPlacement("x", (6, 6, 32), "L2", xin, "hwc", 8, False),
+                 "y": cg.TensorPlacement("y", (6, 6, 32), "L2", yout, "hwc", 8, True)},
+        inputs=["x"], outputs=["y"], l2_image=image, l2_bytes=131072)
+    h = cg.normquant(conv_ref(x, w1, (1, 1, 1, 1), 0, 1, 6, 6), k1, l1_, 6, 4, False, True)
+    ref = cg.normquant(conv_ref(h, w2, (0, 0, 0, 0), 0, 1, 6, 6), k2, l2_, 5, 8, True, False)
+    return prog, x, ref
+
+
+def test_a_program_runs_from_its_blob_bit_exact():
+    prog, x, ref = _two_layer_program()
+    data = cg.build_blob(prog, CFG, "two_convs")
+    loaded, cfg, _ = cg.load_blob(data, expect_config=CFG)
+    outs, st = run_program(cfg, loaded, {"x": x})
+    np.testing.assert_array_equal(outs["y"], ref)
+    assert st.rbe_macs == sum(ly.macs for ly in prog.layers)
+    assert st.rbe_cmds == 2 and st.cluster_cmds == 2 and st.dma_in_cmds == 5
+    with pytest.raises(SimulatorError, match="values outside 0..255"):
+        run_program(cfg, loaded, {"x": x - 1})
+    with pytest.raises(SimulatorError, match="was not given"):
+        run_program(cfg, loaded, {})
 
 
 # --- timing calibration (paper Fig. 13 / Sec. II-B4 / Sec. III-C) ---------------------------------
