@@ -139,7 +139,7 @@ static void rbe_timing(const mars_config *cfg, mars_cmd *c)
     uint64_t n_ki = ceil_div((uint64_t)c->k_in, 32);
     uint64_t groups = ceil_div((uint64_t)c->in_bits, (uint64_t)cfg->rbe_binconvs);
     uint64_t load = 0, compute = 0, nq = 0, so = 0;
-    uint64_t cw = c->mode1x1 ? 1 : (uint64_t)c->w_bits;
+    uint64_t cw = (uint64_t)c->w_bits;
     for (uint64_t g = 0; g < groups; g++) {
         uint64_t ib = (uint64_t)c->in_bits - g * (uint64_t)cfg->rbe_binconvs;
         if (ib > (uint64_t)cfg->rbe_binconvs)
@@ -150,7 +150,10 @@ static void rbe_timing(const mars_config *cfg, mars_cmd *c)
         uint64_t kt = (uint64_t)c->k_out - t * 32;
         if (kt > 32)
             kt = 32;
-        compute += groups * (kt * (cw + (uint64_t)cfg->rbe_kout_overhead) + (uint64_t)cfg->rbe_compute_latency);
+        /* 3x3: W serialized bit-planes per output channel plus the Accum switch cycle;
+         * 1x1: all W bits in one cycle over the Blocks, accumulation pipelined */
+        uint64_t per_k = c->mode1x1 ? 1 : cw + (uint64_t)cfg->rbe_kout_overhead;
+        compute += groups * (kt * per_k + (uint64_t)cfg->rbe_compute_latency);
         nq += ceil_div(kt, 4) * (uint64_t)cfg->rbe_nq_cycles_per_group;
         so += P * P * (uint64_t)c->out_bits;
     }
