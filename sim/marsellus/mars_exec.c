@@ -1,0 +1,329 @@
+/* Functional semantics of MARSELLUS commands (see python/tvm_marsellus/codegen.py). Every
+ * address was checked by mars_decode; executors only compute. */
+#include "marsellus/mars_internal.h"
+
+/* floor(v / 2^s) for any int64 v, s in 0..31, without implementation-defined shifts. */
+static int64_t floor_shift(int64_t v, int s)
+{
+    if (v >= 0)
+        return v >> s;
+    return -(int64_t)(((uint64_t)(-(v + 1)) >> s)) - 1;
+}
+
+/* Wrap an int64 to int32 two's complement (the 32-bit accumulators). */
+static int64_t wrap32(int64_t v)
+{
+    uint32_t u = (uint32_t)((uint64_t)v & 0xffffffffu);
+    return (int64_t)accel_as_i32(u);
+}
+
+static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* NormQuant shared by the RBE and the cluster kernels:
+ * y = sat(((acc * kappa) + lambda) >> shift) in int64, floor shift; then ReLU / saturation. */
+static int64_t normquant(int64_t acc, uint32_t kappa, int32_t lambda, int shift, int bits,
+                         int is_signed, int relu)
+{
+    int64_t y = floor_shift(acc * (int64_t)kappa + (int64_t)lambda, shift);
+    int64_t lo = is_signed ? -((int64_t)1 << (bits - 1)) : 0;
+    int64_t hi = is_signed ? ((int64_t)1 << (bits - 1)) - 1 : ((int64_t)1 << bits) - 1;
+    if (relu && lo < 0)
+        lo = 0;
+    return clamp64(y, lo, hi);
+}
+
+static void nq_record(const uint8_t *l1, uint64_t nq, int64_t ch, uint32_t *kappa, int32_t *lambda)
+{
+    const uint8_t *r = l1 + nq + 6 * (uint64_t)ch;
+    *kappa = (uint32_t)r[0] | ((uint32_t)r[1] << 8);
+    *lambda = accel_as_i32(accel_ld_u32le(r + 2));
+}
+
+/* Element i of a bit-packed tensor (element i at bits [i*bits, (i+1)*bits), little-endian). */
+static int32_t get_elem(const uint8_t *base, uint64_t i, int bits, int is_signed)
+{
+    uint64_t bit = i * (uint64_t)bits;
+    uint32_t v = ((uint32_t)base[bit >> 3] >> (bit & 7)) & ((1u << bits) - 1);
+    if (is_signed && (v >> (bits - 1)))
+        return (int32_t)v - (1 << bits);
+    return (int32_t)v;
+}
+
+static void set_elem(uint8_t *base, uint64_t i, int bits, int64_t value)
+{
+    uint64_t bit = i * (uint64_t)bits;
+    uint32_t mask = ((1u << bits) - 1) << (bit & 7);
+    uint32_t v = ((uint32_t)((uint64_t)value & ((1u << bits) - 1))) << (bit & 7);
+    base[bit >> 3] = (uint8_t)((base[bit >> 3] & ~mask) | v);
+}
+
+static int32_t *unpack_tensor(const uint8_t *base, uint64_t n, int bits, int is_signed)
+{
+    int32_t *out = accel_calloc(n, sizeof(int32_t));
+    if (!out)
+        return NULL;
+    if (bits == 8) {
+        for (uint64_t i = 0; i < n; i++)
+            out[i] = is_signed ? (int32_t)(int8_t)base[i] : (int32_t)base[i];
+    } else {
+        for (uint64_t i = 0; i < n; i++)
+            out[i] = get_elem(base, i, bits, is_signed);
+    }
+    return out;
+}
+
+/* --- bit-plane layout helpers ----------------------------------------------------------------- */
+/* Value of channel k of the pixel at byte offset pix (layout (K/32, bits, 32)), unsigned. */
+static void unpack_pixel(const uint8_t *pix, int64_t k_count, int bits, uint8_t *out)
+{
+    for (int64_t t = 0; t * 32 < k_count; t++) {
+        int64_t kt = k_count - t * 32 < 32 ? k_count - t * 32 : 32;
+        uint8_t v[32] = {0};
+        for (int b = 0; b < bits; b++) {
+            uint32_t word = accel_ld_u32le(pix + 4 * ((uint64_t)t * (uint64_t)bits + (uint64_t)b));
+            for (int j = 0; j < 32; j++)
+                v[j] |= (uint8_t)(((word >> j) & 1u) << b);
+        }
+        for (int64_t j = 0; j < kt; j++)
+            out[t * 32 + j] = v[j];
+    }
+}
+
+static void pack_pixel(uint8_t *pix, int64_t k_count, int bits, const int64_t *vals)
+{
+    for (int64_t t = 0; t * 32 < k_count; t++) {
+        int64_t kt = k_count - t * 32 < 32 ? k_count - t * 32 : 32;
+        for (int b = 0; b < bits; b++) {
+            uint32_t word = 0;
+            for (int64_t j = 0; j < kt; j++)
+                word |= (uint32_t)(((uint64_t)vals[t * 32 + j] >> b) & 1u) << j;
+            accel_st_u32le(pix + 4 * ((uint64_t)t * (uint64_t)bits + (uint64_t)b), word);
+        }
+    }
+}
+
+/* --- RBE ------------------------------------------------------------------------------------- */
+static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+{
+    uint8_t *l1 = m->mem[MARS_MEM_L1];
+    int64_t H = c->h_in, W = c->w_in, Ki = c->k_in, Ko = c->k_out;
+    int taps = c->kh * c->kw;
+    uint64_t n_ki = (uint64_t)(Ki + 31) / 32;
+    int64_t off = c->w_unsigned ? 0 : ((int64_t)1 << (c->w_bits - 1));
+    uint8_t *x = accel_calloc((uint64_t)(H * W * Ki), 1);
+    int16_t *w = accel_calloc((uint64_t)(Ko * taps * Ki), sizeof(int16_t));
+    int64_t *y = accel_calloc((uint64_t)(c->h_out * c->w_out * Ko), sizeof(int64_t));
+    int rc = ACCEL_OK;
+    if (!x || !w || !y) {
+        rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (RBE): out of host memory", (unsigned long long)idx);
+        goto done;
+    }
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t ww = 0; ww < W; ww++)
+            unpack_pixel(l1 + c->x + (uint64_t)h * c->x_rs + (uint64_t)ww * c->x_ps, Ki, c->in_bits,
+                         x + (h * W + ww) * Ki);
+    /* weights: 3x3 (Kout, Kin/32, W, 9, 32), 1x1 (Kout, Kin/32, W, 32); stored offset-binary */
+    for (int64_t o = 0; o < Ko; o++)
+        for (uint64_t t = 0; t < n_ki; t++)
+            for (int b = 0; b < c->w_bits; b++)
+                for (int f = 0; f < taps; f++) {
+                    uint64_t word_i = (((uint64_t)o * n_ki + t) * (uint64_t)c->w_bits + (uint64_t)b) *
+                                          (uint64_t)taps + (uint64_t)f;
+                    uint32_t word = accel_ld_u32le(l1 + c->w + 4 * word_i);
+                    for (int j = 0; j < 32 && (int64_t)t * 32 + j < Ki; j++)
+                        w[(o * taps + f) * Ki + (int64_t)t * 32 + j] |= (int16_t)(((word >> j) & 1u) << b);
+                }
+    if (off)
+        for (int64_t i = 0; i < Ko * taps * Ki; i++)
+            w[i] = (int16_t)(w[i] - off);
+    for (int64_t ho = 0; ho < c->h_out; ho++)
+        for (int64_t wo = 0; wo < c->w_out; wo++)
+            for (int64_t o = 0; o < Ko; o++) {
+                int64_t acc = 0;
+                for (int ky = 0; ky < c->kh; ky++)
+                    for (int kx = 0; kx < c->kw; kx++) {
+                        int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
+                        const int16_t *wv = w + (o * taps + ky * c->kw + kx) * Ki;
+                        int64_t s = 0;
+                        if (hi < 0 || hi >= H || wi < 0 || wi >= W) {
+                            for (int64_t k = 0; k < Ki; k++)
+                                s += (int64_t)wv[k];
+                            s *= c->pad_value;
+                        } else {
+                            const uint8_t *xv = x + (hi * W + wi) * Ki;
+                            for (int64_t k = 0; k < Ki; k++)
+                                s += (int64_t)xv[k] * wv[k];
+                        }
+                        acc += s;
+                    }
+                {
+                    uint32_t kappa;
+                    int32_t lambda;
+                    nq_record(l1, c->nq, o, &kappa, &lambda);
+                    y[(ho * c->w_out + wo) * Ko + o] =
+                        normquant(wrap32(acc), kappa, lambda, c->shift, c->out_bits, c->out_signed, c->relu);
+                }
+            }
+    for (int64_t ho = 0; ho < c->h_out; ho++)
+        for (int64_t wo = 0; wo < c->w_out; wo++)
+            pack_pixel(l1 + c->y + (uint64_t)ho * c->y_rs + (uint64_t)wo * c->y_ps, Ko, c->out_bits,
+                       y + (ho * c->w_out + wo) * Ko);
+done:
+    free(x);
+    free(w);
+    free(y);
+    return rc;
+}
+
+/* --- CLUSTER --------------------------------------------------------------------------------- */
+static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+{
+    uint8_t *l1 = m->mem[MARS_MEM_L1];
+    int64_t Hi = c->h_in, Wi = c->w_in, Ci = c->k_in, Ho = c->h_out, Wo = c->w_out, Co = c->k_out;
+    uint64_t n_in = (uint64_t)(Hi * Wi * Ci), n_out = (uint64_t)(Ho * Wo * Co);
+    int32_t *a = NULL, *b = NULL, *wt = NULL;
+    int64_t *out = accel_calloc(n_out, sizeof(int64_t));
+    int rc = ACCEL_OK;
+    int pad = c->in_signed ? (int)(int8_t)(uint8_t)c->pad_value : c->pad_value;
+    int k = c->kernel;
+    if (!out)
+        goto nomem;
+    if (k == MARS_CL_RBE_TO_HWC) {
+        uint8_t *v = accel_calloc((uint64_t)Ci, 1);
+        uint64_t pix = (uint64_t)(Ci + 31) / 32 * (uint64_t)c->in_bits * 4;
+        if (!v)
+            goto nomem;
+        for (int64_t p = 0; p < Hi * Wi; p++) {
+            unpack_pixel(l1 + c->x + (uint64_t)p * pix, Ci, c->in_bits, v);
+            for (int64_t ch = 0; ch < Ci; ch++) {
+                int64_t val = v[ch];
+                if (c->in_signed && (val >> (c->in_bits - 1)))
+                    val -= (int64_t)1 << c->in_bits;
+                out[p * Ci + ch] = val;
+            }
+        }
+        free(v);
+        goto store;
+    }
+    a = unpack_tensor(l1 + c->x, n_in, c->in_bits, c->in_signed);
+    if (!a)
+        goto nomem;
+    if (k == MARS_CL_HWC_TO_RBE) {
+        uint64_t pix = (uint64_t)(Ci + 31) / 32 * (uint64_t)c->out_bits * 4;
+        int64_t *v = accel_calloc((uint64_t)Ci, sizeof(int64_t));
+        if (!v)
+            goto nomem;
+        for (int64_t p = 0; p < Hi * Wi; p++) {
+            for (int64_t ch = 0; ch < Ci; ch++)
+                v[ch] = (int64_t)((uint64_t)(int64_t)a[p * Ci + ch] & ((1u << c->out_bits) - 1));
+            pack_pixel(l1 + c->y + (uint64_t)p * pix, Ci, c->out_bits, v);
+        }
+        free(v);
+        goto done;
+    }
+    if (k == MARS_CL_CONV || k == MARS_CL_DWCONV || k == MARS_CL_FC) {
+        int64_t taps = (int64_t)c->kh * c->kw;
+        uint64_t nw = (uint64_t)(k == MARS_CL_DWCONV ? Co * taps : Co * taps * Ci);
+        wt = unpack_tensor(l1 + c->w, nw, c->w_bits, 1);
+        if (!wt)
+            goto nomem;
+        for (int64_t ho = 0; ho < Ho; ho++)
+            for (int64_t wo = 0; wo < Wo; wo++)
+                for (int64_t o = 0; o < Co; o++) {
+                    int64_t acc = 0;
+                    for (int ky = 0; ky < c->kh; ky++)
+                        for (int kx = 0; kx < c->kw; kx++) {
+                            int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
+                            int inside = hi >= 0 && hi < Hi && wi >= 0 && wi < Wi;
+                            if (k == MARS_CL_DWCONV) {
+                                int64_t xv = inside ? a[(hi * Wi + wi) * Ci + o] : pad;
+                                acc += xv * wt[o * taps + ky * c->kw + kx];
+                            } else {
+                                const int32_t *wv = wt + (o * taps + ky * c->kw + kx) * Ci;
+                                if (inside) {
+                                    const int32_t *xv = a + (hi * Wi + wi) * Ci;
+                                    for (int64_t ch = 0; ch < Ci; ch++)
+                                        acc += (int64_t)xv[ch] * wv[ch];
+                                } else {
+                                    for (int64_t ch = 0; ch < Ci; ch++)
+                                        acc += (int64_t)pad * wv[ch];
+                                }
+                            }
+                        }
+                    {
+                        uint32_t kappa;
+                        int32_t lambda;
+                        nq_record(l1, c->nq, o, &kappa, &lambda);
+                        out[(ho * Wo + wo) * Co + o] = normquant(wrap32(acc), kappa, lambda, c->shift,
+                                                                 c->out_bits, c->out_signed, c->relu);
+                    }
+                }
+    } else if (k == MARS_CL_ADD) {
+        b = unpack_tensor(l1 + c->w, n_in, c->in_bits, c->b_signed);
+        if (!b)
+            goto nomem;
+        for (uint64_t i = 0; i < n_out; i++)
+            out[i] = normquant((int64_t)a[i] * c->kappa_a + (int64_t)b[i] * c->kappa_b, 1, c->lambda,
+                               c->shift, c->out_bits, c->out_signed, c->relu);
+    } else { /* MAXPOOL, AVGPOOL */
+        for (int64_t ho = 0; ho < Ho; ho++)
+            for (int64_t wo = 0; wo < Wo; wo++)
+                for (int64_t ch = 0; ch < Co; ch++) {
+                    int64_t acc = k == MARS_CL_MAXPOOL ? INT64_MIN : 0;
+                    for (int ky = 0; ky < c->kh; ky++)
+                        for (int kx = 0; kx < c->kw; kx++) {
+                            int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
+                            int64_t v = (hi >= 0 && hi < Hi && wi >= 0 && wi < Wi) ? a[(hi * Wi + wi) * Ci + ch] : pad;
+                            if (k == MARS_CL_MAXPOOL)
+                                acc = v > acc ? v : acc;
+                            else
+                                acc += v;
+                        }
+                    out[(ho * Wo + wo) * Co + ch] =
+                        k == MARS_CL_MAXPOOL
+                            ? normquant(acc, 1, 0, 0, c->out_bits, c->out_signed, c->relu)
+                            : normquant(acc, c->kappa_a, c->lambda, c->shift, c->out_bits, c->out_signed, c->relu);
+                }
+    }
+store:
+    for (uint64_t i = 0; i < n_out; i++) {
+        if (c->out_bits == 8)
+            l1[c->y + i] = (uint8_t)((uint64_t)out[i] & 0xffu);
+        else
+            set_elem(l1 + c->y, i, c->out_bits, out[i]);
+    }
+    goto done;
+nomem:
+    rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (%s): out of host memory", (unsigned long long)idx,
+                    mars_cmd_name(c));
+done:
+    free(a);
+    free(b);
+    free(wt);
+    free(out);
+    return rc;
+}
+
+/* --- DMA ------------------------------------------------------------------------------------- */
+static void exec_dma(const mars_cmd *c, mars_mems *m)
+{
+    const uint8_t *src = m->mem[c->src_mem];
+    uint8_t *dst = m->mem[c->dst_mem];
+    if (!c->len || !c->rows || !c->planes)
+        return;
+    for (uint64_t p = 0; p < c->planes; p++)
+        for (uint64_t r = 0; r < c->rows; r++)
+            memmove(dst + c->dst + p * c->dst_s2 + r * c->dst_s1, src + c->src + p * c->src_s2 + r * c->src_s1,
+                    (size_t)c->len);
+}
+
+int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+{
+    (void)cfg;
+    switch (c->op) {
+    case MARS_OP_DMA: exec_dma(c, m); return ACCEL_OK;
+    case MARS_OP_RBE: return exec_rbe(c, idx, m, e);
+    case MARS_OP_CLUSTER: return exec_cluster(c, idx, m, e);
+    default: return ACCEL_OK;
+    }
+}

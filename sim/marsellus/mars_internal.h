@@ -1,0 +1,46 @@
+/* Internal declarations of the MARSELLUS simulator (decoded commands, executors). */
+#ifndef ACCEL_MARS_INTERNAL_H
+#define ACCEL_MARS_INTERNAL_H
+
+#include <stdint.h>
+
+#include "common/mem.h"
+#include "common/status.h"
+#include "marsellus/mars_sim.h"
+
+/* One decoded, checked command. Geometry fields hold real values (not "value - 1"). */
+typedef struct {
+    int op, engine;
+    uint32_t wait, signal;
+    /* DMA */
+    int src_mem, dst_mem;
+    uint64_t src, dst, len, rows, planes, src_s1, src_s2, dst_s1, dst_s2;
+    /* RBE and CLUSTER share the geometry names */
+    uint64_t x, w, nq, y;                   /* L1 addresses (CLUSTER ADD: w = B) */
+    int64_t h_in, w_in, h_out, w_out, k_in, k_out;
+    int in_bits, w_bits, out_bits, shift;
+    int mode1x1, stride_h, stride_w, kh, kw, relu, out_signed, in_signed, b_signed, w_unsigned;
+    int pad_t, pad_b, pad_l, pad_r, pad_value;
+    uint64_t x_ps, x_rs, y_ps, y_rs;        /* RBE pixel / row strides in bytes */
+    int kernel;                             /* CLUSTER kernel id */
+    uint32_t kappa_a, kappa_b;              /* CLUSTER ADD / AVGPOOL */
+    int32_t lambda;
+    /* timing, computed at decode time */
+    uint64_t cycles;                        /* duration without the RBE setup */
+    uint64_t phases[4];                     /* RBE LOAD, COMPUTE, NORMQUANT, STREAMOUT */
+    uint64_t macs, elems;
+    uint64_t rd_bytes[3], wr_bytes[3];      /* per memory level (L3, L2, L1) */
+} mars_cmd;
+
+typedef struct {
+    uint8_t *mem[3];
+    uint64_t size[3];
+} mars_mems;
+
+int mars_decode(const mars_config *cfg, const uint8_t *p, uint64_t index, const mars_mems *m,
+                mars_cmd *c, accel_err *e);
+int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t index, mars_mems *m,
+              accel_err *e);
+const char *mars_cmd_name(const mars_cmd *c);
+
+#endif
