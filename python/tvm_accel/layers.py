@@ -72,11 +72,15 @@ class Requant:
 
 @dataclass
 class Tensor:
-    """A quantized activation: NCHW (or N x C for dense) integer tensor."""
+    """A quantized activation: NCHW (or N x C for dense) integer tensor.
+
+    ``bits`` (2..8) is the value range inside the int8/uint8 container: signed
+    ``[-2^(bits-1), 2^(bits-1) - 1]``, unsigned ``[0, 2^bits - 1]`` (sub-byte activations)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    bits: int = 8
 
 
 @dataclass
@@ -103,6 +107,8 @@ class ConvLayer:
     is_dense: bool = False
     op_name: str = "conv2d"
     groups: int = 1
+    #: weight precision (2..8): ``weight`` values lie in the signed ``weight_bits`` range
+    weight_bits: int = 8
 
     @property
     def kernel(self) -> tuple[int, int]:
