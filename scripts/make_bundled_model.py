@@ -1,7 +1,11 @@
-"""Regenerate the demo's bundled model (python/tvm_accel/models/tiny_cnn_int8.onnx).
+"""Regenerate the demo's bundled models (python/tvm_accel/models/).
 
-The model is built with onnx.helper from seeded weights (tvm_accel.zoo.tiny_cnn) and quantized
-with onnxruntime's quantize_static (QDQ, int8 activations, per-channel int8 weights).
+Both are the same CNN built with onnx.helper from seeded weights (tvm_accel.zoo.tiny_cnn) and
+quantized with onnxruntime's quantize_static (QDQ):
+
+- tiny_cnn_int8.onnx: int8 activations, per-channel int8 weights (VTA);
+- tiny_cnn_pow2.onnx: symmetric power-of-two scales, batch 4 (DPU: fix-point requantization,
+  one image per PE).
 """
 
 from pathlib import Path
@@ -10,7 +14,11 @@ import onnx
 
 from tvm_accel import zoo
 
-out = Path(__file__).resolve().parents[1] / "python" / "tvm_accel" / "models" / "tiny_cnn_int8.onnx"
-model = zoo.quantize(zoo.tiny_cnn(seed=0), activation_type="int8", per_channel=True)
-onnx.save(model, out)
-print(f"wrote {out} ({out.stat().st_size} bytes)")
+models = Path(__file__).resolve().parents[1] / "python" / "tvm_accel" / "models"
+for name, model in (
+    ("tiny_cnn_int8.onnx", zoo.quantize(zoo.tiny_cnn(seed=0), activation_type="int8",
+                                        per_channel=True)),
+    ("tiny_cnn_pow2.onnx", zoo.quantize(zoo.tiny_cnn(seed=0, batch=4), power_of_two=True)),
+):
+    onnx.save(model, models / name)
+    print(f"wrote {models / name} ({(models / name).stat().st_size} bytes)")

@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_accel.canonicalize import _AUTO_NAME
 from tvm_accel.errors import AccelError
 from tvm_accel.layers import (
     AddLayer,
@@ -227,6 +228,8 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern]) ->
                 pat = by_name[str(comp.attrs["Composite"])]
                 args = [names[a.__chandle__()] for a in v.args]
                 layer = _layer_from_composite(comp, pat, args, "")
+                if _AUTO_NAME.fullmatch(layer.name):  # a one-op composite loses its var name
+                    layer.name = f"{args[0]}_{pat.name.split('.')[-1]}"
                 layer.output = out = unique(layer.name)
                 layer.name = out  # layer names are unique, like their output tensors
                 names[b.var.__chandle__()] = out
