@@ -10,6 +10,8 @@ conv whose clip is a ReLU):
   tile in FM (MISC), the conv output never goes to DDR;
 - ``conv+add``   a conv whose only consumer is an element-wise add: the other operand is loaded
   next to the CONV output tile and ELTADD runs in place, the conv output never goes to DDR;
+- ``pool+conv``  a max/avg pool whose only consumer is a conv (an Inception pool-projection
+  branch): MISC pools the input tile into FM and the CONV reads it there;
 - ``horizontal`` two or more convs with the same kernel, stride and padding that read the same
   tensor: one LOAD per input tile feeds every CONV (the input is read once).
 
@@ -155,6 +157,7 @@ def templates(max_horizontal: int) -> list[Template]:
     tpls = [
         Template("conv+pool", [conv, lambda ly: isinstance(ly, PoolLayer)], [("flow", 0, 1)]),
         Template("conv+add", [conv, lambda ly: isinstance(ly, AddLayer)], [("flow", 0, 1)]),
+        Template("pool+conv", [lambda ly: isinstance(ly, PoolLayer), conv], [("flow", 0, 1)]),
     ]
     for k in range(2, max_horizontal + 1):
         plain = [lambda ly: conv(ly) and ly.groups == 1] * k

@@ -322,13 +322,45 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> K
     ``conv+pool``: the conv's ``oc_tile``/``format`` and ``tile_h``/``tile_w`` in pool output
     rows/columns; each tile computes the conv rows its pool windows read (overlapping windows
     recompute a row band); the default minimizes CONV row passes per output row.
+    ``pool+conv``: the conv's ``oc_tile``, ``tile_h``/``tile_w`` in conv output rows/columns
+    (each tile pools the input window its conv window reads).
     ``horizontal``: ``tile_h``/``tile_w`` shared by the convs (all output channels of every
     conv stay in the PM)."""
+    half = cfg.fm_memory_bytes // 2
+    if template == "pool+conv":
+        pool, conv = layers
+        c = in_shape[1]
+        _, _, hp, wp = pool_output_shape(pool, in_shape)
+        p_shape = (in_shape[0], c, hp, wp)
+        base = knob_space(conv, p_shape, cfg)
+        _, k, ho, wo, kh, kw = _conv_geometry(conv, p_shape)
+        (pkh, pkw), (psh, psw) = pool.kernel, pool.strides
+
+        def check(kn):
+            _check_conv(conv, p_shape, cfg, kn)
+            rows = (min(hp, (kn["tile_h"] - 1) * conv.strides[0] + kh) - 1) * psh + pkh
+            cols = (min(wp, (kn["tile_w"] - 1) * conv.strides[1] + kw) - 1) * psw + pkw
+            if rows * cols * c > half:
+                raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: pool input "
+                                 f"window of {rows}x{cols}x{c} exceeds half an FM memory")
+        d = base.default()
+        ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
+
+        def fits(th, tw):
+            try:
+                check({**d, "tile_h": th, "tile_w": tw})
+                return True
+            except ValueError:
+                return False
+        th, tw = _default_tile(ths, tws, ho, wo, cfg.CONV_ROW_PAR, fits)
+        knobs = [base["oc_tile"]]
+        return KnobSpace([*knobs, Knob("tile_h", tuple(ths), th), Knob("tile_w", tuple(tws), tw),
+                          Knob("pipeline", (True, False), True)], check=check,
+                         name="+".join(ly.name for ly in layers))
     conv = layers[0]
     base = knob_space(conv, in_shape, cfg)
     if template == "conv+add":
         return base
-    half = cfg.fm_memory_bytes // 2
     c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
     d = base.default()
     if template.startswith("conv+") and template.endswith("pool"):
@@ -900,7 +932,70 @@ class _Planner:
             return self.conv_add(layers[0], layers[1], user)
         if template == "horizontal":
             return self.conv_horizontal(layers, user)
+        if template == "pool+conv":
+            return self.pool_conv(layers[0], layers[1], user)
         return self.conv_pool(layers[0], layers[1], template, user)
+
+    def pool_conv(self, pool: PoolLayer, conv: ConvLayer, user: dict | None) -> LayerProgram:
+        """pool+conv: per conv output tile, LOAD the input window the pool windows read, MISC
+        pools it into FM 1, CONV reads it there (padding by the CONV's pad fields) into FM 2,
+        SAVE."""
+        tin, tout = self.tensors[pool.input], self.tensors[conv.output]
+        in_shape = self._in_shape(pool.input)
+        n, c, h, w = in_shape
+        _, _, hp, wp = pool_output_shape(pool, in_shape)
+        p_shape = (n, c, hp, wp)
+        _, k, ho, wo, kh, kw = _conv_geometry(conv, p_shape)
+        name = f"{pool.name}+{conv.name}"
+        if conv.is_depthwise or conv.groups != 1:
+            raise MappingError(f"{name}: pool+conv needs a dense conv")
+        kn = _validate_knobs(fused_knob_space("pool+conv", [pool, conv], in_shape, self.cfg),
+                             user, name)
+        folded = self._conv_params(conv, c)
+        make = _pool_maker(pool)
+        (pkh, pkw), (psh, psw), (ppt, ppl, _, _) = pool.kernel, pool.strides, pool.padding
+        sh, sw = conv.strides
+        pt, pl, _, _ = conv.padding
+        rq, zx = conv.requant, folded["pad_value"]
+        kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
+        half = self.cfg.fm_memory_bytes // 2
+        segments = []
+        for k0 in range(0, k, kt):
+            kk = min(kt, k - k0)
+            pm, pm_addr = self._pm_chunk(folded, k0, kk)
+            tiles, i = [], 0
+            for g in range(tin.n_alloc // self.P):
+                for y0 in range(0, ho, th):
+                    nh = min(th, ho - y0)
+                    q0, rows, ctop, cbot = _in_window(y0, nh, sh, pt, kh, hp)
+                    r0, in_rows, ptop, pbot = _in_window(q0, rows, psh, ppt, pkh, h)
+                    for x0 in range(0, wo, tw):
+                        nw = min(tw, wo - x0)
+                        p0, cols, cleft, cright = _in_window(x0, nw, sw, pl, kw, wp)
+                        c0, in_cols, pleft, pright = _in_window(p0, cols, psw, ppl, pkw, w)
+                        buf = (i % 2) * half
+                        ld = self._load(tin, 0, buf, g, r0, in_rows, c0, in_cols, 0, c)
+                        op = make(pads=(ptop, pbot, pleft, pright), in_mem=0, in_addr=buf,
+                                  in_pix_stride=c, in_row_stride=in_cols * c, out_mem=1,
+                                  out_addr=buf, out_pix_stride=c, out_row_stride=cols * c,
+                                  out_h=rows, out_w=cols, chans=c)
+                        cv = cg.Conv(in_mem=1, in_addr=buf, in_pix_stride=c,
+                                     in_row_stride=cols * c, ic=c, out_mem=2, out_addr=buf,
+                                     out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
+                                     out_w=nw, oc=kk, kernel_h=kh, kernel_w=kw, stride_h=sh,
+                                     stride_w=sw, pad_top=ctop, pad_bottom=cbot,
+                                     pad_left=cleft, pad_right=cright, pad_value=zx,
+                                     param_addr=pm_addr, shift=int(rq.shift),
+                                     clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+                        sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
+                        tiles.append(_Tile([ld], [op, cv], [sv]))
+                        i += 1
+            segments.append(([pm], tiles))
+        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        macs = n * k * ho * wo * kh * kw * c
+        return LayerProgram(name, f"{pool.op_name}+{conv.op_name}", cg.encode_stream(insns),
+                            len(insns), int(macs), f"{list(in_shape)}->{list(tout.shape)} "
+                            f"pool{pkh}x{pkw} k{kh}x{kw}", kn)
 
     def _in_shape(self, name: str) -> tuple[int, int, int, int]:
         t = self.tensors[name]

@@ -409,3 +409,22 @@ def test_concat_inputs_are_saved_in_place_by_their_producers(cfg):
     assert again.tensors["tp"].pix_stride == 48
     off, _ = _run(g, cfg, {"@fusion": {"enabled": False}})
     assert "concat" in {ly.op for ly in off.layers}
+
+
+@pytest.mark.parametrize("kind, k, s, pad, ksz, cpad, knobs", [
+    ("max", 3, 1, 1, 1, 0, {}),
+    ("max", 3, 2, 1, 3, 1, {"tile_h": 7, "tile_w": 2, "oc_tile": 16}),
+    ("avg", 2, 2, 0, 3, 1, {"pipeline": False}),
+])
+def test_pool_then_conv_fuses_bit_exact(cfg, kind, k, s, pad, ksz, cpad, knobs):
+    rng = np.random.default_rng(11)
+    rq = None if kind == "max" else _rq(1, 2)
+    pool = PoolLayer("p", "x", "tp", kind, (k, k), (s, s), (pad,) * 4, 0, rq)
+    hp = (13 + 2 * pad - k) // s + 1
+    conv = _conv(rng, "q", "tp", "y", 24, 40, ksz=ksz, pad=cpad, shift=10, relu=True)
+    g = _graph([pool, conv], {"x": (3, 24, 13, 13), "tp": (3, 24, hp, hp),
+                              "y": (3, 40, hp, hp)}, ["x"], ["y"])
+    assert [c.template for c in fusion.find_candidates(g)] == ["pool+conv"]
+    prog, _ = _run(g, cfg, {"@fusion": {"p+q": True}, "p+q": knobs})
+    assert [ly.op for ly in prog.layers] == [f"{kind}_pool2d+conv2d"]
+    assert "tp" not in prog.tensors
