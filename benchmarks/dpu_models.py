@@ -108,7 +108,7 @@ def main() -> None:
                               capture_output=True, text=True)
         if proc.returncode != 0:
             err = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            rows.append((name, *["-"] * 11, f"failed: {err}"))
+            rows.append((name, *["-"] * 12, f"failed: {err}"))
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append((r["model"], r["batch"], r["cycles"], f"{r['latency_ms']:.2f}",
