@@ -2,8 +2,9 @@
 
 For each model (batch = number of PEs, one image per PE, power-of-two QDQ quantization): total
 cycles, latency at the configured clock for the batch, HW efficiency (useful MACs / (cycles x
-peak MACs/cycle)), fused vs unfused speedup (the same compiler with the fusion search off: layer
-by layer, pipelined; DNNVM's figures beside), number of fused groups, software-pipelining
+peak MACs/cycle)), fused vs unfused speedup (the same compiler with the fusion search and the
+parallel pool/conv streams off: layer by layer, pipelined; DNNVM's figures beside), number of
+fused groups and parallel pairs, software-pipelining
 speedup (layer by layer, pipelined vs serial), CPU fallbacks, compile time (incl. the fusion
 search), simulator wall time, bit-exactness vs the CPU reference.
 Each model runs in its own process. Usage:
@@ -82,7 +83,7 @@ def measure(name: str, config: str) -> dict:
         "latency_ms": cycles / cfg.CLOCK_MHZ / 1e3,
         "efficiency": macs / (cycles * cfg.peak_macs_per_cycle) if cycles else 0.0,
         "fusion_speedup": unfused / cycles if cycles else 0.0,
-        "fused_groups": sum(1 for r in prof.records if "+" in r.layer),
+        "fused_groups": sum(1 for r in prof.records if "+" in r.layer or "||" in r.layer),
         "pipeline_speedup": serial / unfused if unfused else 0.0,
         "dpu_layers": len(dpu_layers),
         "cpu_fallbacks": sum(1 for r in report.offloads

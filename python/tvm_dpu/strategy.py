@@ -50,6 +50,7 @@ column of the output (the shuffle is DDR placement).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -498,6 +499,12 @@ def _buffers(insn, pm_keys: dict[int, list]) -> tuple[list, list]:
     return reads, [("FM", insn.out_mem, insn.out_addr)]
 
 
+class _Stream(list):
+    """A scheduled stream; ``items`` keeps ``(instruction, dependencies)`` for merging."""
+
+    items: list
+
+
 def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool,
              pm_half: int = 1 << 30) -> list:
     """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
@@ -548,7 +555,9 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
                 add(c, [])
             for sv in t.saves:
                 prev_save = add(sv, [])
-    return [*resolve_tokens(items), cg.End()]
+    out = _Stream([*resolve_tokens(items), cg.End()])
+    out.items = items
+    return out
 
 
 def _pool_maker(layer: PoolLayer):
@@ -576,6 +585,21 @@ def _pool_maker(layer: PoolLayer):
                        stride_w=layer.strides[1], pad_top=pads[0], pad_bottom=pads[1],
                        pad_left=pads[2], pad_right=pads[3], clip_lo=lo, clip_hi=hi, **extra)
     return make
+
+
+def _relocate(insn, fm_off: int, pm_off: int) -> None:
+    """Move an instruction's FM addresses by ``fm_off`` and PM addresses by ``pm_off``."""
+    if isinstance(insn, cg.Load):
+        insn.dst_addr += pm_off if insn.to_pm else fm_off
+    elif isinstance(insn, cg.Save):
+        insn.src_addr += fm_off
+    else:
+        insn.in_addr += fm_off
+        insn.out_addr += fm_off
+        if isinstance(insn, cg.Conv):
+            insn.param_addr += pm_off
+        elif isinstance(insn, cg.EltAdd):
+            insn.b_addr += fm_off
 
 
 # --- planning ----------------------------------------------------------------------------------
@@ -614,6 +638,12 @@ class _Planner:
                                                  "int8", w.region, w.offset + ch0, w.n_alloc,
                                                  pix_stride=w.hwc[2])
 
+    def _schedule(self, *args, **kw) -> list:
+        """:func:`schedule`, remembering the dependency list of the last stream."""
+        insns = schedule(*args, **kw)
+        self.last_items = insns.items
+        return insns
+
     def _param(self, data: bytes) -> int:
         off = len(self.params)
         self.params += data
@@ -650,7 +680,7 @@ class _Planner:
         def tail(buf, g, y0, nh, x0, nw, k0, kk):
             return [], [], [self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)]
         segments = self._conv_segments(layer, tin, kn, tail, (0, ho), (0, wo))
-        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         n = tin.shape[0]
         dw = layer.is_depthwise
         macs = n * k * ho * wo * kh * kw * (1 if dw else c)
@@ -788,7 +818,7 @@ class _Planner:
             segments += self._conv_segments(sc.conv, tin, kn, tail, (qh, nh_t), (qw, nw_t))
             skh, skw = sc.conv.kernel
             macs += tin.shape[0] * k * nh_t * nw_t * skh * skw * in_shape[1]
-        insns = schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
+        insns = self._schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
         return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
                             int(macs), f"{list(in_shape)}->{list(tout.shape)} "
                             f"k{layer.kernel[0]}x{layer.kernel[1]} s{sh}", {"pipeline": pipe})
@@ -827,7 +857,7 @@ class _Planner:
                     sv = self._save(tout, buf, g, y0, nh, x0, nw, 0, c)
                     tiles.append(_Tile([la, lb], [op], [sv]))
                     i += 1
-        insns = schedule([([], tiles)], "MISC", kn["pipeline"])
+        insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
                             f"{list(in_shape)}", kn)
 
@@ -869,7 +899,7 @@ class _Planner:
         make = _pool_maker(layer)
         tiles = self._misc_tiles(tin, tout, layer, kn, make,
                                  (layer.kernel, layer.strides, layer.padding))
-        insns = schedule([([], tiles)], "MISC", kn["pipeline"])
+        insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, layer.op_name, cg.encode_stream(insns), len(insns), 0,
                             f"{list(in_shape)} k{kh}x{kw} s{layer.strides[0]}", kn)
 
@@ -885,7 +915,7 @@ class _Planner:
         def make(pads, **kw_):
             return cg.Upsample(**kw_, factor_h=fh, factor_w=fw)
         tiles = self._misc_tiles(tin, tout, layer, kn, make, up=(fh, fw))
-        insns = schedule([([], tiles)], "MISC", kn["pipeline"])
+        insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "upsample", cg.encode_stream(insns), len(insns), 0,
                             f"{list(in_shape)} x{fh}x{fw}", kn)
 
@@ -910,7 +940,7 @@ class _Planner:
                 return cg.Copy(**kw_)
             segments.append(([], self._misc_tiles(tin, tout, layer, kn, make, ch0=ch0)))
             ch0 += c
-        insns = schedule(segments, "MISC", kn0["pipeline"])
+        insns = self._schedule(segments, "MISC", kn0["pipeline"])
         return LayerProgram(layer.name, "concat", cg.encode_stream(insns), len(insns), 0,
                             f"{len(layer.inputs)} inputs -> {list(tout.shape)}", kn0)
 
@@ -991,11 +1021,59 @@ class _Planner:
                         tiles.append(_Tile([ld], [op, cv], [sv]))
                         i += 1
             segments.append(([pm], tiles))
-        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         macs = n * k * ho * wo * kh * kw * c
         return LayerProgram(name, f"{pool.op_name}+{conv.op_name}", cg.encode_stream(insns),
                             len(insns), int(macs), f"{list(in_shape)}->{list(tout.shape)} "
                             f"pool{pkh}x{pkw} k{kh}x{kw}", kn)
+
+    def spec(self, spec: tuple, knobs: dict) -> LayerProgram:
+        """The stream of ``(template or None, layer names)``: one layer or a fused group."""
+        tpl, names = spec
+        by = {ly.name: ly for ly in self.g.layers}
+        if tpl is None:
+            return self.layer(by[names[0]], knobs.get(names[0]))
+        return self.group(tpl, [by[n] for n in names], knobs.get("+".join(names)))
+
+    def parallel(self, a: tuple, b: tuple, knobs: dict) -> LayerProgram:
+        """Two independent streams run concurrently (DPUV3INT8's parallel schedule of, e.g., an
+        Inception max pool on MISC beside a convolution on CONV): each is planned for half of
+        every FM memory and half the PM, ``b``'s addresses move to the upper halves, and the two
+        dependency lists are interleaved in proportion and turned into one set of tokens."""
+        cfg = self.cfg
+        half_cfg = dataclasses.replace(cfg, FM_BANKS=cfg.FM_BANKS // 2, PM_BYTES=cfg.PM_BYTES // 2)
+        self.cfg = half_cfg
+        try:
+            pa = self.spec(a, knobs)
+            items_a = self.last_items
+            pb = self.spec(b, knobs)
+            items_b = self.last_items
+        finally:
+            self.cfg = cfg
+        fm_off, pm_off = half_cfg.fm_memory_bytes, half_cfg.PM_BYTES
+        for insn, _ in items_b:
+            _relocate(insn, fm_off, pm_off)
+        merged: list[tuple[object, list[int]]] = []
+        where_a: list[int] = []
+        where_b: list[int] = []
+        ia = ib = 0
+        while ia < len(items_a) or ib < len(items_b):
+            take_a = ib >= len(items_b) or (ia < len(items_a)
+                                            and ia * len(items_b) <= ib * len(items_a))
+            if take_a:
+                insn, deps = items_a[ia]
+                merged.append((insn, [where_a[d] for d in deps]))
+                where_a.append(len(merged) - 1)
+                ia += 1
+            else:
+                insn, deps = items_b[ib]
+                merged.append((insn, [where_b[d] for d in deps]))
+                where_b.append(len(merged) - 1)
+                ib += 1
+        insns = [*resolve_tokens(merged), cg.End()]
+        return LayerProgram(f"{pa.name}||{pb.name}", f"{pa.op} || {pb.op}",
+                            cg.encode_stream(insns), len(insns), pa.macs + pb.macs,
+                            f"{pa.shape} || {pb.shape}", {pa.name: pa.knobs, pb.name: pb.knobs})
 
     def _in_shape(self, name: str) -> tuple[int, int, int, int]:
         t = self.tensors[name]
@@ -1040,7 +1118,7 @@ class _Planner:
                         tiles.append(_Tile([ld], [cv, op], [sv]))
                         i += 1
             segments.append(([pm], tiles))
-        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         macs = in_shape[0] * k * hc * wc * kh * kw * (1 if conv.is_depthwise else c)
         return LayerProgram(name, f"{conv.op_name}+{pool.op_name}", cg.encode_stream(insns),
                             len(insns), int(macs),
@@ -1076,7 +1154,7 @@ class _Planner:
                            shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
             return [lb], [op], [self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)]
         segments = self._conv_segments(conv, tin, kn, tail, (0, ho), (0, wo))
-        insns = schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
+        insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         macs = in_shape[0] * k * ho * wo * kh * kw * (1 if conv.is_depthwise else c)
         return LayerProgram(name, f"{conv.op_name}+add", cg.encode_stream(insns), len(insns),
                             int(macs),
@@ -1122,7 +1200,7 @@ class _Planner:
                         saves.append(self._save(tout, buf + off, g, y0, nh, x0, nw, 0, k))
                     tiles.append(_Tile([ld], computes, saves))
                     i += 1
-        insns = schedule([(pms, tiles)], "CONV", kn["pipeline"])
+        insns = self._schedule([(pms, tiles)], "CONV", kn["pipeline"])
         macs = sum(in_shape[0] * k * ho * wo * kh * kw * c for _, _, k, _, _, _ in members)
         return LayerProgram(name, f"{len(convs)}x{convs[0].op_name} (horizontal)",
                             cg.encode_stream(insns), len(insns), int(macs),
@@ -1140,6 +1218,7 @@ class FusionReport:
     candidates: list[tuple[str, str, int, int]]  # (name, template, fused, unfused) cycles
     chosen: list[str]
     search_cycles: int  # total measured cycles of the chosen strategy over the measured layers
+    parallel: list = field(default_factory=list)  # (pair, sequential, parallel) cycles
 
 
 def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[str, bool]
@@ -1192,6 +1271,90 @@ def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[
     return [(template.get(g) if len(g) > 1 else None, g) for g in ordered], report
 
 
+PARALLEL_WINDOW = 8  # partners of a pool stream are looked for this many streams around it
+
+
+def _parallel_pass(graph: LayerGraph, cfg: DPUConfig, knobs: dict, specs: list
+                   ) -> tuple[list, list[tuple[str, int, int]]]:
+    """Pair a stream holding a pool (MISC-bound: an Inception max pool, alone or fused) with an
+    independent stream holding a conv when running them concurrently (:meth:`_Planner.parallel`)
+    measures faster than one after the other; greedy, most expensive pool stream first, partners
+    within ``PARALLEL_WINDOW`` streams. Returns the new specs (a pair is ``("parallel", (a,
+    b))``) and the accepted pairs ``(name, sequential cycles, parallel cycles)``."""
+    from tvm_dpu import fusion
+    from tvm_dpu.simulator import simulate
+
+    by = {ly.name: ly for ly in graph.layers}
+    n = len(specs)
+    owner = {name: i for i, (_, g) in enumerate(specs) for name in g}
+    producer = {ly.output: ly.name for ly in graph.layers}
+    succ: list[set[int]] = [set() for _ in specs]
+    for i, (_, g) in enumerate(specs):
+        for name in g:
+            for t in fusion.inputs_of(by[name]):
+                if t in producer and owner[producer[t]] != i:
+                    succ[owner[producer[t]]].add(i)
+    reach = [set() for _ in specs]
+    for i in reversed(range(n)):  # specs are in topological order
+        for j in succ[i]:
+            reach[i] |= {j} | reach[j]
+
+    def has(i: int, kind) -> bool:
+        return any(isinstance(by[name], kind) for name in specs[i][1])
+    pools = [i for i in range(n) if has(i, PoolLayer)]
+    pairs = [(i, j) for i in pools for j in range(max(0, i - PARALLEL_WINDOW),
+                                                  min(n, i + PARALLEL_WINDOW + 1))
+             if j != i and has(j, ConvLayer) and not has(j, PoolLayer)
+             and j not in reach[i] and i not in reach[j]]
+    if not pairs:
+        return specs, []
+    p = _Planner(graph, cfg)
+    progs = {i: p.spec(specs[i], knobs) for i in {x for pr in pairs for x in pr}}
+    merged = {}
+    for i, j in pairs:
+        try:
+            merged[(i, j)] = p.parallel(specs[i], specs[j], knobs)
+        except MappingError:
+            continue
+    sizes = {r: max(64, v) for r, v in p.region_use.items()}
+    sizes.update(PARAM=max(64, len(p.params)), INSN=64)
+    layout = cfg.region_layout(sizes)
+    ddr = np.zeros(cfg.ddr_bytes(layout), dtype=np.uint8)
+
+    def cycles(prog: LayerProgram) -> int:
+        return simulate(cfg, prog.insns, ddr, regions=layout).cycles
+    alone = {i: cycles(pr) for i, pr in progs.items()}
+    both = {k: cycles(pr) for k, pr in merged.items()}
+    used: set[int] = set()
+    chosen = []
+    for i in sorted(pools, key=lambda x: -alone.get(x, 0)):
+        if i in used:
+            continue
+        best = None
+        for (a, b), c in both.items():
+            if a == i and b not in used and c < alone[a] + alone[b]:
+                if best is None or alone[a] + alone[b] - c > best[0]:
+                    best = (alone[a] + alone[b] - c, b, c)
+        if best:
+            used |= {i, best[1]}
+            chosen.append((i, best[1], best[2]))
+    if not chosen:
+        return specs, []
+    partner = {i: j for i, j, _ in chosen} | {j: i for i, j, _ in chosen}
+    units = [[k] if k not in partner else sorted((k, partner[k])) for k in range(n)
+             if k not in partner or k < partner[k]]
+    flat = fusion.order_groups(graph, [tuple(x for k in u for x in specs[k][1]) for u in units])
+    by_names = {tuple(x for k in u for x in specs[k][1]): u for u in units}
+    out = []
+    for names in flat:
+        u = by_names[names]
+        out.append(specs[u[0]] if len(u) == 1 else
+                   ("parallel", (specs[u[0]], specs[u[1]]) if u[0] in pools
+                    else (specs[u[1]], specs[u[0]])))
+    report = [(merged[(i, j)].name, alone[i] + alone[j], c) for i, j, c in chosen]
+    return out, report
+
+
 def _concat_in_place(graph: LayerGraph, groups: list, on_chip: set[str]
                      ) -> dict[str, tuple[str, int]]:
     """Concats whose inputs their producers can write straight into the concat's output (DNNVM:
@@ -1227,22 +1390,30 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
 
     ``knobs`` maps layer names (and fused group names ``a+b``) to (partial) knob dicts overriding
     the defaults; ``knobs["@fusion"]`` controls the fusion search: ``{"enabled": False}`` runs
-    layer by layer, ``{"<candidate name>": False}`` forbids a candidate, ``True`` forces it.
+    layer by layer, ``{"<candidate name>": False}`` forbids a candidate, ``True`` forces it,
+    ``{"parallel": False}`` turns off the concurrent pool / conv streams (:func:`_parallel_pass`).
     With fusion on, a concat whose inputs can be written in place disappears: its producers
     save straight into their channel range of its output (:func:`_concat_in_place`)."""
     cfg.validate("DPU config")
     knobs = knobs or {}
     fk = dict(knobs.get(FUSION_KNOB) or {})
     enabled = fk.pop("enabled", True)
-    if not isinstance(enabled, bool) or any(not isinstance(v, bool) for v in fk.values()):
+    par = fk.pop("parallel", True)
+    if not isinstance(enabled, bool) or any(not isinstance(v, bool) for v in [par, *fk.values()]):
         raise MappingError(f"{FUSION_KNOB}: expected true/false values, got {knobs[FUSION_KNOB]}")
     groups = [(None, (ly.name,)) for ly in graph.layers]
     report = None
     if enabled:
         groups, report = _fusion_search(graph, cfg, knobs, fk)
     by = {ly.name: ly for ly in graph.layers}
-    on_chip = {by[g[0]].output for t, g in groups if t is not None and t != "horizontal"}
-    views = _concat_in_place(graph, groups, on_chip) if enabled else {}
+    parallel = []
+    if enabled and par:
+        groups, parallel = _parallel_pass(graph, cfg, knobs, groups)
+        if report is not None:
+            report.parallel = parallel
+    flat = [x for t, g in groups for x in (g if t == "parallel" else [(t, g)])]
+    on_chip = {by[g[0]].output for t, g in flat if t is not None and t != "horizontal"}
+    views = _concat_in_place(graph, flat, on_chip) if enabled else {}
     if views:
         placed = {whole for whole, _ in views.values()}
         groups = [(t, g) for t, g in groups
@@ -1250,10 +1421,10 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
     p = _Planner(graph, cfg, on_chip, views)
     layers = []
     for tpl, names in groups:
-        if tpl is None:
-            layers.append(p.layer(by[names[0]], knobs.get(names[0])))
+        if tpl == "parallel":
+            layers.append(p.parallel(names[0], names[1], knobs))
         else:
-            layers.append(p.group(tpl, [by[n] for n in names], knobs.get("+".join(names))))
+            layers.append(p.spec((tpl, names), knobs))
     sizes = {r: max(64, _cdiv(v, 4096) * 4096) for r, v in p.region_use.items()}
     sizes["PARAM"] = max(64, _cdiv(len(p.params), 4096) * 4096)
     sizes["INSN"] = max(64, _cdiv(sum(len(ly.insns) for ly in layers), 4096) * 4096)

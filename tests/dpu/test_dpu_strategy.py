@@ -428,3 +428,21 @@ def test_pool_then_conv_fuses_bit_exact(cfg, kind, k, s, pad, ksz, cpad, knobs):
     prog, _ = _run(g, cfg, {"@fusion": {"p+q": True}, "p+q": knobs})
     assert [ly.op for ly in prog.layers] == [f"{kind}_pool2d+conv2d"]
     assert "tp" not in prog.tensors
+
+
+def test_pool_stream_runs_beside_an_independent_conv_stream_bit_exact(cfg):
+    rng = np.random.default_rng(13)
+    s = (4, 64, 16, 16)
+    pool = PoolLayer("p", "x", "tp", "max", (3, 3), (1, 1), (1,) * 4, 0, None)
+    a = _conv(rng, "a", "x", "ta", 64, 96, shift=11, relu=True)
+    b = _conv(rng, "b", "ta", "tb", 96, 64, shift=11)
+    cat = ConcatLayer("cat", ("tp", "tb"), "y", (0, 0), (None, None))
+    g = _graph([pool, a, b, cat], {"x": s, "tp": s, "ta": (4, 96, 16, 16), "tb": s,
+                                   "y": (4, 128, 16, 16)}, ["x"], ["y"])
+    prog, st = _run(g, cfg)
+    pair = [ly for ly in prog.layers if "||" in ly.name]
+    assert pair and pair[0].op.startswith("max_pool2d || conv2d")
+    assert prog.fusion.parallel and prog.fusion.parallel[0][2] < prog.fusion.parallel[0][1]
+    off, st_off = _run(g, cfg, {"@fusion": {"parallel": False}})
+    assert not any("||" in ly.name for ly in off.layers)
+    assert sum(x.cycles for _, x in st) < sum(x.cycles for _, x in st_off)
