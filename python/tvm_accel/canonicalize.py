@@ -482,7 +482,8 @@ class _Canonicalizer:
         def emit(bb, look):
             q = bb.emit(relax.Call(call.op, [look(a) for a in call.args], call.attrs,
                                    call.ty_args), name_hint=f"{name}_q")
-            return _clamp(bb, q, out, name)
+            q = bb.emit(R.maximum(q, relax.const(out.qmin, out.dtype)), name_hint=f"{name}_max")
+            return bb.emit(R.minimum(q, relax.const(out.qmax, out.dtype)), name_hint=name)
 
         rec = LayerRecord(name, self.g.names.get(b.var.name, b.var.name), "quantize", True,
                           out.dtype, out.scale, out.zp,

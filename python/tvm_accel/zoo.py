@@ -967,8 +967,17 @@ def apply_mixed_precision(qmodel: onnx.ModelProto, bits: dict[str, dict[str, int
                 put(dq.input[0], new.astype(np.int8))
         ob = int(spec.get("o", 8))
         if ob < 8:
-            q = next(c for c in g.node if c.op_type == "QuantizeLinear"
-                     and c.input[0] == n.output[0])
+            t = n.output[0]
+            q = None
+            for _ in range(3):  # the output quantize, after a ReLU/Clip ORT kept
+                users = [c for c in g.node if t in c.input]
+                q = next((c for c in users if c.op_type == "QuantizeLinear"), None)
+                act = next((c for c in users if c.op_type in ("Relu", "Clip")), None)
+                if q is not None or act is None:
+                    break
+                t = act.output[0]
+            if q is None:
+                raise ValueError(f"apply_mixed_precision: {name} has no output quantize")
             s, zp = arr(q.input[1]), arr(q.input[2])
             signed = zp.dtype == np.int8
             lv = (1 << ob) - 1
