@@ -522,6 +522,7 @@ class _Canonicalizer:
                     plan = self._input_clamp(b, call, out)
                     self.plans[b.var] = plan
                     self.report.append(plan.record)
+                    self.layer_bits[plan.record.name] = plan.record.detail["bits"]
                 continue
             if out is None:
                 self._float_record(core, _Out(float("nan"), 0, str(call.attrs.out_dtype), 0, 0),

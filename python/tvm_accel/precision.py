@@ -123,7 +123,13 @@ def widen_subbyte_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SubbyteI
     inits = {t.name: t for t in g.initializer}
     i4 = {n for n, t in inits.items() if t.data_type in _I4}
     q_outs = {n.output[0]: n for n in g.node if n.op_type == "QuantizeLinear"}
-    clips = [n for n in g.node if n.op_type == "Clip" and n.input and n.input[0] in q_outs]
+    users: dict[str, int] = {}
+    for n in g.node:
+        for x in n.input:
+            users[x] = users.get(x, 0) + 1
+    # a Clip that is the only reader of a Q output restricts that integer tensor
+    clips = [n for n in g.node if n.op_type == "Clip" and n.input and n.input[0] in q_outs
+             and users[n.input[0]] == 1 and len(n.input) > 1 and any(n.input[1:])]
     if not i4 and not clips:
         return model, SubbyteInfo()
     model = onnx.ModelProto.FromString(model.SerializeToString())
