@@ -280,13 +280,16 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern],
     return LayerGraph(tensors=tensors, layers=layers, inputs=inputs, outputs=outputs)
 
 
-def _offload_input_bits(mod: tvm.IRModule, offloaded: dict, patterns, layer_bits: dict
-                        ) -> dict:
+def _offload_input_bits(mod: tvm.IRModule, offloaded: dict, patterns, layer_bits: dict,
+                        graphs: dict | None = None) -> dict:
     """Bits of each offloaded function's arguments, walking ``main`` in order: a layer output
     computed on the host has its canonicalize record (``layer_bits[name]["o"]``), the result of
-    another offloaded function the bits of that function's output tensor."""
-    if not layer_bits or "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+    another offloaded function the bits of that function's output tensor. The layer graphs
+    built on the way are left in ``graphs``. Empty when every recorded width is 8."""
+    if (not any(int(v) < 8 for b in layer_bits.values() for v in b.values())
+            or "main" not in [gv.name_hint for gv in mod.get_global_vars()]):
         return {}
+    graphs = {} if graphs is None else graphs
     var_bits: dict = {}  # Var or (Var, tuple index) -> bits
     result: dict = {}
     for block in mod["main"].body.blocks:
@@ -297,7 +300,8 @@ def _offload_input_bits(mod: tvm.IRModule, offloaded: dict, patterns, layer_bits
                 bits = [var_bits.get(a, layer_bits.get(a.name, {}).get("o", 8))
                         if isinstance(a, relax.Var) else 8 for a in v.args]
                 result[v.op] = bits
-                graph = extract_layer_graph(offloaded[v.op], patterns, layer_bits, bits)
+                graph = graphs[v.op] = extract_layer_graph(offloaded[v.op], patterns, layer_bits,
+                                                           bits)
                 outs = [graph.tensors[o].bits for o in graph.outputs]
                 var_bits[b.var] = max(outs) if outs else 8
                 for j, ob in enumerate(outs):
@@ -319,11 +323,12 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
                  if isinstance(f, relax.Function) and f.attrs
                  and f.attrs.get("Codegen") == target.name}
     layer_bits = module_layer_bits(mod)
-    in_bits = _offload_input_bits(mod, offloaded, patterns, layer_bits)
+    graphs: dict = {}
+    _offload_input_bits(mod, offloaded, patterns, layer_bits, graphs)
     blobs = {}
     for i, (gv, f) in enumerate(offloaded.items()):
         t0 = time.perf_counter()
-        graph = extract_layer_graph(f, patterns, layer_bits, in_bits.get(gv))
+        graph = graphs[gv] if gv in graphs else extract_layer_graph(f, patterns, layer_bits)
         first = graph.layers[0].name if graph.layers else "empty"
         name = f"{target.name}_{i}_{first}"
         data = target.compile_function(graph, config, knobs, name=name)
