@@ -80,8 +80,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_accel import numerics
-from tvm_accel.errors import ModelError
+from tvm_accel import numerics, precision
+from tvm_accel.errors import ConfigError, ModelError
 from tvm_accel.frontend import sanitize_name
 from tvm_accel.layers import DTYPE_RANGE, Requant
 
@@ -131,7 +131,8 @@ class LayerRecord:
 
 def format_report(report: list[LayerRecord]) -> str:
     """Fixed-width table of a canonicalize report (for the CLI)."""
-    rows = [("layer", "op", "path", "dtype", "out scale", "rel err", "LSB err", "notes")]
+    rows = [("layer", "op", "path", "dtype", "W/I/O", "out scale", "rel err", "LSB err",
+             "notes")]
     for r in report:
         d = r.detail
         notes = []
@@ -141,8 +142,10 @@ def format_report(report: list[LayerRecord]) -> str:
             notes.append(f"pre>>{d['pre_shift']} >>{d['shift']}")
         if d.get("reason"):
             notes.append(d["reason"])
+        bits = d.get("bits") or {}
+        wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
         rows.append((r.onnx_name, r.op, "int" if r.integer else "float", r.out_dtype,
-                     f"{r.output_scale:.4g}", f"{r.max_rel_error:.2e}",
+                     wio if bits else "", f"{r.output_scale:.4g}", f"{r.max_rel_error:.2e}",
                      f"{r.max_lsb_error:.3f}", "; ".join(notes)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True))
@@ -222,6 +225,8 @@ class _QAct:
     scale: float
     zp: int
     dtype: str
+    #: value range width (2..8) of the integer tensor (sub-byte: recorded range)
+    bits: int = 8
 
     def same_as(self, scale: float, zp: int, dtype: str) -> bool:
         return self.dtype == dtype and self.zp == zp and abs(self.scale - scale) <= 1e-7 * scale
@@ -243,6 +248,8 @@ class _Out:
     activation: str = ""
     #: the relu/clip values folded into qmin/qmax, outermost first
     act_exprs: list = field(default_factory=list)
+    #: output bits (2..8): 8 unless a sub-byte range was recorded or configured
+    bits: int = 8
 
     @property
     def full_range(self) -> bool:
@@ -259,15 +266,23 @@ class _Plan:
 
 
 class _Graph:
-    def __init__(self, func: relax.Function, names: dict[str, str]):
+    def __init__(self, func: relax.Function, names: dict[str, str],
+                 qranges: dict[str, tuple[int, int]] | None = None,
+                 wbits: dict[str, int] | None = None):
         self.func = func
         self.bind: dict[relax.Var, relax.Expr] = {}
         self.order: list[relax.VarBinding] = []
+        #: quantize var -> (qmin, qmax) of a sub-byte activation (recorded or configured)
+        self.ranges: dict[relax.Var, tuple[int, int]] = {}
+        qranges = qranges or {}
         for block in func.body.blocks:
             for b in block.bindings:
                 if isinstance(b, relax.VarBinding):
                     self.bind[b.var] = b.value
                     self.order.append(b)
+                    if b.var.name in qranges:
+                        self.ranges[b.var] = tuple(qranges[b.var.name])
+        self.wbits = dict(wbits or {})
         self.names = names
         self.used: set[str] = set()
         self.count = 0
@@ -299,7 +314,28 @@ class _Graph:
         if (s is None or z is None or s.size != 1 or z.size != 1 or dt not in DTYPE_RANGE
                 or self.const(data) is not None):
             return None
-        return _QAct(data, float(s.ravel()[0]), int(z.ravel()[0]), dt)
+        rng = self.ranges.get(data) if isinstance(data, relax.Var) else None
+        bits = precision.range_bits(*rng, dt) if rng is not None else 8
+        return _QAct(data, float(s.ravel()[0]), int(z.ravel()[0]), dt, bits)
+
+    def narrow(self, var: relax.Var, out: _Out) -> None:
+        """Intersect ``out``'s clip with the sub-byte range recorded for ``var``."""
+        rng = self.ranges.get(var)
+        if rng is None:
+            return
+        out.qmin, out.qmax = max(out.qmin, rng[0]), min(out.qmax, rng[1])
+        out.bits = precision.range_bits(*rng, out.dtype)
+
+    def recorded_weight_bits(self, e) -> int | None:
+        """Bits recorded by the frontend for the weight dequantize behind ``e``."""
+        for _ in range(3):
+            if isinstance(e, relax.Var) and e.name in self.wbits:
+                return int(self.wbits[e.name])
+            c = self.value(e)
+            if _op_name(c) != "relax.permute_dims":
+                return None
+            e = c.args[0]
+        return None
 
     def quantize_out(self, call) -> _Out | None:
         data, s, z = call.args
@@ -378,11 +414,97 @@ def _clamp(bb, x, out: _Out, name: str):
 
 # --- the pass --------------------------------------------------------------------------------
 class _Canonicalizer:
-    def __init__(self, graph: _Graph, recipes: _Recipes):
+    def __init__(self, graph: _Graph, recipes: _Recipes,
+                 config: precision.PrecisionConfig | None = None):
         self.g = graph
         self.rc = recipes
         self.plans: dict[relax.Var, _Plan] = {}
         self.report: list[LayerRecord] = []
+        self.config = config
+        #: ONNX layer name -> configured weight bits
+        self.cfg_w: dict[str, int] = {}
+        #: config layer names that matched a layer of the model
+        self.cfg_seen: set[str] = set()
+        #: layer name (canonical output var; the core op is ``<layer>_acc``) -> {"w", "i", "o"}
+        self.layer_bits: dict[str, dict[str, int | None]] = {}
+
+    def apply_config(self) -> None:
+        """Turn the precision config into weight bits and activation ranges (before run: an
+        ``i`` clips the producer of the layer's input, which comes earlier in the graph)."""
+        cfg = self.config
+        if cfg is None:
+            return
+        params = set(self.g.func.params)
+        for b in self.g.order:
+            call = b.value
+            if _op_name(call) != "relax.quantize" or (isinstance(call.args[0], relax.Var)
+                                                      and call.args[0] in params):
+                continue
+            out = self.g.quantize_out(call)
+            if out is None:
+                continue
+            core = self.g.peel_activation(call.args[0], _Out(out.scale, out.zp, out.dtype,
+                                                             out.qmin, out.qmax))
+            op_e, _ = self._split_bias(core)
+            weighted = op_e is not None and self.g.op(op_e) in _WEIGHTED_OPS
+            cands = [core] + ([op_e] if weighted else [])
+            _, onnx_name = self.g.layer_name(cands, "layer")
+            if onnx_name in cfg.layers:
+                self.cfg_seen.add(onnx_name)
+            lp = cfg.for_layer(onnx_name, weighted)
+            if lp.w is not None and weighted:
+                self.cfg_w[onnx_name] = lp.w
+            if lp.o is not None:
+                self._constrain(b.var, lp.o, out.dtype)
+            if lp.i is not None:
+                c = self.g.value(op_e if weighted else core)
+                x = self.g.dq_act(c.args[0]) if isinstance(c, relax.Call) and c.args else None
+                if x is None or not isinstance(x.var, relax.Var):
+                    raise ConfigError(f"{cfg.source}: layers.{onnx_name}.i: the layer's input is "
+                                      "not a quantized activation that can be clipped")
+                self._constrain(x.var, lp.i, x.dtype)
+        missing = sorted(set(cfg.layers) - self.cfg_seen)
+        if missing:
+            known = sorted({self.g.names.get(v.name, v.name) for v in self.g.bind
+                            if not _AUTO_NAME.fullmatch(v.name)})
+            raise ConfigError(f"{cfg.source}: layers.{missing[0]}: no quantized layer of that "
+                              f"name in the model (e.g. {', '.join(known[:5])})")
+
+    def _constrain(self, var: relax.Var, bits: int, dtype: str) -> None:
+        lo, hi = precision.bits_range(bits, dtype)
+        old = self.g.ranges.get(var, DTYPE_RANGE[dtype])
+        self.g.ranges[var] = (max(old[0], lo), min(old[1], hi))
+
+    def _input_clamp(self, b: relax.VarBinding, call, out: _Out) -> _Plan:
+        """The model's input quantize with a sub-byte range: quantize, then clip."""
+        name = self.g.claim(b.var.name)
+
+        def emit(bb, look):
+            q = bb.emit(relax.Call(call.op, [look(a) for a in call.args], call.attrs,
+                                   call.ty_args), name_hint=f"{name}_q")
+            q = bb.emit(R.maximum(q, relax.const(out.qmin, out.dtype)), name_hint=f"{name}_max")
+            return bb.emit(R.minimum(q, relax.const(out.qmax, out.dtype)), name_hint=name)
+
+        rec = LayerRecord(name, self.g.names.get(b.var.name, b.var.name), "quantize", True,
+                          out.dtype, out.scale, out.zp,
+                          detail={"qmin": out.qmin, "qmax": out.qmax,
+                                  "bits": {"w": None, "i": None, "o": out.bits}})
+        return _Plan(rec, emit)
+
+    def _bits(self, out: _Out, xs, w: int | None = None) -> dict[str, int | None]:
+        """W/I/O bits of a layer (``i``: the widest of its inputs)."""
+        return {"w": w, "i": max((x.bits for x in xs), default=None), "o": out.bits}
+
+    def _weights_for_bits(self, onnx_name: str, wvar, wz: np.ndarray, sw: np.ndarray,
+                          bias: np.ndarray, axis: int):
+        """Apply a configured weight width (re-quantize) and return ``(wz, sw, bias, bits)``;
+        bits otherwise from the frontend's record, else from the values."""
+        wb = self.cfg_w.get(onnx_name)
+        if wb is not None:
+            wz, sw, bias = precision.requantize_weights(wz, sw, bias, wb, axis)
+            return wz, sw, bias, wb
+        wb = self.g.recorded_weight_bits(wvar)
+        return wz, sw, bias, wb if wb is not None else precision.signed_bits(wz)
 
     # The matchers return a _Plan, None (not this pattern) or raise ModelError (inconsistent).
     def run(self):
@@ -394,11 +516,19 @@ class _Canonicalizer:
             out = self.g.quantize_out(call)
             core = call.args[0]
             if isinstance(core, relax.Var) and core in params:
-                continue  # the model's input quantize stays
+                # the model's input quantize stays (clipped if its range is sub-byte)
+                if out is not None and b.var in self.g.ranges:
+                    self.g.narrow(b.var, out)
+                    plan = self._input_clamp(b, call, out)
+                    self.plans[b.var] = plan
+                    self.report.append(plan.record)
+                    self.layer_bits[plan.record.name] = plan.record.detail["bits"]
+                continue
             if out is None:
                 self._float_record(core, _Out(float("nan"), 0, str(call.attrs.out_dtype), 0, 0),
                                    "output quantization is not 8-bit per-tensor")
                 continue
+            self.g.narrow(b.var, out)
             core = self.g.peel_activation(core, out)
             plan, reason = None, "not a recognised QDQ pattern"
             try:
@@ -415,6 +545,9 @@ class _Canonicalizer:
                 continue
             self.plans[b.var] = plan
             self.report.append(plan.record)
+            bits = plan.record.detail.get("bits")
+            if bits is not None:
+                self.layer_bits[plan.record.name] = bits
 
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
@@ -429,6 +562,7 @@ class _Canonicalizer:
                                        detail={"reason": reason, "relax_vars": rvars}))
 
     def _record(self, name, onnx_name, op, out: _Out, err=None, **detail) -> LayerRecord:
+        detail.setdefault("bits", {"w": None, "i": None, "o": out.bits})
         if out.activation:
             detail["activation"] = out.activation
         detail.setdefault("qmin", out.qmin)
@@ -538,6 +672,7 @@ class _Canonicalizer:
         bias, bias_kind = self._bias_ints(bias_e, k, x.scale, sw, name)
         if bias is None:
             return None
+        wz, sw, bias, wbits = self._weights_for_bits(onnx_name, conv.args[1], wz, sw, bias, 0)
         bound = numerics.conv_acc_bound(wz, bias, x.dtype, x.zp)
         scale = x.scale * sw / out.scale
         rq = self.rc.for_op("conv2d")(scale, bound, out.zp, out.qmin, out.qmax)
@@ -559,6 +694,7 @@ class _Canonicalizer:
                                          out_name=name)
 
         rec = self._record(name, onnx_name, "conv2d", out, err, **attrs,
+                           bits=self._bits(out, [x], wbits),
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw).size > 1),
                            bias=bias_kind, input_scale=x.scale, input_zero_point=x.zp,
@@ -609,6 +745,10 @@ class _Canonicalizer:
         bias, bias_kind = self._bias_ints(bias_e, k, x.scale, sw_k, name)
         if bias is None:
             return None
+        if onnx_name in self.cfg_w and g != 1:
+            raise ConfigError(f"{self.config.source}: layers.{onnx_name}.w: re-quantizing the "
+                              "weights of a grouped transpose conv is not supported")
+        wz, sw_k, bias, wbits = self._weights_for_bits(onnx_name, dc.args[1], wz, sw_k, bias, 1)
         strides, dil = _ints(a.strides), _ints(a.dilation)
         bound = deconv_acc_bound(wz, bias, g, strides, dil, x.reach)
         scale = x.scale * sw_k / out.scale
@@ -632,6 +772,7 @@ class _Canonicalizer:
                                          out_name=name)
 
         rec = self._record(name, onnx_name, "conv2d_transpose", out, err, **attrs,
+                           bits=self._bits(out, [x], wbits),
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw_k).size > 1),
                            bias=bias_kind, input_scale=x.scale, input_zero_point=x.zp,
@@ -667,6 +808,7 @@ class _Canonicalizer:
         bias, bias_kind = self._bias_ints(bias_e, k, x.scale, sw, name)
         if bias is None:
             return None
+        wt, sw, bias, wbits = self._weights_for_bits(onnx_name, mm.args[1], wt, sw, bias, 1)
         bound = numerics.conv_acc_bound(wt.T, bias, x.dtype, x.zp)
         rq = self.rc.for_op("dense")(x.scale * sw / out.scale, bound, out.zp, out.qmin,
                                      out.qmax)
@@ -685,6 +827,7 @@ class _Canonicalizer:
                                          out_name=name)
 
         rec = self._record(name, onnx_name, "dense", out, err, units=k, in_features=wt.shape[0],
+                           bits=self._bits(out, [x], wbits),
                            weight_per_channel=bool(np.unique(sw).size > 1), bias=bias_kind,
                            input_scale=x.scale, input_zero_point=x.zp, input_dtype=x.dtype,
                            **self._rq_detail(rq, bound))
@@ -710,7 +853,8 @@ class _Canonicalizer:
                                      out.dtype, name=f"{name}_rq", out_name=name,
                                      acc_name=f"{name}_acc")
 
-        rec = self._record(name, onnx_name, "add", out, err, a_scale=a.scale, a_zero_point=a.zp,
+        rec = self._record(name, onnx_name, "add", out, err, bits=self._bits(out, [a, b]),
+                           a_scale=a.scale, a_zero_point=a.zp,
                            b_scale=b.scale, b_zero_point=b.zp, a_multiplier=ma, b_multiplier=mb,
                            shift=rq.shift, pre_shift=0, requant=rq)
         return _Plan(rec, emit)
@@ -788,7 +932,8 @@ class _Canonicalizer:
                                  name_hint=name if final else f"{name}_int")
                 return self._finish(bb, xi, x, out, name, rq)
 
-        rec = self._record(name, onnx_name, kind, out, err, input_scale=x.scale,
+        rec = self._record(name, onnx_name, kind, out, err, bits=self._bits(out, [x]),
+                           input_scale=x.scale,
                            input_zero_point=x.zp, input_dtype=x.dtype, **detail)
         return _Plan(rec, emit)
 
@@ -805,7 +950,8 @@ class _Canonicalizer:
                         name_hint=f"{name}_acc")
             return v if rq is None else self._emit_rescale(bb, v, x.zp, rq, out.dtype, name)
 
-        rec = self._record(name, onnx_name, kind, out, err, input_scale=x.scale,
+        rec = self._record(name, onnx_name, kind, out, err, bits=self._bits(out, [x]),
+                           input_scale=x.scale,
                            input_zero_point=x.zp, input_dtype=x.dtype, **detail, **rdetail)
         return _Plan(rec, emit)
 
@@ -867,6 +1013,7 @@ class _Canonicalizer:
                                          out_name=name)
 
         rec = self._record(name, onnx_name, kind, out, err, window=n, input_scale=x.scale,
+                           bits=self._bits(out, [x]),
                            input_zero_point=x.zp, input_dtype=x.dtype, **detail)
         return _Plan(rec, emit)
 
@@ -904,6 +1051,7 @@ class _Canonicalizer:
                                          out_name=name)
 
         rec = self._record(name, onnx_name, "avg_pool2d", out, err, window=n,
+                           bits=self._bits(out, [x]),
                            pool_size=[kh, kw], strides=_ints(a.strides), padding=pad,
                            input_scale=x.scale, input_zero_point=x.zp, input_dtype=x.dtype,
                            **detail)
@@ -935,6 +1083,7 @@ class _Canonicalizer:
         err = (numerics.ApproximationError(max(e.max_rel_error for e in errs),
                                            max(e.max_lsb_error for e in errs)) if errs else None)
         rec = self._record(name, onnx_name, "concat", out, err, inputs=len(xs),
+                           bits=self._bits(out, xs),
                            rescaled_inputs=len(errs), axis=axis,
                            requants=[rq for rq in rqs])
         return _Plan(rec, emit)
@@ -1023,8 +1172,8 @@ class _Rewriter(relax.PyExprMutator):
         self.set_var_remap(binding.var, new)
 
 
-def canonicalize(mod: tvm.IRModule, target=None,
-                 func_name: str = "main") -> tuple[tvm.IRModule, list[LayerRecord]]:
+def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
+                 precision_config=None) -> tuple[tvm.IRModule, list[LayerRecord]]:
     """Rewrite the QDQ patterns of ``mod[func_name]`` into the canonical integer graph.
 
     ``target``: an :class:`~tvm_accel.target.AccelTarget` (or its kind, e.g. ``"vta"``, or any
@@ -1035,14 +1184,28 @@ def canonicalize(mod: tvm.IRModule, target=None,
     that layer float, on the CPU, with the reason in its record. Returns the new module
     (weights as int32 constants, float QDQ leftovers removed by dead-code elimination) and one
     :class:`LayerRecord` per quantized value: integer layers and what stayed float.
+
+    Sub-byte precision (:mod:`tvm_accel.precision`): ranges recorded by ``load_onnx`` and the
+    optional ``precision_config`` (path, JSON text, dict or
+    :class:`~tvm_accel.precision.PrecisionConfig`) become the requantize clip; each integer
+    record has ``detail["bits"] = {"w", "i", "o"}`` and the result carries the module
+    attribute :data:`~tvm_accel.precision.LAYER_BITS_ATTR`.
     """
     recipes = _Recipes(target)
     func = mod[func_name]
     names = {}
     if mod.attrs is not None and "onnx_node_names" in mod.attrs:
         names = {str(k): str(v) for k, v in mod.attrs["onnx_node_names"].items()}
-    graph = _Graph(func, names)
-    canon = _Canonicalizer(graph, recipes)
+    attrs = mod.attrs if mod.attrs is not None else {}
+    qranges = ({str(k): (int(v[0]), int(v[1])) for k, v in attrs[precision.QRANGE_ATTR].items()}
+               if precision.QRANGE_ATTR in attrs else {})
+    wbits = ({str(k): int(v) for k, v in attrs[precision.WBITS_ATTR].items()}
+             if precision.WBITS_ATTR in attrs else {})
+    graph = _Graph(func, names, qranges, wbits)
+    config = (precision.load_precision(precision_config) if precision_config is not None
+              else None)
+    canon = _Canonicalizer(graph, recipes, config)
+    canon.apply_config()
     canon.run()
     new_func = _Rewriter(canon.plans, mod).visit_expr(func)
     out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != func_name},
@@ -1050,5 +1213,9 @@ def canonicalize(mod: tvm.IRModule, target=None,
     out[func_name] = new_func
     entries = [gv.name_hint for gv, f in out.functions_items() if isinstance(f, relax.Function)]
     out = relax.transform.DeadCodeElimination(entries)(out)
+    if canon.layer_bits:
+        out = out.with_attr(precision.LAYER_BITS_ATTR, {
+            k: {kk: int(vv) for kk, vv in v.items() if vv is not None}
+            for k, v in canon.layer_bits.items()})
     relax.analysis.well_formed(out)
     return out, canon.report

@@ -66,16 +66,21 @@ def cmd_compile(args) -> int:
     from tvm_accel.target import get_target
 
     accel, host = parse_target(args.target)
+    precision = None
+    if getattr(args, "precision_config", None):
+        from tvm_accel.precision import load_precision
+
+        precision = load_precision(args.precision_config)
     mod, _ = load_onnx(args.model)
     inputs, outputs = _onnx_signature(args.model)
     t0 = time.perf_counter()
     if accel is None:
-        ex = compile_reference(mod, None, host)
+        ex = compile_reference(mod, None, host, precision=precision)
         report, config = None, ""
     else:
         target = get_target(accel)
         cfg = target.load_config(getattr(args, f"target_{accel}_config", None))
-        ex, report = compile_model(mod, target, cfg, None, host)
+        ex, report = compile_model(mod, target, cfg, None, host, precision=precision)
         config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
@@ -90,9 +95,13 @@ def cmd_compile(args) -> int:
         rows = []
         for r in report.offloads:
             e = err.get(r.layer)
+            bits = (e.detail.get("bits") or {}) if e is not None else {}
+            wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
             rows.append((r.layer, r.op, r.shape, r.placement,
-                         f"{e.max_rel_error:.2e}" if e is not None else "-", r.reason))
-        print(format_table(["layer", "op", "shape", "placement", "scale err", "reason"], rows))
+                         f"{e.max_rel_error:.2e}" if e is not None else "-",
+                         wio if bits else "-", r.reason))
+        print(format_table(["layer", "op", "shape", "placement", "scale err", "W/I/O",
+                            "reason"], rows))
     return 0
 
 
@@ -189,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target-dpu-config", metavar="FILE",
                    help="DPU hardware config JSON or bundled name (dpu_default, dpu_8pe)")
     c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
+    c.add_argument("--precision-config", metavar="FILE",
+                   help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
+                   '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
     c.add_argument("--dump-offloads", action="store_true",
                    help="list every layer, where it runs and why")
     c.set_defaults(func=cmd_compile)

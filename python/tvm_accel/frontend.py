@@ -53,6 +53,10 @@ class ModelInfo:
     naming: str = "onnx"
     #: quantized model (holds QuantizeLinear/DequantizeLinear)
     is_qdq: bool = False
+    #: sub-byte ranges found in the model (:func:`tvm_accel.precision.widen_subbyte_qdq`):
+    #: QuantizeLinear node name -> (qmin, qmax); weight DequantizeLinear node name -> bits
+    activation_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    weight_bits: dict[str, int] = field(default_factory=dict)
 
 
 def sanitize_name(name: str) -> str:
@@ -237,13 +241,19 @@ def load_onnx(path_or_model, shapes: dict | None = None) -> tuple[tvm.IRModule, 
     ``(mod, info)``; ``mod["main"]`` takes the model inputs in graph order and has all weights
     as constants. Raises :class:`ModelError` with a one-line message for every user error.
     """
+    from tvm_accel.precision import QRANGE_ATTR, WBITS_ATTR, widen_subbyte_qdq
+
     model, where = _read_model(path_or_model)
     _check(model, where)
-    inputs = _static_inputs(model, where, shapes)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     op_counts: dict[str, int] = {}
     for n in model.graph.node:
         op_counts[n.op_type] = op_counts.get(n.op_type, 0) + 1
+    try:
+        model, sub = widen_subbyte_qdq(model)
+    except Exception as e:
+        raise ModelError(f"{where}: cannot read the sub-byte Q/DQ ranges: {e}") from None
+    inputs = _static_inputs(model, where, shapes)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     try:
         mod, naming = _from_onnx(model, {k: list(s) for k, (s, _) in inputs.items()})
     except tvm.error.OpNotImplemented as e:
@@ -259,6 +269,11 @@ def load_onnx(path_or_model, shapes: dict | None = None) -> tuple[tvm.IRModule, 
                 names.setdefault(sanitize_name(n.name), n.name)
     mod = fold_constants_keep_qweights(mod)
     mod = mod.with_attr("onnx_node_names", names)
+    if sub.activations:
+        mod = mod.with_attr(QRANGE_ATTR, {sanitize_name(k): [int(lo), int(hi)]
+                                          for k, (lo, hi) in sub.activations.items()})
+    if sub.weights:
+        mod = mod.with_attr(WBITS_ATTR, {sanitize_name(k): int(b) for k, b in sub.weights.items()})
     info = ModelInfo(
         name=model.graph.name or Path(where).stem,
         inputs=inputs,
@@ -268,6 +283,8 @@ def load_onnx(path_or_model, shapes: dict | None = None) -> tuple[tvm.IRModule, 
         node_names=names,
         naming=naming,
         is_qdq=op_counts.get("QuantizeLinear", 0) + op_counts.get("DequantizeLinear", 0) > 0,
+        activation_ranges=dict(sub.activations),
+        weight_bits=dict(sub.weights),
     )
     return mod, info
 

@@ -29,7 +29,14 @@ from tvm_accel.layers import (
     Tensor,
     UpsampleLayer,
 )
-from tvm_accel.partition import OffloadPattern, const_value, layer_name, static_shape
+from tvm_accel.partition import (
+    OffloadPattern,
+    const_value,
+    layer_name,
+    module_layer_bits,
+    static_shape,
+)
+from tvm_accel.precision import range_bits, signed_bits
 from tvm_accel.target import AccelTarget
 
 
@@ -187,21 +194,47 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
     raise AccelError(f"composite {pat.name}: no layer kind for core op {op}")
 
 
-def _tensor(name: str, expr) -> Tensor:
+def _tensor(name: str, expr, bits: int = 8) -> Tensor:
     shape = static_shape(expr)
     if shape is None:
         raise AccelError(f"tensor {name} has no static shape")
-    return Tensor(name, shape, str(expr.ty.dtype))
+    return Tensor(name, shape, str(expr.ty.dtype), bits)
 
 
-def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern]) -> LayerGraph:
-    """Read an offloaded ``Codegen`` function back into a :class:`LayerGraph`."""
+def _output_bits(layer, dtype: str, tensors: dict[str, Tensor]) -> int:
+    """Bits of a layer's output: the clip range of its requantize; a layer without one (max
+    pool, upsample, concat of equal quantizations) passes its inputs' widest range on."""
+    rqs = [layer.requant] if hasattr(layer, "requant") else list(getattr(layer, "requants", ()))
+    ins = [layer.input] if hasattr(layer, "input") else list(layer.inputs)
+    in_bits = max((tensors[i].bits for i in ins if i in tensors), default=8)
+    if not rqs or any(rq is None for rq in rqs):
+        width = in_bits
+    else:
+        width = 0
+    for rq in rqs:
+        if rq is not None:
+            width = max(width, range_bits(int(rq.qmin), int(rq.qmax), dtype))
+    return width or 8
+
+
+def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern],
+                        layer_bits: dict[str, dict[str, int]] | None = None,
+                        input_bits: list[int] | None = None) -> LayerGraph:
+    """Read an offloaded ``Codegen`` function back into a :class:`LayerGraph`.
+
+    Precision (:mod:`tvm_accel.precision`): each output tensor's ``bits`` comes from the clip
+    range of its producing requantize; function inputs take ``input_bits`` (one per parameter,
+    from the recorded quantization; default 8); ``ConvLayer.weight_bits`` is the recorded
+    weight width (``layer_bits[layer]["w"]``, canonicalize's record), widened if the values
+    minus zero point need more, else the smallest signed width holding the values (>= 2).
+    """
+    layer_bits = layer_bits or {}
     by_name = {p.name: p for p in patterns}
     tensors: dict[str, Tensor] = {}
     names: dict[int, str] = {}
     inputs = []
-    for p in func.params:
-        tensors[p.name] = _tensor(p.name, p)
+    for i, p in enumerate(func.params):
+        tensors[p.name] = _tensor(p.name, p, input_bits[i] if input_bits else 8)
         names[p.__chandle__()] = p.name
         inputs.append(p.name)
     local_funcs: dict[int, relax.Function] = {}
@@ -228,12 +261,17 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern]) ->
                 pat = by_name[str(comp.attrs["Composite"])]
                 args = [names[a.__chandle__()] for a in v.args]
                 layer = _layer_from_composite(comp, pat, args, "")
+                if isinstance(layer, ConvLayer):
+                    rec = layer_bits.get(layer.name, {}).get("w")
+                    vb = signed_bits(layer.weight)
+                    layer.weight_bits = max(int(rec), vb) if rec is not None else vb
                 if _AUTO_NAME.fullmatch(layer.name):  # a one-op composite loses its var name
                     layer.name = f"{args[0]}_{pat.name.split('.')[-1]}"
                 layer.output = out = unique(layer.name)
                 layer.name = out  # layer names are unique, like their output tensors
                 names[b.var.__chandle__()] = out
-                tensors[out] = _tensor(out, b.var)
+                dtype = str(b.var.ty.dtype)
+                tensors[out] = _tensor(out, b.var, _output_bits(layer, dtype, tensors))
                 layers.append(layer)
             elif isinstance(v, relax.Var):
                 names[b.var.__chandle__()] = names[v.__chandle__()]
@@ -245,6 +283,41 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern]) ->
     return LayerGraph(tensors=tensors, layers=layers, inputs=inputs, outputs=outputs)
 
 
+def _offload_input_bits(mod: tvm.IRModule, offloaded: dict, patterns, layer_bits: dict,
+                        graphs: dict | None = None) -> dict:
+    """Bits of each offloaded function's arguments, walking ``main`` in order: a layer output
+    computed on the host has its canonicalize record (``layer_bits[name]["o"]``), the result of
+    another offloaded function the bits of that function's output tensor. The layer graphs
+    built on the way are left in ``graphs``. Empty when every recorded width is 8."""
+    if (not any(int(v) < 8 for b in layer_bits.values() for v in b.values())
+            or "main" not in [gv.name_hint for gv in mod.get_global_vars()]):
+        return {}
+    graphs = {} if graphs is None else graphs
+    var_bits: dict = {}  # Var or (Var, tuple index) -> bits
+    result: dict = {}
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar) \
+                    and v.op in offloaded:
+                bits = [var_bits.get(a, layer_bits.get(a.name, {}).get("o", 8))
+                        if isinstance(a, relax.Var) else 8 for a in v.args]
+                result[v.op] = bits
+                graph = graphs[v.op] = extract_layer_graph(offloaded[v.op], patterns, layer_bits,
+                                                           bits)
+                outs = [graph.tensors[o].bits for o in graph.outputs]
+                var_bits[b.var] = max(outs) if outs else 8
+                for j, ob in enumerate(outs):
+                    var_bits[(b.var, j)] = ob
+            elif isinstance(v, relax.TupleGetItem) and isinstance(v.tuple_value, relax.Var):
+                key = (v.tuple_value, int(v.index))
+                if key in var_bits:
+                    var_bits[b.var] = var_bits[key]
+            elif isinstance(v, relax.Var) and v in var_bits:
+                var_bits[b.var] = var_bits[v]
+    return result
+
+
 def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict | None = None,
                    report: list[LoweredFunction] | None = None) -> tvm.IRModule:
     """Compile every ``Codegen`` function of ``target`` and call its blob from ``main``."""
@@ -252,10 +325,13 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
     offloaded = {gv: f for gv, f in mod.functions_items()
                  if isinstance(f, relax.Function) and f.attrs
                  and f.attrs.get("Codegen") == target.name}
+    layer_bits = module_layer_bits(mod)
+    graphs: dict = {}
+    _offload_input_bits(mod, offloaded, patterns, layer_bits, graphs)
     blobs = {}
     for i, (gv, f) in enumerate(offloaded.items()):
         t0 = time.perf_counter()
-        graph = extract_layer_graph(f, patterns)
+        graph = graphs[gv] if gv in graphs else extract_layer_graph(f, patterns, layer_bits)
         first = graph.layers[0].name if graph.layers else "empty"
         name = f"{target.name}_{i}_{first}"
         data = target.compile_function(graph, config, knobs, name=name)

@@ -51,11 +51,20 @@ class OffloadPattern:
                 failed.append(check_reason(chk))
         return failed
 
-    def as_fusion_entry(self) -> tuple:
+    def as_fusion_entry(self, layer_bits: dict | None = None) -> tuple:
+        """``FuseOpsByPattern`` entry; ``layer_bits`` (layer name -> W/I/O bits, see
+        :data:`tvm_accel.precision.LAYER_BITS_ATTR`) is offered to the checks as
+        ``m["precision"]``."""
         def check(ctx: relax.transform.PatternCheckContext) -> bool:
             if has_leaking_intermediate_variables(ctx):
                 return False
-            return not self.failed_checks(dict(ctx.annotated_expr))
+            annotated = dict(ctx.annotated_expr)
+            if layer_bits:
+                core = annotated.get("core", annotated.get("root"))
+                var = ctx.value_to_bound_var.get(core) if core is not None else None
+                annotated["precision"] = layer_bits.get(layer_name(var.name), {}) \
+                    if var is not None else {}
+            return not self.failed_checks(annotated)
 
         return (self.name, self.pattern, self.annotations, check)
 
@@ -254,10 +263,30 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return None
 
 
+# --- sub-byte precision ---------------------------------------------------------------------------
+def module_layer_bits(mod: tvm.IRModule) -> dict[str, dict[str, int]]:
+    """Layer name -> ``{"w", "i", "o"}`` bits recorded by canonicalize (empty: all 8-bit)."""
+    from tvm_accel.precision import LAYER_BITS_ATTR
+
+    if mod.attrs is None or LAYER_BITS_ATTR not in mod.attrs:
+        return {}
+    return {str(k): {str(kk): int(vv) for kk, vv in v.items()}
+            for k, v in mod.attrs[LAYER_BITS_ATTR].items()}
+
+
+def subbyte_activation_bits(m: dict) -> int | None:
+    """Narrowest activation width (input or output) below 8 bits of a matched layer, from
+    ``m["precision"]``; None when its activations are 8-bit (or nothing was recorded)."""
+    bits = m.get("precision") or {}
+    low = [int(bits[k]) for k in ("i", "o") if bits.get(k) is not None and int(bits[k]) < 8]
+    return min(low) if low else None
+
+
 # --- running the table --------------------------------------------------------------------------
 def partition(mod: tvm.IRModule, patterns: list[OffloadPattern]) -> tvm.IRModule:
     """Group matched layers into ``Codegen`` functions (neighbours merged)."""
-    entries = [p.as_fusion_entry() for p in patterns]
+    bits = module_layer_bits(mod)
+    entries = [p.as_fusion_entry(bits) for p in patterns]
     mod = relax.transform.FuseOpsByPattern(entries, bind_constants=True,
                                            annotate_codegen=False)(mod)
     return relax.transform.MergeCompositeFunctions()(mod)
@@ -321,6 +350,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     bound_name = {v.__chandle__(): k.name for k, v in var2val.items()}
     host = _host_op_names(partitioned) if partitioned is not None else None
     floats = _float_reasons(numerics)
+    bits = module_layer_bits(mod)
     matches: list[tuple[str, OffloadRecord]] = []
     covered: set[int] = set()
     for block in func.body.blocks:
@@ -337,6 +367,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 covered.add(core.__chandle__())
                 core_name = bound_name.get(core.__chandle__(), binding.var.name)
                 name = layer_name(core_name)
+                if bits:
+                    annotated["precision"] = bits.get(name, {})
                 failed = pat.failed_checks(annotated)
                 shape = _shape_str(binding.var)
                 if failed:

@@ -30,11 +30,12 @@ class CompileReport:
 
 
 def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: CompileReport | None
-                     = None) -> tvm.IRModule:
-    """QDQ canonicalization with the target's requantize recipe (weights stay quantized)."""
+                     = None, precision: Any = None) -> tvm.IRModule:
+    """QDQ canonicalization with the target's requantize recipe (weights stay quantized) and
+    the optional precision config (:func:`tvm_accel.precision.load_precision`)."""
     from tvm_accel.canonicalize import canonicalize
 
-    mod, records = canonicalize(mod, target)
+    mod, records = canonicalize(mod, target, precision_config=precision)
     if report is not None:
         report.numerics = list(records)
     return mod
@@ -52,13 +53,15 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
 
 
 def target_pipeline(target: AccelTarget, config: Any = None, knobs: dict | None = None,
-                    report: CompileReport | None = None) -> tvm.transform.Pass:
+                    report: CompileReport | None = None,
+                    precision: Any = None) -> tvm.transform.Pass:
     """The full pipeline for ``target`` as a module pass usable as ``relax_pipeline=``."""
     cfg = target.load_config(config)
+    prec = _load_precision(precision)
 
     @tvm.transform.module_pass(opt_level=0, name=f"{target.name}_pipeline")
     def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        mod = canonicalize_for(mod, target, report)
+        mod = canonicalize_for(mod, target, report, prec)
         mod = offload(mod, target, cfg, knobs, report)
         host = tvm.target.Target.current()
         default = relax.get_default_pipeline(host) if host else relax.get_pipeline("default")
@@ -67,12 +70,22 @@ def target_pipeline(target: AccelTarget, config: Any = None, knobs: dict | None 
     return _pipeline
 
 
-def reference_pipeline(target: AccelTarget | None) -> tvm.transform.Pass:
+def _load_precision(precision: Any):
+    """Parse a precision config up front (a bad file fails before compiling)."""
+    if precision is None:
+        return None
+    from tvm_accel.precision import load_precision
+
+    return load_precision(precision)
+
+
+def reference_pipeline(target: AccelTarget | None, precision: Any = None) -> tvm.transform.Pass:
     """The numerics-contract reference: the canonical integer graph, all on the CPU."""
+    prec = _load_precision(precision)
 
     @tvm.transform.module_pass(opt_level=0, name="reference_pipeline")
     def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        mod = canonicalize_for(mod, target)
+        mod = canonicalize_for(mod, target, precision=prec)
         host = tvm.target.Target.current()
         default = relax.get_default_pipeline(host) if host else relax.get_pipeline("default")
         return default(mod)
@@ -89,15 +102,19 @@ def register_target_pipeline(target: AccelTarget) -> None:
 
 
 def compile_model(mod: tvm.IRModule, target: AccelTarget, config: Any = None,
-                  knobs: dict | None = None, host: str = "llvm"):
-    """Compile for ``target`` and return ``(executable, report)``."""
+                  knobs: dict | None = None, host: str = "llvm", *, precision: Any = None):
+    """Compile for ``target`` and return ``(executable, report)``; ``precision`` is a
+    precision config (path, JSON text, dict or PrecisionConfig, see
+    :mod:`tvm_accel.precision`) applied to the canonical graph."""
     cfg = target.load_config(config)
     report = CompileReport(target=target.name, config_name=getattr(cfg, "name", ""))
     ex = tvm.compile(mod, target=host,
-                     relax_pipeline=target_pipeline(target, cfg, knobs, report))
+                     relax_pipeline=target_pipeline(target, cfg, knobs, report, precision))
     return ex, report
 
 
-def compile_reference(mod: tvm.IRModule, target: AccelTarget | None, host: str = "llvm"):
-    """Compile the CPU reference of ``mod`` for ``target``'s numerics."""
-    return tvm.compile(mod, target=host, relax_pipeline=reference_pipeline(target))
+def compile_reference(mod: tvm.IRModule, target: AccelTarget | None, host: str = "llvm", *,
+                      precision: Any = None):
+    """Compile the CPU reference of ``mod`` for ``target``'s numerics (with the same
+    ``precision`` config as :func:`compile_model`, it is what the accelerator must match)."""
+    return tvm.compile(mod, target=host, relax_pipeline=reference_pipeline(target, precision))

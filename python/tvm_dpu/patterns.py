@@ -27,6 +27,7 @@ from tvm_accel.partition import (
     qpool_pattern,
     qupsample_pattern,
     static_shape,
+    subbyte_activation_bits,
     upsample_is_nearest,
 )
 
@@ -247,6 +248,16 @@ def deconv_supported(m: dict) -> bool:
             and max(w.shape[0], w.shape[1]) <= MAX_CHANNELS)
 
 
+def activations_are_8bit(m: dict) -> bool:
+    """sub-8-bit (2..7-bit) activations: the DPU computes int8 only
+
+    Policy for mixed-precision models (:mod:`tvm_accel.precision`): a layer whose input or
+    output activations were recorded below 8 bits stays on the CPU. Sub-8-bit *weights* are
+    accepted: held in the int8 container they are exact on the int8 MAC.
+    """
+    return subbyte_activation_bits(m) is None
+
+
 _COMMON = [input_is_int8, output_is_int8, static_shapes, weights_fit_int8, requant_is_shift,
            bias_fits_int32, acc_fits_int32]
 
@@ -256,7 +267,7 @@ def pattern_table() -> list[OffloadPattern]:
     conv, conv_ann = qlinear_pattern("conv2d")
     dense, dense_ann = qlinear_pattern("matmul")
     add, add_ann = qadd_pattern()
-    return [
+    table = [
         OffloadPattern("dpu.qconv2d", "conv2d", conv, conv_ann,
                        [conv_nchw, conv_no_dilation, conv_groups_supported, kernel_fits,
                         stride_fits, padding_fits, channels_fit, *_COMMON]),
@@ -281,3 +292,6 @@ def pattern_table() -> list[OffloadPattern]:
         *[OffloadPattern(f"dpu.concat{n}", "concat", *qconcat_pattern(n),
                          [concat_on_channels, concat_inputs_placeable]) for n in (2, 3, 4)],
     ]
+    for p in table:  # sub-8-bit activations stay on the CPU
+        p.checks.append(activations_are_8bit)
+    return table

@@ -16,6 +16,7 @@ from tvm_accel.partition import (
     qadd_pattern,
     qlinear_pattern,
     static_shape,
+    subbyte_activation_bits,
 )
 
 _I8 = ("int8", "uint8")
@@ -110,6 +111,16 @@ def add_recipe_fits_alu(m: dict) -> bool:
         0 <= sh <= 31)
 
 
+def activations_are_8bit(m: dict) -> bool:
+    """sub-8-bit (2..7-bit) activations: VTA computes int8 only
+
+    Policy for mixed-precision models (:mod:`tvm_accel.precision`): a layer whose input or
+    output activations were recorded below 8 bits stays on the CPU. Sub-8-bit *weights* are
+    accepted: held in the int8 container they are exact on the int8 MAC.
+    """
+    return subbyte_activation_bits(m) is None
+
+
 _COMMON = [input_is_8bit, output_is_8bit, static_shapes, weights_fit_int8, zero_point_fits_int8,
            bias_fits_int32, requant_fits_alu]
 
@@ -119,10 +130,13 @@ def pattern_table() -> list[OffloadPattern]:
     conv, conv_ann = qlinear_pattern("conv2d")
     dense, dense_ann = qlinear_pattern("matmul")
     add, add_ann = qadd_pattern()
-    return [
+    table = [
         OffloadPattern("vta.qconv2d", "conv2d", conv, conv_ann,
                        [conv_nchw, conv_groups_one, conv_no_dilation, *_COMMON]),
         OffloadPattern("vta.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
         OffloadPattern("vta.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, output_is_8bit, add_recipe_fits_alu]),
     ]
+    for p in table:  # sub-8-bit activations stay on the CPU
+        p.checks.append(activations_are_8bit)
+    return table
