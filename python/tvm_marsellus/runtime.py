@@ -117,7 +117,7 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
                        "abb": op.abb, "rbe_busy": st.rbe_busy,
                        "cluster_busy": st.cluster_busy, "tiles": ly.meta.get("tiles"),
                        "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k")}))
-    return [outputs[n] for n in program.outputs]
+    return [outputs[n].astype(io_spec(program, n)[1]) for n in program.outputs]
 
 
 register_run("tvm_marsellus.run", _CACHE, run_blob)

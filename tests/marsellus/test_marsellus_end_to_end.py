@@ -89,14 +89,14 @@ def test_profile_reports_engine_cycles_latency_and_energy(compare):
 
 
 def test_operating_point_changes_latency_and_energy_not_results():
+    import tvm
+
     import tvm_marsellus
     from tvm_accel import profiler
     from tvm_accel.frontend import load_onnx, random_inputs
     from tvm_marsellus.energy import LOW_05
 
     from .conftest import _run
-
-    import tvm
 
     mod, info = load_onnx(zoo.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
     x = list(random_inputs(info).values())
@@ -113,7 +113,8 @@ def test_operating_point_changes_latency_and_energy_not_results():
 
 
 def test_relax_pipeline_name_is_registered():
-    import tvm_marsellus  # noqa: F401
     from tvm.relax.pipeline import PIPELINE_MAP
+
+    import tvm_marsellus  # noqa: F401
 
     assert "marsellus" in PIPELINE_MAP
