@@ -18,11 +18,11 @@ RBE job and bit planes -> HWC (``CL.RBE2HWC``) after it. The offset, the input z
 bias and the output zero point all fold into NormQuant's ``lambda`` (``numerics``).
 
 Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds every tensor of the function and the
-weights; L1 (TCDM) holds the tiles of one layer. A tile is ``tile_h`` output rows x the full
-width x ``tile_k`` output channels (input channels are never split: NormQuant needs the whole
-accumulator). Input halos follow from kernel, stride and padding. Every L1 buffer is doubled
-(input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of tile i-1
-overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
+weights (see L3 below); L1 (TCDM) holds the tiles of one layer. A tile is ``tile_h`` output rows
+x the full width x ``tile_k`` output channels (input channels are never split: NormQuant needs
+the whole accumulator). Input halos follow from kernel, stride and padding. Every L1 buffer is
+doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
+tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
 ``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
 buys nothing here): constraint = the double-buffered footprint fits L1; objective = the
 pipelined time ``n_tiles x max(DMA in, compute, DMA out) + fill/drain`` with the RBE compute
@@ -33,8 +33,14 @@ multiples of 32) and fewer, larger DMA transfers. Both are knobs (``tile_h``, ``
 
 Synchronisation (semaphores; balanced per layer so every layer is also a valid stream alone):
 0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
-4 layer done (last DMA_OUT -> next layer's DMA_IN), 5 cluster -> RBE, 6 RBE -> cluster. The
-weight slot is freed with the input credit by the command that reads the weights last.
+4 layer done (last DMA_OUT -> next layer's DMA_IN), 5 cluster -> RBE, 6 RBE -> cluster, 7 layer
+done for the I/O DMA, 8 weights staged. The weight slot is freed with the input credit by the
+command that reads the weights last.
+
+L3. When the weights plus the activations do not fit L2, the weight image moves to L3 and each
+layer starts with one I/O DMA copying its weights into an L2 staging area (the first DMA_IN waits
+for it; the next layer's copy waits for this layer's last DMA_OUT). Activations always stay in
+L2 (a function whose activations alone exceed L2 is rejected with that reason).
 
 Precision: RBE W/I/O come from ``ConvLayer.weight_bits`` and the tensors' ``bits``; cluster
 kernels run at 2, 4 or 8 bits, other widths rounded up to the next one (values fit the wider
@@ -55,7 +61,7 @@ from tvm_marsellus import codegen as cg
 from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
 from tvm_marsellus.numerics import normquant_params
 
-FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL = range(7)
+FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL, DONE_IO, STAGED = range(9)
 ALIGN = 8
 
 
@@ -372,6 +378,8 @@ class Planner:
         self.engines: dict[str, str] = {}
         self.layers: dict[str, _Layer] = {}
         self.kinds: dict[str, str] = {}
+        self.wrange: dict[str, tuple[int, int]] = {}
+        self.l3 = False
 
     # L2 image (weights / NormQuant) bump allocation
     def _blob(self, data: bytes) -> int:
@@ -430,20 +438,26 @@ class Planner:
         progs = []
         for ly in self.g.layers:
             progs.append(self._layer(ly))
-        # L2: image (weights, NormQuant) first, then every tensor
-        off = _al(len(self.image))
+        # L2: image (weights, NormQuant) first, then every tensor; when that does not fit, the
+        # image moves to L3 and each layer's weights are staged into L2 by the I/O DMA
+        act = sum(_al(t.nbytes) for t in self.t.values())
+        self.l3 = _al(len(self.image)) + act > self.cfg.L2_BYTES
+        stage = max((b - a for a, b in self.wrange.values()), default=0)
+        off = _al(stage if self.l3 else len(self.image))
         for t in self.t.values():
             t.offset = off
             off = _al(off + t.nbytes)
-        if off > self.cfg.L2_BYTES:
-            raise MappingError(f"function needs {off} bytes of L2, the config has "
-                               f"{self.cfg.L2_BYTES} (L3 staging is not implemented)")
+        if off > self.cfg.L2_BYTES or (self.l3 and len(self.image) > self.cfg.L3_BYTES):
+            raise MappingError(f"function needs {off} bytes of L2 (weights staged from L3: "
+                               f"{self.l3}), the config has {self.cfg.L2_BYTES}")
         for lp, ly in zip(progs, self.g.layers, strict=True):
             lp.commands = self._emit(ly, lp)
+        img = bytes(self.image)
         return cg.MarsProgram(
             layers=progs, tensors={n: t.placement() for n, t in self.t.items()},
             inputs=list(self.g.inputs), outputs=list(self.g.outputs),
-            l2_image=bytes(self.image), l2_bytes=off)
+            l2_image=b"" if self.l3 else img, l3_image=img if self.l3 else b"",
+            l2_bytes=off, l3_bytes=len(img) if self.l3 else 0)
 
     # --- per layer: plan + weights ---------------------------------------------------------
     def _layer(self, ly) -> cg.LayerProgram:
@@ -471,8 +485,11 @@ class Planner:
         lp = cg.LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
                              meta=meta)
         lay.plan = _Plan(eng, th, kt)
+        start = _al(len(self.image))
         lay.wsrc = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)] \
             if isinstance(ly, ConvLayer) else []
+        if lay.wsrc:
+            self.wrange[ly.name] = (start, len(self.image))
         return lp
 
     def _weights(self, lay: _Layer, k0: int, kt: int) -> tuple[int, int]:
@@ -528,6 +545,13 @@ class Planner:
             for n in range(lay.tin.n):
                 for ho0 in range(0, g.ho, th):
                     tiles.append((gi, k0, kk, n, ho0, min(th, g.ho - ho0), wsrc))
+        staged = self.l3 and ly.name in self.wrange
+        if staged:  # I/O DMA: this layer's weights L3 -> the L2 staging area
+            a, b = self.wrange[ly.name]
+            cmds.insert(0, cg.Dma(src_mem="L3", dst_mem="L2", src=a, dst=0, length=b - a,
+                                  signal=STAGED))
+            tiles = [(gi, k0, kk, n, ho0, hh, (w[0] - a, w[1])) for gi, k0, kk, n, ho0, hh, w
+                     in tiles]
         prev_g = None
         for i, (gi, k0, kk, n, ho0, hh, wsrc) in enumerate(tiles):
             s = i % 2
@@ -541,7 +565,7 @@ class Planner:
                                     dst=l1["w"][gi % 2], length=wsrc[1]))
             prev_g = gi
             loads += self._loads(lay, n, ho0, hh, buf("in"))
-            loads[0].wait = (FREE_IN,)
+            loads[0].wait = (FREE_IN, STAGED) if staged and i == 0 else (FREE_IN,)
             loads[-1].signal = (FULL_IN,)
             comps, free_at = self._computes(lay, n, ho0, hh, k0, kk, buf, l1["w"][gi % 2]
                                             if "w" in l1 else 0)
@@ -558,11 +582,15 @@ class Planner:
                 c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
             stores = self._stores(lay, n, ho0, hh, k0, kk, buf("out"))
             stores[0].wait = (FULL_OUT,)
-            stores[-1].signal = (FREE_OUT,) + ((DONE,) if i == len(tiles) - 1 else ())
+            last = i == len(tiles) - 1
+            stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
+                (DONE_IO,) if last and staged else ())
             cmds += loads + comps + stores
         cmds += [cg.Nop(engine="DMA_IN", wait=FREE_IN), cg.Nop(engine="DMA_IN", wait=FREE_IN),
                  cg.Nop(engine="DMA_OUT", wait=FREE_OUT), cg.Nop(engine="DMA_OUT", wait=FREE_OUT),
                  cg.Nop(engine="DMA_IN", wait=DONE)]
+        if staged:  # the next layer's I/O DMA may overwrite the staging area only now
+            cmds.append(cg.Nop(engine="IODMA", wait=DONE_IO))
         lp.meta["tiles"] = len(tiles)
         return cmds
 

@@ -177,3 +177,19 @@ def test_normquant_recipe_is_the_engine_arithmetic():
     np.testing.assert_array_equal(cg.normquant(acc, kappa, lam, shift, 8, True, False), ref)
     ma, mb, arq = numerics.add_recipe(0.7, 1.3, 3, -128, 127)
     assert max(ma, mb) <= numerics.KAPPA_MAX and abs(ma / 2 ** arq.shift - 0.7) < 1e-3
+
+
+def test_weights_that_do_not_fit_l2_are_staged_from_l3():
+    from dataclasses import replace
+
+    rng = np.random.default_rng(6)
+    small = replace(CFG, L2_BYTES=96 * 1024)
+    layers = [conv(rng, "c1", "x", "y", 64, 96, 3), conv(rng, "c2", "y", "z", 96, 64, 3)]
+    g = LayerGraph({"x": T("x", (1, 64, 8, 8)), "y": T("y", (1, 96, 8, 8)),
+                    "z": T("z", (1, 64, 8, 8))}, layers, ["x"], ["z"])
+    prog = strategy.plan(g, small)
+    assert prog.l3_bytes > 0 and not prog.l2_image and prog.l2_bytes <= small.L2_BYTES
+    xs = {"x": rng.integers(-128, 128, (1, 64, 8, 8)).astype(np.int8)}
+    outs, st = run_program(small, prog, {"x": np.moveaxis(xs["x"], 1, -1)})
+    np.testing.assert_array_equal(np.moveaxis(outs["z"], -1, 1), reference_execute(g, xs)["z"])
+    assert st.iodma_cmds == 4 and 0.99 * prog.l3_bytes < st.l3_read_bytes <= prog.l3_bytes
