@@ -15,7 +15,10 @@ read only by RBE layers, else ``hwc`` (bit-packed HWC at the cluster width 2, 4 
 ``bits``, true values). Where the layout changes the cluster marshals inside the tile loop:
 HWC -> bit planes (``CL.ADD`` adding the offset for signed tensors, then ``CL.HWC2RBE``) before an
 RBE job and bit planes -> HWC (``CL.RBE2HWC``) after it. The offset, the input zero point, the
-bias and the output zero point all fold into NormQuant's ``lambda`` (``numerics``).
+bias and the output zero point all fold into NormQuant's ``lambda`` (``numerics``). A signed
+``hwc`` tensor whose producer and consumers all fold an offset (everything but max pool) and
+whose clip is the full range is stored *biased* (unsigned, offset ``2^(bits-1)``) too, which
+saves the ``CL.ADD`` step before an RBE job.
 
 Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds every tensor of the function and the
 weights (see L3 below); L1 (TCDM) holds the tiles of one layer. A tile is ``tile_h`` output rows
@@ -96,6 +99,8 @@ class TensorInfo:
     layout: str = "hwc"
     offset: int = 0
     dense: bool = False
+    #: a signed ``hwc`` tensor stored unsigned with the offset 2^(bits-1) (module docstring)
+    biased: bool = False
 
     @property
     def cbits(self) -> int:
@@ -103,8 +108,14 @@ class TensorInfo:
 
     @property
     def offset_value(self) -> int:
-        """Unsigned storage offset of an ``rbe`` tensor (2^(bits-1) when signed)."""
-        return (1 << (self.bits - 1)) if self.signed and self.layout == "rbe" else 0
+        """Unsigned storage offset (2^(bits-1) of a signed ``rbe`` or biased tensor, else 0)."""
+        return (1 << (self.bits - 1)) if self.signed and (
+            self.layout == "rbe" or self.biased) else 0
+
+    @property
+    def stored_signed(self) -> bool:
+        """The stored values are two's complement (signed and not offset)."""
+        return self.signed and not self.offset_value
 
     def pix_bytes(self) -> float:
         if self.layout == "rbe":
@@ -121,7 +132,7 @@ class TensorInfo:
             shape = (self.n * self.h, self.w, self.c)
         return cg.TensorPlacement(self.name, shape, "L2", self.offset, self.layout,
                                   self.bits if self.layout == "rbe" else self.cbits,
-                                  self.signed and self.layout != "rbe")
+                                  self.stored_signed)
 
 
 @dataclass
@@ -233,7 +244,7 @@ class _Layer:
             b["w"] = _al(cg.weight_bytes(kt, g.c, g.kh, self.layer.weight_bits)) + _al(6 * kt)
             rows = self.rows_in(th)
             if t.layout == "hwc":
-                if t.signed:
+                if t.stored_signed:
                     b["t1"] = _al(rows * g.w * g.c * t.cbits / 8)
                 b["t2"] = _al(cg.activation_bytes(rows, g.w, g.c, t.bits))
             b["out"] = _al(cg.activation_bytes(th, g.wo, kt, self.tout.bits)) \
@@ -432,6 +443,25 @@ class Planner:
                 lo, hi = _rng(self.t[out].bits, self.t[out].signed)
                 if rq.qmin == lo and rq.qmax == hi:
                     self.t[out].layout = "rbe"
+        # biased HWC: a signed tensor between kernels that all fold an offset (not max pool,
+        # whose clamp cannot subtract it) is stored unsigned, so the RBE reads it without the
+        # CL.ADD marshaling step
+        for ly in self.g.layers:
+            t = self.t[ly.output]
+            if t.layout != "hwc" or not t.signed or ly.output in io or not consumers.get(
+                    ly.output):
+                continue
+            if self.kinds[ly.name] == "pool" and ly.kind == "max":
+                continue
+            if any(self.kinds[c.name] == "pool" and c.kind == "max" for c in consumers[ly.output]):
+                continue
+            lo, hi = _rng(t.bits, True)
+            if (ly.requant.qmin, ly.requant.qmax) != (lo, hi):
+                continue
+            if self.engines[ly.name] != "rbe" and t.bits != t.cbits:
+                continue
+            if self.user.get("biased_hwc", True):
+                t.biased = True
 
     def plan(self) -> cg.MarsProgram:
         self._choose()
@@ -499,7 +529,8 @@ class Planner:
         w = ly.weight[k0:k0 + kt].astype(np.int64)
         sumw = w.reshape(w.shape[0], -1).sum(axis=1)
         # the RBE reads signed activations with the unsigned offset 2^(I-1) (module docstring)
-        in_off = (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0
+        in_off = lay.tin.offset_value or (
+            (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0)
         folded = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt] - (
             ly.input_zero_point + in_off) * sumw
         out_off = lay.tout.offset_value
@@ -650,19 +681,19 @@ class Planner:
         if lay.engine != "rbe":
             kern = {"conv": "CONV", "dw": "DWCONV", "fc": "FC"}[lay.kind]
             c = cg.ClusterKernel(
-                kernel=kern, relu=int(relu), out_signed=int(tout.signed),
-                in_signed=int(tin.signed), in_bits=tin.cbits,
+                kernel=kern, relu=int(relu), out_signed=int(tout.stored_signed),
+                in_signed=int(tin.stored_signed), in_bits=tin.cbits,
                 w_bits=cluster_bits(ly.weight_bits), out_bits=tout.cbits, shift=shift,
                 in_addr=buf("in"), out_addr=buf("out"), w_addr=wslot, nq_addr=nq,
                 h_in=rows, w_in=g.w, c_in=g.c, c_out=kk, h_out=hh, w_out=g.wo, kh=g.kh,
                 kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop, pad_bottom=pbot, pad_left=g.pads[1],
-                pad_right=g.pads[3], pad_value=int(ly.input_zero_point))
+                pad_right=g.pads[3], pad_value=int(ly.input_zero_point) + tin.offset_value)
             return [c], 0
         cmds = []
         x = buf("in")
         if tin.layout == "hwc":
             src = x
-            if tin.signed:
+            if tin.stored_signed:
                 cmds.append(cg.ClusterKernel(
                     kernel="ADD", in_signed=1, b_signed=1, out_signed=0, in_bits=tin.cbits,
                     out_bits=tin.cbits, in_addr=x, w_addr=x, out_addr=buf("t1"), kappa_a=1,
@@ -680,13 +711,14 @@ class Planner:
             x_ptr=x, w_ptr=wslot, nq_ptr=nq, y_ptr=y, h_in=rows, w_in=g.w, h_out=hh,
             w_out=g.wo, k_in=g.c, k_out=kk, in_bits=tin.bits, w_bits=ly.weight_bits,
             out_bits=tout.bits, kernel=g.kh, stride=g.sh, relu=int(relu),
-            out_signed=int(tout.signed and tout.layout == "hwc"), shift=shift,
+            out_signed=int(tout.stored_signed), shift=shift,
             pad_value=int(ly.input_zero_point) + off_in, pad_top=ptop, pad_bottom=pbot,
             pad_left=g.pads[1], pad_right=g.pads[3]))
         free_at = len(cmds) - 1
         if tout.layout == "hwc":
             cmds.append(cg.ClusterKernel(
-                kernel="RBE2HWC", in_signed=int(tout.signed), out_signed=int(tout.signed),
+                kernel="RBE2HWC", in_signed=int(tout.stored_signed),
+                out_signed=int(tout.stored_signed),
                 in_bits=tout.bits, out_bits=tout.cbits, in_addr=y, out_addr=buf("out"),
                 h_in=hh, w_in=g.wo, c_in=kk, c_out=kk, h_out=hh, w_out=g.wo))
         return cmds, free_at
@@ -699,15 +731,18 @@ class Planner:
                                "one cluster width")
         rq = ly.requant
         relu, _ = _clip_mode(ly, lay.tout, lay.tout.cbits)
-        lam = int(np.ravel(rq.round_add)[0]) + (rq.zero_point << rq.shift) \
-            - ly.a_zero_point * ly.a_multiplier - ly.b_zero_point * ly.b_multiplier
+        lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + lay.tout.offset_value)
+                                                 << rq.shift) \
+            - (ly.a_zero_point + a.offset_value) * ly.a_multiplier \
+            - (ly.b_zero_point + b.offset_value) * ly.b_multiplier
         if not -(1 << 31) <= lam < 1 << 31 or max(ly.a_multiplier, ly.b_multiplier) > 0xFFFF \
                 or min(ly.a_multiplier, ly.b_multiplier) < 0 or not 0 <= rq.shift <= 31:
             raise MappingError(f"layer {ly.name}: add recipe does not fit the cluster ADD")
         row_a = _al(hh * g.w * a.pix_bytes())
         return cg.ClusterKernel(
-            kernel="ADD", relu=int(relu), in_signed=int(a.signed), b_signed=int(b.signed),
-            out_signed=int(lay.tout.signed), in_bits=a.cbits, out_bits=lay.tout.cbits,
+            kernel="ADD", relu=int(relu), in_signed=int(a.stored_signed),
+            b_signed=int(b.stored_signed), out_signed=int(lay.tout.stored_signed),
+            in_bits=a.cbits, out_bits=lay.tout.cbits,
             shift=int(rq.shift), in_addr=buf("in"), w_addr=buf("in") + row_a,
             out_addr=buf("out"), kappa_a=int(ly.a_multiplier), kappa_b=int(ly.b_multiplier),
             lambda_=lam, h_in=hh, w_in=g.w, c_in=g.c, c_out=g.c, h_out=hh, w_out=g.w)
@@ -715,7 +750,7 @@ class Planner:
     def _pool(self, lay: _Layer, rows: int, hh: int, ptop: int, pbot: int,
               buf) -> cg.ClusterKernel:
         ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
-        common = dict(in_signed=int(tin.signed), out_signed=int(tout.signed),
+        common = dict(in_signed=int(tin.stored_signed), out_signed=int(tout.stored_signed),
                       in_bits=tin.cbits, out_bits=tout.cbits, in_addr=buf("in"),
                       out_addr=buf("out"), h_in=rows, w_in=g.w, c_in=g.c, c_out=g.c, h_out=hh,
                       w_out=g.wo, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop,
@@ -723,7 +758,7 @@ class Planner:
         if ly.kind == "max":
             if ly.requant is not None:
                 raise MappingError(f"layer {ly.name}: max pool that requantizes")
-            lo = _rng(8, tin.signed)[0]
+            lo = _rng(8, tin.stored_signed)[0]
             return cg.ClusterKernel(kernel="MAXPOOL", pad_value=lo, **common)
         rq = ly.requant
         relu, _ = _clip_mode(ly, tout, tout.cbits)
@@ -731,12 +766,13 @@ class Planner:
         if m.size != 1 or rq.pre_shift or not 0 < int(m[0]) <= 0xFFFF:
             raise MappingError(f"layer {ly.name}: average pool recipe is not one 16-bit kappa")
         kap = int(m[0])
-        lam = int(np.ravel(rq.round_add)[0]) + (rq.zero_point << rq.shift) - \
-            kap * ly.window * ly.input_zero_point
+        izp = ly.input_zero_point + tin.offset_value
+        lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + tout.offset_value)
+                                                 << rq.shift) - kap * ly.window * izp
         if not -(1 << 31) <= lam < 1 << 31:
             raise MappingError(f"layer {ly.name}: AVGPOOL lambda leaves 32 bits")
         return cg.ClusterKernel(kernel="AVGPOOL", relu=int(relu), kappa_a=kap, lambda_=lam,
-                                shift=int(rq.shift), pad_value=int(ly.input_zero_point),
+                                shift=int(rq.shift), pad_value=int(izp),
                                 **common)
 
 
@@ -750,7 +786,8 @@ def _sub_requant(rq, k0: int, kt: int):
 
 
 def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None) -> cg.MarsProgram:
-    """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``)."""
+    """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``, plus
+    the global ``"biased_hwc": False`` to store signed HWC tensors two's complement)."""
     return Planner(graph, cfg, knobs).plan()
 
 

@@ -193,3 +193,22 @@ def test_weights_that_do_not_fit_l2_are_staged_from_l3():
     outs, st = run_program(small, prog, {"x": np.moveaxis(xs["x"], 1, -1)})
     np.testing.assert_array_equal(np.moveaxis(outs["z"], -1, 1), reference_execute(g, xs)["z"])
     assert st.iodma_cmds == 4 and 0.99 * prog.l3_bytes < st.l3_read_bytes <= prog.l3_bytes
+
+
+@pytest.mark.parametrize("biased", [True, False])
+def test_signed_hwc_between_kernels_is_stored_biased(biased):
+    """A signed tensor from a cluster conv into an RBE conv and a residual add is stored
+    unsigned with the offset 2^(bits-1), so the RBE input needs no CL.ADD marshaling step."""
+    rng = np.random.default_rng(7)
+    a_rq = numerics.add_recipe(0.5, 0.5, 0, -128, 127)
+    layers = [conv(rng, "c5", "x", "a", 16, 32, 5), conv(rng, "c3", "a", "b", 32, 32, 3),
+              AddLayer("add", ("a", "b"), "c", 2, -1, a_rq[0], a_rq[1], a_rq[2]),
+              conv(rng, "c1", "c", "d", 32, 16, 1)]
+    sh = {"x": (1, 16, 8, 8), "a": (1, 32, 8, 8), "b": (1, 32, 8, 8), "c": (1, 32, 8, 8),
+          "d": (1, 16, 8, 8)}
+    prog, _ = check(rng, layers, {n: T(n, s) for n, s in sh.items()}, ["x"], ["d"],
+                    {"biased_hwc": biased})
+    assert (not prog.tensors["a"].signed) == biased
+    adds = [c for c in prog.layers[1].commands if isinstance(c, cg.ClusterKernel)
+            and c.kernel == "ADD"]
+    assert len(adds) == (0 if biased else 1)
