@@ -13,11 +13,13 @@ both are equal with::
 where ``C`` is what the engine does not add itself: the bias, minus the input zero point (and
 the offset of signed activations stored unsigned for the RBE) times the weight sums. ``lambda``
 must fit 32 signed bits, which bounds the shift: the solver takes the largest ``shift <= 31``
-with ``kappa <= 65535`` and ``2 * acc_bound * kappa + R + (|Z| + 128) * 2^s < 2^31`` (the factor
-2 and the 128 reserve room for the folded zero points and the unsigned offset, so every folded
-lambda of the layer fits). Precision is maximal under these limits: the largest feasible shift
-gives the most significant bits of ``kappa``. The residual add on the cluster has the same form
-with two 16-bit multipliers (``kappa_a``, ``kappa_b``) and a 32-bit ``lambda``.
+with ``kappa <= 65535`` and ``acc_bound[c] * kappa[c] + R + (|Z| + 128) * 2^s < 2^31`` for every
+channel. ``|C[c]| <= acc_bound[c]`` always holds (the accumulator bound counts every weight
+times the input reach, which is at least the input zero point plus the unsigned offset), and the
+128 reserves the output offset, so every folded lambda of the layer fits. Precision is maximal
+under these limits: the largest feasible shift gives the most significant bits of ``kappa``. The
+residual add on the cluster has the same form with two 16-bit multipliers (``kappa_a``,
+``kappa_b``) and a 32-bit ``lambda``.
 """
 
 from __future__ import annotations
@@ -46,19 +48,20 @@ def requant_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qm
     b = np.broadcast_to(np.atleast_1d(np.asarray(acc_bound, np.float64)), s.shape)
     if np.any(~np.isfinite(s)) or np.any(s < 0):
         raise RecipeError("NormQuant scales must be finite and >= 0")
-    bound = int(np.ceil(float(b.max()))) if b.size else 0
+    bounds = [int(np.ceil(float(x))) for x in b]
     for sh in range(MAX_SHIFT, -1, -1):
         m = np.rint(s * 2.0 ** sh)
         kap = [0 if sc == 0 else max(1, int(x)) for sc, x in zip(s, m, strict=True)]
         if max(kap, default=0) > KAPPA_MAX:
             continue
-        lam = 2 * bound * max(kap, default=0) + _round_add(sh) + (
-            abs(int(zero_point)) + OFFSET_RESERVE) * (1 << sh)
-        if lam > LAMBDA_MAX:
+        fixed = _round_add(sh) + (abs(int(zero_point)) + OFFSET_RESERVE) * (1 << sh)
+        if max((k * bd for k, bd in zip(kap, bounds, strict=True)), default=0) + fixed \
+                > LAMBDA_MAX:
             continue
         return Requant(pre_shift=0, multiplier=np.asarray(kap, np.int64),
                        round_add=np.full(len(kap), _round_add(sh), np.int64), shift=sh,
                        zero_point=int(zero_point), qmin=int(qmin), qmax=int(qmax), scale=s.copy())
+    bound = max(bounds, default=0)
     raise RecipeError(f"no NormQuant recipe fits: scale up to {s.max():.3g} with accumulators up "
                       f"to {bound} needs kappa above 16 bits or lambda above 32 bits")
 
