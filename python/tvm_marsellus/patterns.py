@@ -71,6 +71,13 @@ def window_fits(m: dict) -> bool:
             and all(0 <= int(p) <= MAX_WINDOW for p in a.padding))
 
 
+def padding_fits(m: dict) -> bool:
+    """padding not smaller than the kernel (a window would read padding only)"""
+    w = const_value(m["weight"])
+    pt, pl, pb, pr = (int(p) for p in m["core"].attrs.padding)
+    return max(pt, pb) < w.shape[2] and max(pl, pr) < w.shape[3]
+
+
 def dims_fit(m: dict) -> bool:
     """a dimension exceeds the 16-bit shape fields"""
     return max(static_shape(m["data"]) + static_shape(m["core"])) <= MAX_DIM
@@ -198,7 +205,7 @@ def pattern_table() -> list[OffloadPattern]:
     return [
         OffloadPattern("marsellus.qconv2d", "conv2d", conv, conv_ann,
                        [conv_nchw, conv_no_dilation, conv_groups_supported, window_fits,
-                        *_COMMON]),
+                        padding_fits, *_COMMON]),
         OffloadPattern("marsellus.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
         OffloadPattern("marsellus.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, clip_is_output_range,

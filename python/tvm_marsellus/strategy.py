@@ -3,7 +3,8 @@
 generation with double buffering).
 
 Engines. A conv layer goes to the RBE when it is a 3x3 or 1x1 convolution with stride 1 or 2,
-groups 1, 2..8-bit W/I/O and padding <= 15 (knob ``engine``); otherwise (other kernels,
+groups 1, 2..8-bit W/I/O and padding <= 15, unless the cores are estimated at least twice as fast
+(a 3-channel stem; knob ``engine``); otherwise (other kernels,
 depthwise, dense) it runs on the 16-core cluster (XpulpNN CONV / DWCONV / FC kernels), as do
 ADD, MAXPOOL and AVGPOOL. Anything else never reaches the strategy (the pattern table keeps it
 on the host).
@@ -66,6 +67,9 @@ from tvm_marsellus.numerics import normquant_params
 
 FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL, DONE_IO, STAGED = range(9)
 ALIGN = 8
+#: the cores take an RBE-capable conv only when their estimated time is below this share of
+#: the RBE's (the RBE is the engine the design is built around; similar power, Sec. III)
+CLUSTER_WINS = 0.5
 
 
 class MappingError(AccelError):
@@ -413,6 +417,26 @@ class Planner:
             return "pool"
         raise MappingError(f"layer {layer.name}: {type(layer).__name__} has no MARSELLUS kernel")
 
+    def _cluster_much_faster(self, ly: ConvLayer) -> bool:
+        """Default engine rule: the RBE unless the cores' estimated time is below
+        ``CLUSTER_WINS`` x the RBE's (e.g. a stem conv with 3 input channels, which fills 3 of
+        the RBE's 32 BinConv channels). The RBE estimate includes HWC marshaling on both sides,
+        which a conv inside an RBE chain does not pay: the rule is conservative for the cores
+        only where that marshaling dominates (small outputs of host tensors)."""
+        tin, tout = self.t[ly.input], self.t[ly.output]
+        try:
+            _clip_mode(ly, tout, tout.cbits)
+        except MappingError:
+            return False
+        geo = _geometry(ly, tin, tout)
+        cost = {}
+        for eng in ("rbe", "cluster"):
+            try:
+                cost[eng] = _Layer(ly, "conv", eng, geo, [tin], tout, self.cfg).solve()[2]
+            except MappingError:
+                cost[eng] = float("inf")
+        return cost["cluster"] < CLUSTER_WINS * cost["rbe"]
+
     def _choose(self) -> None:
         consumers: dict[str, list] = {}
         for ly in self.g.layers:
@@ -426,7 +450,9 @@ class Planner:
             user = self.user.get(ly.name, {})
             if kind == "conv":
                 reasons = rbe_reasons(ly, self.t[ly.input], self.t[ly.output], self.cfg)
-                want = user.get("engine", "rbe")
+                want = user.get("engine")
+                if want is None:
+                    want = "cluster" if reasons or self._cluster_much_faster(ly) else "rbe"
                 if want == "rbe" and reasons:
                     if "engine" in user:
                         raise MappingError(f"layer {ly.name}: engine rbe: {reasons[0]}")

@@ -12,7 +12,8 @@ CONV_CASES = [
     (32, 32, 3, 1, 8, "rbe"),
     (64, 64, 3, 2, 9, "rbe"),
     (16, 96, 1, 1, 6, "rbe"),
-    (96, 40, 1, 2, 7, "rbe"),
+    (96, 40, 1, 2, 7, "cluster"),  # marshaling a host tensor costs more than the cores' conv
+    (96, 40, 1, 2, 7, "rbe"),      # ... unless the knob says RBE
     (20, 45, 3, 1, 7, "rbe"),
     (8, 16, 5, 1, 8, "cluster"),
 ]
@@ -20,8 +21,9 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("cin, cout, k, stride, hw, engine", CONV_CASES)
 def test_conv2d_is_bit_exact(compare, cin, cout, k, stride, hw, engine):
+    knobs = {"conv": {"engine": "rbe"}} if engine == "rbe" and k == 1 and stride == 2 else None
     r = compare(zoo.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride,
-                              pad=k // 2, hw=hw))
+                              pad=k // 2, hw=hw), knobs=knobs)
     assert [o.op for o in r.offloaded] == ["conv2d"]
     assert list(r.engines().values()) == [engine]
     r.assert_bit_exact()

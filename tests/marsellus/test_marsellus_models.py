@@ -27,7 +27,8 @@ def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
 def test_resnet20_8bit_is_bit_exact(compare):
     r = compare(zoo.quantized("resnet20"))
     eng = r.engines()
-    assert sum(e == "rbe" for e in eng.values()) == 21  # every 3x3 / 1x1 conv
+    # every 3x3 / 1x1 conv but the 3-channel stem, which the cores run ~4x faster
+    assert sum(e == "rbe" for e in eng.values()) == 20 and eng["conv1"] == "cluster"
     assert eng["avgpool"] == "cluster" and eng["fc"] == "cluster"
     r.assert_bit_exact()
 

@@ -212,3 +212,15 @@ def test_signed_hwc_between_kernels_is_stored_biased(biased):
     adds = [c for c in prog.layers[1].commands if isinstance(c, cg.ClusterKernel)
             and c.kernel == "ADD"]
     assert len(adds) == (0 if biased else 1)
+
+
+@pytest.mark.parametrize("engine", ["rbe", "cluster"])
+def test_fused_relu_on_signed_outputs(engine):
+    """A signed output clipped at 0 (ReLU) uses the engine's ReLU flag on RBE and cluster."""
+    rng = np.random.default_rng(8)
+    layers = [conv(rng, "c", "x", "y", 32, 32, 3, relu=True)]
+    prog, _ = check(rng, layers, {"x": T("x", (1, 32, 6, 6)), "y": T("y", (1, 32, 6, 6))},
+                    ["x"], ["y"], {"c": {"engine": engine}})
+    cmd = next(c for c in prog.layers[0].commands
+               if isinstance(c, (cg.RbeJob, cg.ClusterKernel)) and c.relu)
+    assert cmd.engine == engine.upper()
