@@ -17,7 +17,7 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 
-ACCEL_TARGETS = ("vta", "dpu")
+ACCEL_TARGETS = ("vta", "dpu", "marsellus")
 HOSTS = ("llvm",)
 
 
@@ -80,7 +80,8 @@ def cmd_compile(args) -> int:
     else:
         target = get_target(accel)
         cfg = target.load_config(getattr(args, f"target_{accel}_config", None))
-        ex, report = compile_model(mod, target, cfg, None, host, precision=precision)
+        ex, report = compile_model(mod, target, cfg, _target_knobs(accel, args), host,
+                                   precision=precision)
         config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
@@ -103,6 +104,20 @@ def cmd_compile(args) -> int:
         print(format_table(["layer", "op", "shape", "placement", "scale err", "W/I/O",
                             "reason"], rows))
     return 0
+
+
+def _target_knobs(accel: str, args) -> dict | None:
+    """Compile-time options of a target beyond its config (MARSELLUS: operating point)."""
+    if accel != "marsellus":
+        return None
+    vdd, freq, abb = args.target_marsellus_vdd, args.target_marsellus_freq, \
+        args.target_marsellus_abb
+    if vdd is None and freq is None and not abb:
+        return None
+    from tvm_marsellus import OP_KNOB, operating_point_of
+
+    op = operating_point_of({"vdd": 0.8 if vdd is None else vdd, "freq_mhz": freq, "abb": abb})
+    return {OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
 
 
 def _make_inputs(meta, args) -> list[np.ndarray]:
@@ -150,6 +165,20 @@ def cmd_run(args) -> int:
             result = vm["main"](*inputs)
         if args.profile:
             print(prof.table())
+            energy = [r for r in prof.records if "energy_uj" in r.extra]
+            if energy:
+                from tvm_accel.report import format_table
+
+                rows = [(r.layer, r.engine, r.cycles, f"{r.time_us:.2f}",
+                         f"{r.extra['energy_uj']:.3f}") for r in energy]
+                rows.append(("TOTAL", "", sum(r.cycles for r in energy),
+                             f"{sum(r.time_us for r in energy):.2f}",
+                             f"{sum(r.extra['energy_uj'] for r in energy):.3f}"))
+                e0 = energy[0].extra
+                print(f"energy at {e0['vdd']} V, {e0['freq_mhz']:.0f} MHz"
+                      f"{' with ABB' if e0['abb'] else ''}:")
+                print(format_table(["layer", "engine", "cycles", "latency (us)", "energy (uJ)"],
+                                   rows, align="llrrr"))
         if args.trace:
             print(f"timeline written to {args.trace}")
     else:
@@ -197,6 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VTA hardware config JSON or bundled name (vta_1x16x16, vta_8x8x8)")
     c.add_argument("--target-dpu-config", metavar="FILE",
                    help="DPU hardware config JSON or bundled name (dpu_default, dpu_8pe)")
+    c.add_argument("--target-marsellus-config", metavar="FILE",
+                   help="MARSELLUS hardware config JSON or bundled name (marsellus_default)")
+    c.add_argument("--target-marsellus-vdd", type=float, metavar="V",
+                   help="MARSELLUS supply voltage for the energy report (0.5..0.8, default 0.8)")
+    c.add_argument("--target-marsellus-freq", type=float, metavar="MHZ",
+                   help="MARSELLUS clock (default: the maximum at the voltage)")
+    c.add_argument("--target-marsellus-abb", action="store_true",
+                   help="MARSELLUS adaptive body biasing on")
     c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
     c.add_argument("--precision-config", metavar="FILE",
                    help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '

@@ -61,7 +61,7 @@ class AccelTarget(ABC):
 _TARGETS: dict[str, AccelTarget] = {}
 
 # Target kind -> package that registers it; imported on first use.
-_KNOWN = {"vta": "tvm_vta_cp", "dpu": "tvm_dpu"}
+_KNOWN = {"vta": "tvm_vta_cp", "dpu": "tvm_dpu", "marsellus": "tvm_marsellus"}
 
 
 def register_target(target: AccelTarget) -> AccelTarget:

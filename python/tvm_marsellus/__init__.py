@@ -1,10 +1,145 @@
-"""MARSELLUS target (device half): a RISC-V SoC with the RBE convolution engine and a 16-core
-XpulpNN cluster (MARSELLUS paper, seeds/001).
+"""MARSELLUS target: a RISC-V SoC with the RBE convolution engine and a 16-core XpulpNN cluster
+(MARSELLUS paper, seeds/001) as a TVM BYOC target named ``marsellus``.
 
-Modules: ``hw_config`` (JSON config + cycle-model constants), ``energy`` (operating points and
-energy), ``codegen`` (64-byte command ISA with semaphore sync, encoder/decoder, assembly, RBE
-bit-plane layouts, program container and blob), ``simulator`` (binding of ``sim/marsellus``).
-The compiler half (patterns, tiling, target registration) builds on these interfaces.
+Device half: ``hw_config`` (JSON config + cycle-model constants), ``energy`` (operating points
+and energy), ``codegen`` (64-byte command ISA with semaphore sync, RBE bit-plane layouts,
+program container and blob), ``simulator`` (binding of ``sim/marsellus``).
+
+Compiler half: ``numerics`` (NormQuant requantize recipes), ``patterns`` (pattern table with
+named checks), ``strategy`` (engine choice, DORY-style tiling, double-buffered command
+generation, knobs), ``runtime`` (``tvm_marsellus.run`` on the simulator, per-layer profiler
+records with energy).
+
+Importing this package registers the target, its runtime function and the ``marsellus`` Relax
+pipeline, so ``tvm.compile(mod, target="llvm", relax_pipeline="marsellus")`` works.
 """
 
-__all__ = ["codegen", "energy", "hw_config", "simulator"]
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+from tvm_accel.layers import LayerGraph, Requant
+from tvm_accel.pipeline import (
+    canonicalize_for,
+    offload,
+    register_target_pipeline,
+    target_pipeline,
+)
+from tvm_accel.target import AccelTarget, register_target
+from tvm_marsellus import codegen, energy, hw_config, patterns, simulator
+from tvm_marsellus.energy import NOMINAL, OperatingPoint
+from tvm_marsellus.hw_config import MarsellusConfig, load_config
+
+#: knob key carrying the compile-time operating point ``{"vdd", "freq_mhz", "abb"}``
+OP_KNOB = "operating_point"
+
+
+class MarsellusTarget(AccelTarget):
+    name = "marsellus"
+    package = "tvm_marsellus"
+
+    def load_config(self, path_or_name=None) -> MarsellusConfig:
+        return hw_config.load_config(path_or_name)
+
+    def requant_recipe(self, scale: np.ndarray, acc_bound: np.ndarray, zero_point: int,
+                       qmin: int, qmax: int) -> Requant:
+        from tvm_marsellus.numerics import requant_recipe
+
+        return requant_recipe(scale, acc_bound, zero_point, qmin, qmax)
+
+    def add_recipe(self, scale_a: float, scale_b: float, zero_point: int, qmin: int,
+                   qmax: int) -> tuple[int, int, Requant]:
+        from tvm_marsellus.numerics import add_recipe
+
+        return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
+
+    def recipe_for(self, op: str):
+        """Average pools divide on the cluster AVGPOOL (one 16-bit kappa + shift)."""
+        if op in ("avg_pool2d", "global_avg_pool2d"):
+            from tvm_marsellus.numerics import avgpool_recipe
+
+            return avgpool_recipe
+        return None
+
+    def pattern_table(self):
+        return patterns.pattern_table()
+
+    def compile_function(self, graph: LayerGraph, config: MarsellusConfig,
+                         knobs: dict | None = None, name: str = "") -> bytes:
+        from tvm_marsellus import codegen, strategy
+
+        knobs = dict(knobs or {})
+        op = operating_point_of(knobs.pop(OP_KNOB, None))
+        program = strategy.plan(graph, config, knobs)
+        for ly in program.layers:
+            ly.meta["op"] = [op.vdd, op.freq_mhz, bool(op.abb)]
+        return codegen.build_blob(program, config, name)
+
+    def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
+        from tvm_marsellus.codegen import format_cmd, load_blob
+
+        program, cfg, name = load_blob(blob)
+        lines = [f"; marsellus function {name}  config {cfg.name}  L2 {program.l2_bytes} bytes"]
+        for t in program.tensors.values():
+            lines.append(f"; tensor {t.name} {t.layout}{list(t.shape)} {t.bits}-bit "
+                         f"{'signed' if t.signed else 'unsigned'} @ {t.mem}+{t.offset}")
+        for ly in program.layers:
+            if layer is not None and ly.name != layer:
+                continue
+            meta = {k: v for k, v in ly.meta.items() if k != "op"}
+            lines.append(f"\n{ly.name}:  ; {ly.op} on {ly.engine}  {len(ly.commands)} commands  "
+                         f"{meta}")
+            body = [f"  {format_cmd(c)}" for c in ly.commands]
+            if limit and len(body) > limit:
+                body = body[:limit] + [f"  ... {len(body) - limit} more"]
+            lines += body
+        return "\n".join(lines)
+
+
+def operating_point_of(spec) -> OperatingPoint:
+    """An :class:`OperatingPoint` from None (nominal), an OperatingPoint or a dict with ``vdd``,
+    optional ``freq_mhz`` (default: the maximum at vdd) and ``abb``."""
+    if spec is None:
+        return NOMINAL
+    if isinstance(spec, OperatingPoint):
+        return spec
+    abb = bool(spec.get("abb", False))
+    vdd = float(spec.get("vdd", NOMINAL.vdd))
+    if spec.get("freq_mhz") is None:
+        return OperatingPoint.at(vdd, abb)
+    return OperatingPoint(vdd, float(spec["freq_mhz"]), abb)
+
+
+TARGET = register_target(MarsellusTarget())
+register_target_pipeline(TARGET)
+
+
+def pipeline(config: str | MarsellusConfig | None = None, knobs: dict | None = None,
+             op: OperatingPoint | None = None):
+    """The ``marsellus`` pipeline for a non-default config, knobs or operating point:
+    ``relax_pipeline=pipeline(...)``."""
+    knobs = dict(knobs or {})
+    if op is not None:
+        knobs[OP_KNOB] = {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}
+    return target_pipeline(TARGET, config, knobs)
+
+
+def partition_for_marsellus(mod: tvm.IRModule) -> tvm.IRModule:
+    """Canonicalize (NormQuant recipe) and partition: the IR just before lowering."""
+    from tvm_accel.partition import partition
+
+    return partition(canonicalize_for(mod, TARGET), TARGET.pattern_table())
+
+
+def lower_marsellus(mod: tvm.IRModule, config: str | MarsellusConfig | None = None,
+                    knobs: dict | None = None) -> tvm.IRModule:
+    """Canonicalize, partition and lower to ``tvm_marsellus.run`` calls (host ops untouched)."""
+    return offload(canonicalize_for(mod, TARGET), TARGET, load_config(config), knobs)
+
+
+from tvm_marsellus import runtime as _runtime  # noqa: E402,F401  (registers tvm_marsellus.run)
+
+__all__ = ["OP_KNOB", "TARGET", "MarsellusConfig", "MarsellusTarget", "codegen", "energy",
+           "hw_config", "load_config", "lower_marsellus", "operating_point_of",
+           "partition_for_marsellus", "pipeline", "simulator"]

@@ -1,0 +1,222 @@
+"""MARSELLUS pattern table: which canonical integer layers the CLUSTER (RBE + XpulpNN cores)
+takes. Each check is named; its docstring is the reason a layer stays on the host CPU.
+
+Offloaded: quantized conv2d (the strategy puts 3x3 / 1x1, stride 1 / 2 convs on the RBE and the
+rest, including depthwise, on the cores), dense (cluster FC), the residual add (cluster ADD), max
+pool with the same quantization in and out, and average / global average pool (cluster
+AVGPOOL). Requantization must be expressible as NormQuant: no pre-shift, 16-bit kappa, shift
+0..31, a 32-bit lambda once bias and zero points are folded, and a clip equal to the output
+type's range (or its ReLU half).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_accel.partition import (
+    OffloadPattern,
+    const_value,
+    dtype_of,
+    pool_is_plain,
+    qadd_pattern,
+    qlinear_pattern,
+    qpool_pattern,
+    static_shape,
+)
+from tvm_marsellus.numerics import KAPPA_MAX
+
+#: 16-bit shape fields of the cluster / RBE commands, 4-bit kernel / stride / padding fields
+MAX_DIM = (1 << 16) - 1
+MAX_WINDOW = 15
+_INT = ("int8", "uint8")
+
+
+def activations_8bit(m: dict) -> bool:
+    """activations are not int8/uint8 (the CLUSTER runs quantized 2..8-bit integers)"""
+    return dtype_of(m["data"]) in _INT and str(m["root"].attrs.dtype) in _INT
+
+
+def static_shapes(m: dict) -> bool:
+    """shapes are not static (MARSELLUS programs are compiled for fixed shapes)"""
+    return static_shape(m["data"]) is not None and static_shape(m["core"]) is not None
+
+
+def conv_nchw(m: dict) -> bool:
+    """layout is not NCHW/OIHW"""
+    a = m["core"].attrs
+    return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
+
+
+def conv_no_dilation(m: dict) -> bool:
+    """dilated convolution (neither the RBE nor the cluster kernels have dilated windows)"""
+    return all(int(d) == 1 for d in m["core"].attrs.dilation)
+
+
+def conv_groups_supported(m: dict) -> bool:
+    """grouped conv other than depthwise (the cluster has CONV and DWCONV only)"""
+    g = int(m["core"].attrs.groups)
+    if g == 1:
+        return True
+    c = static_shape(m["data"])[1]
+    w = const_value(m["weight"])
+    return g == c and w.shape[0] == c and w.shape[1] == 1
+
+
+def window_fits(m: dict) -> bool:
+    """kernel, stride or padding above 15 (4-bit window fields)"""
+    w = const_value(m["weight"])
+    a = m["core"].attrs
+    return (w.shape[2] <= MAX_WINDOW and w.shape[3] <= MAX_WINDOW
+            and all(1 <= int(s) <= MAX_WINDOW for s in a.strides)
+            and all(0 <= int(p) <= MAX_WINDOW for p in a.padding))
+
+
+def padding_fits(m: dict) -> bool:
+    """padding not smaller than the kernel (a window would read padding only)"""
+    w = const_value(m["weight"])
+    pt, pl, pb, pr = (int(p) for p in m["core"].attrs.padding)
+    return max(pt, pb) < w.shape[2] and max(pl, pr) < w.shape[3]
+
+
+def dims_fit(m: dict) -> bool:
+    """a dimension exceeds the 16-bit shape fields"""
+    return max(static_shape(m["data"]) + static_shape(m["core"])) <= MAX_DIM
+
+
+def dense_is_2d(m: dict) -> bool:
+    """matmul is not a 2-D (batch, in) x (in, out) dense layer"""
+    return len(static_shape(m["data"]) or ()) == 2 and len(static_shape(m["weight"]) or ()) == 2
+
+
+def weights_fit_int8(m: dict) -> bool:
+    """weights minus their zero point do not fit int8 (RBE and cores multiply <= 8-bit weights)"""
+    w = const_value(m["weight"])
+    return bool(w.min() >= -128 and w.max() <= 127)
+
+
+def requant_is_normquant(m: dict) -> bool:
+    """requantize is not NormQuant (pre-shift, kappa above 16 bits or shift above 31)"""
+    pre, sh = const_value(m["pre_shift"]), const_value(m["shift"])
+    mult = const_value(m["multiplier"])
+    return (pre.size == 1 and int(pre) == 0 and sh.size == 1 and 0 <= int(sh) <= 31
+            and bool(np.all((mult >= 0) & (mult <= KAPPA_MAX)))
+            and all(const_value(m[k]).size == 1 for k in ("zero_point", "qmin", "qmax")))
+
+
+def clip_is_output_range(m: dict) -> bool:
+    """clip is narrower than the output type (NormQuant clamps to the O-bit range or its ReLU
+    half)"""
+    lo, hi = int(const_value(m["qmin"])), int(const_value(m["qmax"]))
+    dt = str(m["root"].attrs.dtype)
+    if dt == "uint8":
+        return (lo, hi) == (0, 255)
+    return hi == 127 and lo in (-128, 0)
+
+
+def _weight_sums(w: np.ndarray) -> np.ndarray:
+    return w.reshape(w.shape[0], -1).sum(axis=1) if w.ndim == 4 else w.sum(axis=0)
+
+
+def lambda_fits_int32(m: dict) -> bool:
+    """NormQuant lambda (bias, zero points and the RBE's unsigned offset folded) leaves 32 bits"""
+    w = const_value(m["weight"]).astype(np.int64)
+    zx = int(const_value(m["input_zero_point"]))
+    off = 128 if dtype_of(m["data"]) == "int8" else 0
+    b = const_value(m["bias"]).astype(np.int64).reshape(-1)
+    mult = np.broadcast_to(const_value(m["multiplier"]).astype(np.int64).reshape(-1), b.shape)
+    sh = int(const_value(m["shift"]))
+    zp = int(const_value(m["zero_point"]))
+    lam = mult * (b - (zx + off) * _weight_sums(w)) + (1 << max(sh - 1, 0)) + ((abs(zp) + 128)
+                                                                              << sh)
+    return bool(np.abs(lam).max() < 2 ** 31)
+
+
+def acc_fits_int32(m: dict) -> bool:
+    """accumulator may overflow int32 (RBE and cores accumulate in 32 bits)"""
+    w = np.abs(const_value(m["weight"]).astype(np.int64))
+    return bool((_weight_sums(w) * 256).max() < 2 ** 31)
+
+
+def add_same_shape(m: dict) -> bool:
+    """operands differ in shape or are not 4-D (cluster ADD has no broadcasting)"""
+    a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
+    return a is not None and a == b and len(a) == 4 and max(a) <= MAX_DIM
+
+
+def add_operands_8bit(m: dict) -> bool:
+    """an operand or the result is not int8/uint8"""
+    return (dtype_of(m["lhs"]) in _INT and dtype_of(m["rhs"]) in _INT
+            and dtype_of(m["lhs"]) == dtype_of(m["rhs"]) and str(m["root"].attrs.dtype) in _INT)
+
+
+def add_recipe_fits(m: dict) -> bool:
+    """add multipliers above 16 bits or lambda above 32 bits (cluster ADD: kappa_a, kappa_b,
+    lambda)"""
+    ma, mb = (int(const_value(m[k])) for k in ("lhs_multiplier", "rhs_multiplier"))
+    sh = int(const_value(m["shift"]))
+    za, zb = (int(const_value(m[k])) for k in ("lhs_zero_point", "rhs_zero_point"))
+    lam = (1 << max(sh - 1, 0)) + (int(const_value(m["zero_point"])) << sh) - za * ma - zb * mb
+    return 0 <= ma <= KAPPA_MAX and 0 <= mb <= KAPPA_MAX and 0 <= sh <= 31 and abs(lam) < 2 ** 31
+
+
+def pool_input_8bit(m: dict) -> bool:
+    """input is not int8/uint8"""
+    return dtype_of(m["data"]) in _INT
+
+
+def pool_window_fits(m: dict) -> bool:
+    """pool window, stride or padding above 15 (4-bit fields), dilation or ceil mode"""
+    a = m["core"].attrs
+    k = [int(x) for x in a.pool_size]
+    pad = [int(x) for x in a.padding]
+    return (max(k) <= MAX_WINDOW and all(1 <= int(x) <= MAX_WINDOW for x in a.strides)
+            and max(pad) <= MAX_WINDOW and all(int(d) == 1 for d in a.dilation)
+            and not bool(a.ceil_mode) and str(a.layout) == "NCHW")
+
+
+def pool_shape_fits(m: dict) -> bool:
+    """shape not static 4-D"""
+    s = static_shape(m["data"])
+    return s is not None and len(s) == 4 and max(s) <= MAX_DIM
+
+
+def avg_recipe_fits(m: dict) -> bool:
+    """average pool recipe is not one 16-bit kappa with shift 0..31 (cluster AVGPOOL)"""
+    mult = const_value(m["multiplier"]).reshape(-1)
+    return (int(const_value(m["pre_shift"])) == 0 and len(set(mult.tolist())) == 1
+            and 1 <= int(mult[0]) <= KAPPA_MAX and 0 <= int(const_value(m["shift"])) <= 31)
+
+
+def global_pool_fits(m: dict) -> bool:
+    """global pool over more than 15 x 15 pixels (4-bit window fields)"""
+    s = static_shape(m["data"])
+    return s is not None and len(s) == 4 and s[2] <= MAX_WINDOW and s[3] <= MAX_WINDOW
+
+
+_COMMON = [activations_8bit, static_shapes, dims_fit, weights_fit_int8, requant_is_normquant,
+           clip_is_output_range, acc_fits_int32, lambda_fits_int32]
+
+
+def pattern_table() -> list[OffloadPattern]:
+    """MARSELLUS's pattern table, highest priority first."""
+    conv, conv_ann = qlinear_pattern("conv2d")
+    dense, dense_ann = qlinear_pattern("matmul")
+    add, add_ann = qadd_pattern()
+    return [
+        OffloadPattern("marsellus.qconv2d", "conv2d", conv, conv_ann,
+                       [conv_nchw, conv_no_dilation, conv_groups_supported, window_fits,
+                        padding_fits, *_COMMON]),
+        OffloadPattern("marsellus.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
+        OffloadPattern("marsellus.qadd", "add", add, add_ann,
+                       [add_operands_8bit, add_same_shape, clip_is_output_range,
+                        add_recipe_fits]),
+        OffloadPattern("marsellus.maxpool", "max_pool2d", *qpool_pattern("max"),
+                       [pool_is_plain, pool_input_8bit, pool_shape_fits, pool_window_fits]),
+        OffloadPattern("marsellus.avgpool", "avg_pool2d", *qpool_pattern("avg"),
+                       [pool_is_plain, pool_input_8bit, pool_shape_fits, pool_window_fits,
+                        clip_is_output_range, avg_recipe_fits]),
+        OffloadPattern("marsellus.globalavgpool", "global_avg_pool2d",
+                       *qpool_pattern("global_avg"),
+                       [pool_is_plain, pool_input_8bit, pool_shape_fits, global_pool_fits,
+                        clip_is_output_range, avg_recipe_fits]),
+    ]

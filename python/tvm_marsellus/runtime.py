@@ -1,0 +1,123 @@
+"""MARSELLUS runtime: run a :class:`~tvm_marsellus.codegen.MarsProgram` on the C simulator.
+
+:func:`execute_program` is the device-side half (L2/L3 images, NCHW <-> bit-packed NHWC at the
+placements, one simulator run per layer so every layer gets its own cycles and energy; L2 and L3
+persist between the runs); it needs neither TVM nor a blob. ``tvm_marsellus.run`` is the packed
+function behind ``call_dps_packed``; with a profiler active it records one row per layer with
+engine (RBE / cluster / mixed), cycles, latency and energy at the operating point the blob was
+compiled for (layer meta ``op``; default nominal 0.8 V / 420 MHz).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_accel import profiler
+from tvm_accel.errors import BlobError
+from tvm_accel.runtime import BlobCache, register_run
+from tvm_marsellus.codegen import MarsProgram, encode_stream, pack_hwc, unpack_hwc
+from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_uj
+from tvm_marsellus.hw_config import MarsellusConfig
+
+
+def io_spec(program: MarsProgram, name: str) -> tuple[tuple[int, ...], str]:
+    """Host (NCHW / NC) shape and dtype of a program input or output."""
+    t = program.tensors[name]
+    s = tuple(t.shape)
+    shape = (s[0], s[3], s[1], s[2]) if len(s) == 4 else s
+    return shape, "int8" if t.signed else "uint8"
+
+
+def operating_point(program: MarsProgram) -> OperatingPoint:
+    """The operating point recorded at compile time (nominal if none)."""
+    for ly in program.layers:
+        op = ly.meta.get("op")
+        if op:
+            return OperatingPoint(float(op[0]), float(op[1]), bool(op[2]))
+    return NOMINAL
+
+
+def execute_program(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: MarsellusConfig,
+                    trace_path: str | None = None):
+    """Run every layer in order; returns ``(outputs (NCHW), [(layer, MarsellusStats), ...])``."""
+    from tvm_marsellus.simulator import simulate
+
+    mems = {"L2": np.zeros(max(program.l2_bytes, 1), np.uint8),
+            "L3": np.zeros(program.l3_bytes, np.uint8)}
+    mems["L2"][:len(program.l2_image)] = np.frombuffer(program.l2_image, np.uint8)
+    mems["L3"][:len(program.l3_image)] = np.frombuffer(program.l3_image, np.uint8)
+    for n in program.inputs:
+        if n not in inputs:
+            raise BlobError(f"marsellus program input {n} was not given")
+        t = program.tensors[n]
+        x = np.asarray(inputs[n])
+        x = np.moveaxis(x, 1, -1) if x.ndim == 4 else x
+        data = pack_hwc(x, t.bits)
+        mems[t.mem][t.offset:t.offset + data.size] = data
+    stats, offset_us = [], 0.0
+    for i, ly in enumerate(program.layers):
+        st = simulate(cfg, encode_stream(ly.commands), l2=mems["L2"], l3=mems["L3"],
+                      trace_path=trace_path, trace_offset_us=offset_us, trace_append=i > 0)
+        offset_us += st.cycles / cfg.CLOCK_MHZ
+        stats.append((ly.name, st))
+    outs = {}
+    for n in program.outputs:
+        t = program.tensors[n]
+        v = unpack_hwc(mems[t.mem][t.offset:t.offset + t.nbytes], t.shape, t.bits, t.signed)
+        outs[n] = np.ascontiguousarray(np.moveaxis(v, -1, 1) if v.ndim == 4 else v)
+    return outs, stats
+
+
+def _load(data: bytes):
+    from tvm_marsellus.codegen import load_blob
+
+    return load_blob(data)
+
+
+_CACHE = BlobCache(_load)
+
+
+def decode_blob(data: np.ndarray):
+    """Validated ``(program, config, name)`` of a blob (cached)."""
+    return _CACHE.decode(data)
+
+
+def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run one offloaded function on the simulator; per-layer profiler records when profiling."""
+    program, cfg, name = decode_blob(blob)
+    if len(inputs) != len(program.inputs):
+        raise BlobError(f"marsellus function {name} takes {len(program.inputs)} inputs, got "
+                        f"{len(inputs)}")
+    feed = {}
+    for tname, arr in zip(program.inputs, inputs, strict=True):
+        shape, dtype = io_spec(program, tname)
+        if tuple(arr.shape) != shape or str(arr.dtype) != dtype:
+            raise BlobError(f"marsellus function {name}: input {tname} is {arr.dtype}"
+                            f"{list(arr.shape)}, the blob expects {dtype}{list(shape)}")
+        feed[tname] = arr
+    prof = profiler.active()
+    trace = prof.trace_file() if prof is not None else None
+    outputs, stats = execute_program(program, feed, cfg, trace_path=trace)
+    if prof is not None:
+        prof.absorb_trace(trace, prof.time_us)
+        op = operating_point(program)
+        layers = {ly.name: ly for ly in program.layers}
+        for lname, st in stats:
+            ly = layers[lname]
+            peak = cfg.rbe_and_gates / 64 if ly.engine == "rbe" else \
+                cfg.cluster_macs_per_cycle(8)
+            util = ly.macs / (st.cycles * peak) if st.cycles and ly.macs else 0.0
+            profiler.record(profiler.LayerRecord(
+                function=name, layer=lname, op=ly.op, shape=str(ly.meta.get("shape", "")),
+                engine="RBE" if ly.engine == "rbe" else "cluster", macs=ly.macs,
+                cycles=st.cycles, utilization=min(util, 1.0),
+                bytes_moved=int(st.l2_read_bytes + st.l2_write_bytes),
+                time_us=st.cycles / op.freq_mhz,
+                extra={"energy_uj": energy_uj(st, op), "vdd": op.vdd, "freq_mhz": op.freq_mhz,
+                       "abb": op.abb, "rbe_busy": st.rbe_busy,
+                       "cluster_busy": st.cluster_busy, "tiles": ly.meta.get("tiles"),
+                       "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k")}))
+    return [outputs[n].astype(io_spec(program, n)[1]) for n in program.outputs]
+
+
+register_run("tvm_marsellus.run", _CACHE, run_blob)

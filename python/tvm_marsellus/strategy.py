@@ -1,0 +1,830 @@
+"""MARSELLUS strategy: a :class:`~tvm_accel.layers.LayerGraph` to a
+:class:`~tvm_marsellus.codegen.MarsProgram` (engine choice, DORY-style tiling, command
+generation with double buffering).
+
+Engines. A conv layer goes to the RBE when it is a 3x3 or 1x1 convolution with stride 1 or 2,
+groups 1, 2..8-bit W/I/O and padding <= 15, unless the cores are estimated at least twice as fast
+(a 3-channel stem; knob ``engine``); otherwise (other kernels,
+depthwise, dense) it runs on the 16-core cluster (XpulpNN CONV / DWCONV / FC kernels), as do
+ADD, MAXPOOL and AVGPOOL. Anything else never reaches the strategy (the pattern table keeps it
+on the host).
+
+Layouts and marshaling. Tensors live in L2 in one of two layouts: ``rbe`` (the RBE bit-plane
+layout, I/O bits = the tensor's ``bits``; a signed tensor is stored unsigned with the offset
+``2^(bits-1)``, since the RBE reads unsigned activations) when it is produced by an RBE layer and
+read only by RBE layers, else ``hwc`` (bit-packed HWC at the cluster width 2, 4 or 8 that holds
+``bits``, true values). Where the layout changes the cluster marshals inside the tile loop:
+HWC -> bit planes (``CL.ADD`` adding the offset for signed tensors, then ``CL.HWC2RBE``) before an
+RBE job and bit planes -> HWC (``CL.RBE2HWC``) after it. The offset, the input zero point, the
+bias and the output zero point all fold into NormQuant's ``lambda`` (``numerics``). A signed
+``hwc`` tensor whose producer and consumers all fold an offset (everything but max pool) and
+whose clip is the full range is stored *biased* (unsigned, offset ``2^(bits-1)``) too, which
+saves the ``CL.ADD`` step before an RBE job.
+
+Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds every tensor of the function and the
+weights (see L3 below); L1 (TCDM) holds the tiles of one layer. A tile is ``tile_h`` output rows
+x the full width x ``tile_k`` output channels (input channels are never split: NormQuant needs
+the whole accumulator). Input halos follow from kernel, stride and padding. Every L1 buffer is
+doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
+tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
+``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
+buys nothing here): constraint = the double-buffered footprint fits L1; objective = the
+pipelined time ``n_tiles x max(DMA in, compute, DMA out) + fill/drain`` with the RBE compute
+taken from the simulator's own cycle model (:func:`~tvm_marsellus.simulator.rbe_job_phases`),
+which rewards what the RBE likes (output rows in multiples of the 3x3 patch, channels in
+multiples of 32) and fewer, larger DMA transfers. Both are knobs (``tile_h``, ``tile_k``,
+``engine``) with these defaults (:func:`knob_space`).
+
+Synchronisation (semaphores; balanced per layer so every layer is also a valid stream alone):
+0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
+4 layer done (last DMA_OUT -> next layer's DMA_IN), 5 cluster -> RBE, 6 RBE -> cluster, 7 layer
+done for the I/O DMA, 8 weights staged. The weight slot is freed with the input credit by the
+command that reads the weights last.
+
+L3. When the weights plus the activations do not fit L2, the weight image moves to L3 and each
+layer starts with one I/O DMA copying its weights into an L2 staging area (the first DMA_IN waits
+for it; the next layer's copy waits for this layer's last DMA_OUT). Activations always stay in
+L2 (a function whose activations alone exceed L2 is rejected with that reason).
+
+Precision: RBE W/I/O come from ``ConvLayer.weight_bits`` and the tensors' ``bits``; cluster
+kernels run at 2, 4 or 8 bits, other widths rounded up to the next one (values fit the wider
+container). A cluster layer's output clamp is its container's range, so the layer's clip must
+be that range (a 3-bit result must come from the RBE, which clamps at any O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tvm_accel.errors import AccelError
+from tvm_accel.knobs import Knob, KnobSpace
+from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
+from tvm_marsellus import codegen as cg
+from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
+from tvm_marsellus.numerics import normquant_params
+
+FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL, DONE_IO, STAGED = range(9)
+ALIGN = 8
+#: the cores take an RBE-capable conv only when their estimated time is below this share of
+#: the RBE's (the RBE is the engine the design is built around; similar power, Sec. III)
+CLUSTER_WINS = 0.5
+
+
+class MappingError(AccelError):
+    """A layer graph (or a user knob) the MARSELLUS strategy cannot map, with the reason."""
+
+
+def cluster_bits(bits: int) -> int:
+    """Cluster container width (2, 4 or 8) holding ``bits``-bit values."""
+    return 2 if bits <= 2 else 4 if bits <= 4 else 8
+
+
+def _al(n: int, a: int = ALIGN) -> int:
+    return -(-int(n) // a) * a
+
+
+def _rng(bits: int, signed: bool) -> tuple[int, int]:
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+@dataclass
+class TensorInfo:
+    """A tensor as the strategy stores it: NHWC geometry, precision and L2 layout."""
+
+    name: str
+    n: int
+    h: int
+    w: int
+    c: int
+    bits: int
+    signed: bool
+    layout: str = "hwc"
+    offset: int = 0
+    dense: bool = False
+    #: a signed ``hwc`` tensor stored unsigned with the offset 2^(bits-1) (module docstring)
+    biased: bool = False
+
+    @property
+    def cbits(self) -> int:
+        return cluster_bits(self.bits)
+
+    @property
+    def offset_value(self) -> int:
+        """Unsigned storage offset (2^(bits-1) of a signed ``rbe`` or biased tensor, else 0)."""
+        return (1 << (self.bits - 1)) if self.signed and (
+            self.layout == "rbe" or self.biased) else 0
+
+    @property
+    def stored_signed(self) -> bool:
+        """The stored values are two's complement (signed and not offset)."""
+        return self.signed and not self.offset_value
+
+    def pix_bytes(self) -> float:
+        if self.layout == "rbe":
+            return -(-self.c // RBE_CHANNELS) * self.bits * 4
+        return self.c * self.cbits / 8
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.ceil(self.n * self.h * self.w * self.pix_bytes()))
+
+    def placement(self) -> cg.TensorPlacement:
+        shape = ((self.n, self.c) if self.dense else (self.n, self.h, self.w, self.c))
+        if self.layout == "rbe":
+            shape = (self.n * self.h, self.w, self.c)
+        return cg.TensorPlacement(self.name, shape, "L2", self.offset, self.layout,
+                                  self.bits if self.layout == "rbe" else self.cbits,
+                                  self.stored_signed)
+
+
+@dataclass
+class Geometry:
+    """Spatial geometry of a layer: input (H, W, C), output (Ho, Wo, K), window and padding."""
+
+    h: int
+    w: int
+    c: int
+    ho: int
+    wo: int
+    k: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pads: tuple[int, int, int, int]  # top, left, bottom, right
+
+    def in_rows(self, ho0: int, th: int) -> tuple[int, int, int, int]:
+        """Loaded input rows ``[lo, hi)`` and the tile's (top, bottom) padding."""
+        r0 = ho0 * self.sh - self.pads[0]
+        r1 = (ho0 + th - 1) * self.sh - self.pads[0] + self.kh
+        lo, hi = max(r0, 0), min(r1, self.h)
+        return lo, hi, lo - r0, r1 - hi
+
+
+@dataclass
+class _Plan:
+    """How one layer runs: engine, tile, buffer sizes."""
+
+    engine: str
+    tile_h: int
+    tile_k: int
+    cost: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+# --- engine eligibility ---------------------------------------------------------------------
+def rbe_reasons(layer: ConvLayer, tin: TensorInfo, tout: TensorInfo,
+                cfg: MarsellusConfig) -> list[str]:
+    """Why a conv layer cannot run on the RBE (empty = it can)."""
+    r = []
+    kh, kw = layer.kernel
+    if layer.is_dense or layer.groups != 1:
+        r.append("dense / grouped layers run on the cluster")
+    if (kh, kw) not in ((3, 3), (1, 1)):
+        r.append(f"kernel {kh}x{kw} is not 3x3 or 1x1")
+    if layer.strides[0] != layer.strides[1] or layer.strides[0] not in (1, 2):
+        r.append(f"stride {layer.strides} is not 1 or 2")
+    if max(layer.padding) > 15:
+        r.append("padding above 15")
+    lo, hi = cfg.RBE_MIN_BITS, cfg.RBE_MAX_BITS
+    for what, b in (("W", layer.weight_bits), ("I", tin.bits), ("O", tout.bits)):
+        if not lo <= b <= hi:
+            r.append(f"{what} = {b} bits outside {lo}..{hi}")
+    return r
+
+
+def _clip_mode(layer, tout: TensorInfo, cbits: int | None = None) -> tuple[bool, bool]:
+    """``(relu, full)`` of the output clip at ``cbits`` (default the tensor's bits); MappingError
+    when NormQuant cannot clamp to ``[qmin, qmax]``."""
+    rq = layer.requant
+    bits = cbits or tout.bits
+    lo, hi = _rng(bits, tout.signed)
+    if rq is None:
+        return False, True
+    if rq.qmax == hi and rq.qmin == lo:
+        return False, True
+    if tout.signed and rq.qmax == hi and rq.qmin == 0:
+        return True, False
+    raise MappingError(f"layer {layer.name}: clip [{rq.qmin}, {rq.qmax}] is not the {bits}-bit "
+                       f"{'signed' if tout.signed else 'unsigned'} range (NormQuant clamps to "
+                       "the O-bit range, optionally ReLU)")
+
+
+# --- knobs and the tile solver -------------------------------------------------------------
+def _k_options(k: int, engine: str, kind: str) -> list[int]:
+    if kind in ("dw", "pool", "add"):
+        return [k]
+    step = RBE_CHANNELS if engine == "rbe" else 8
+    opts = sorted({min(k, m) for m in range(step, k + step, step)} | {k})
+    return opts
+
+
+class _Layer:
+    """Per-layer geometry + the buffer model used by the solver and the emitter."""
+
+    def __init__(self, layer, kind: str, engine: str, geo: Geometry, tins: list[TensorInfo],
+                 tout: TensorInfo, cfg: MarsellusConfig):
+        self.layer, self.kind, self.engine, self.geo = layer, kind, engine, geo
+        self.tins, self.tout, self.cfg = tins, tout, cfg
+        self.tin = tins[0]
+
+    # byte sizes of the L1 buffers of one tile (one copy; everything is doubled)
+    def in_bytes(self, th: int) -> int:
+        rows = self.rows_in(th) if self.kind != "add" else th
+        return sum(_al(rows * self.geo.w * t.pix_bytes()) for t in self.tins)
+
+    def rows_in(self, th: int) -> int:
+        """Largest number of input rows any tile of ``th`` output rows loads."""
+        g = self.geo
+        return min((th - 1) * g.sh + g.kh, g.h)
+
+    def buffers(self, th: int, kt: int) -> dict[str, int]:
+        g, t = self.geo, self.tin
+        b = {"in": self.in_bytes(th)}
+        out_rbe = self.engine == "rbe"
+        if out_rbe:
+            b["w"] = _al(cg.weight_bytes(kt, g.c, g.kh, self.layer.weight_bits)) + _al(6 * kt)
+            rows = self.rows_in(th)
+            if t.layout == "hwc":
+                if t.stored_signed:
+                    b["t1"] = _al(rows * g.w * g.c * t.cbits / 8)
+                b["t2"] = _al(cg.activation_bytes(rows, g.w, g.c, t.bits))
+            b["out"] = _al(cg.activation_bytes(th, g.wo, kt, self.tout.bits)) \
+                if self.tout.layout == "rbe" else _al(th * g.wo * kt * self.tout.cbits / 8)
+            if self.tout.layout == "hwc":
+                b["t3"] = _al(cg.activation_bytes(th, g.wo, kt, self.tout.bits))
+        else:
+            wb = cluster_bits(getattr(self.layer, "weight_bits", 8))
+            if self.kind in ("conv", "fc"):
+                b["w"] = _al(kt * g.kh * g.kw * g.c * wb / 8) + _al(6 * kt)
+            elif self.kind == "dw":
+                b["w"] = _al(kt * g.kh * g.kw * wb / 8) + _al(6 * kt)
+            b["out"] = _al(th * g.wo * kt * self.tout.cbits / 8)
+        return b
+
+    def fits(self, th: int, kt: int) -> bool:
+        return 2 * sum(self.buffers(th, kt).values()) <= self.cfg.L1_BYTES
+
+    def byte_ok(self, th: int, kt: int) -> bool:
+        """Tile boundaries fall on whole bytes of the packed L2 tensors."""
+        g = self.geo
+        if th < g.ho:
+            for t in self.tins:
+                if t.layout == "hwc" and (g.w * t.c * t.cbits) % 8:
+                    return False
+            if self.tout.layout == "hwc" and (g.wo * g.k * self.tout.cbits) % 8:
+                return False
+        if kt < g.k and self.tout.layout == "hwc" and (kt * self.tout.cbits) % 8:
+            return False
+        return True
+
+    def compute_cycles(self, th: int, kt: int) -> float:
+        g, cfg = self.geo, self.cfg
+        if self.engine == "rbe":
+            from tvm_marsellus.simulator import rbe_job_phases
+
+            lo, hi, pt, pb = g.in_rows(0, th)
+            job = cg.RbeJob(h_in=hi - lo, w_in=g.w, h_out=th, w_out=g.wo, k_in=g.c, k_out=kt,
+                            in_bits=self.tin.bits, w_bits=self.layer.weight_bits,
+                            out_bits=self.tout.bits, kernel=g.kh, stride=g.sh, pad_top=pt,
+                            pad_bottom=pb, pad_left=g.pads[1], pad_right=g.pads[3])
+            c = sum(rbe_job_phases(cfg, job).values())
+            bits_in = (hi - lo) * g.w * g.c * self.tin.bits
+            if self.tin.layout == "hwc":
+                c += cfg.CL_KERNEL_OVERHEAD_CYCLES + bits_in / cfg.CL_MARSHAL_BITS_PER_CYCLE
+            if self.tout.layout == "hwc":
+                c += cfg.CL_KERNEL_OVERHEAD_CYCLES + th * g.wo * kt * self.tout.bits / \
+                    cfg.CL_MARSHAL_BITS_PER_CYCLE
+            return c
+        macs = th * g.wo * kt * g.kh * g.kw * (g.c if self.kind in ("conv", "fc") else 1)
+        rate = (cfg.cluster_macs_per_cycle(self.tin.cbits) if self.kind in ("conv", "fc")
+                else cfg.CL_DW_MACS_PER_CYCLE)
+        return cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * g.wo * kt
+
+    def cost(self, th: int, kt: int) -> float:
+        g, cfg = self.geo, self.cfg
+        n_h, n_k = -(-g.ho // th), -(-g.k // kt)
+        bufs = self.buffers(th, kt)
+        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE
+        dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + (
+            th * g.wo if kt < g.k else 0) * cfg.DMA_ROW_OVERHEAD_CYCLES
+        comp = self.compute_cycles(th, kt)
+        n = n_h * n_k * self.tin.n
+        w_load = n_k * (bufs.get("w", 0) / cfg.DMA_BYTES_PER_CYCLE + cfg.DMA_LATENCY_CYCLES)
+        return n * max(dma_in, comp, dma_out) + dma_in + dma_out + w_load
+
+    def candidates(self) -> list[tuple[int, int]]:
+        g = self.geo
+        ths = range(1, g.ho + 1)
+        return [(th, kt) for kt in _k_options(g.k, self.engine, self.kind) for th in ths
+                if self.byte_ok(th, kt) and self.fits(th, kt)]
+
+    def solve(self) -> tuple[int, int, float]:
+        """Exact enumeration: the feasible (tile_h, tile_k) of least estimated time."""
+        best = None
+        for th, kt in self.candidates():
+            c = self.cost(th, kt)
+            if best is None or c < best[2] - 1e-9:
+                best = (th, kt, c)
+        if best is None:
+            raise MappingError(f"layer {self.layer.name}: no tile fits L1 "
+                               f"({self.cfg.L1_BYTES} bytes) with double buffering")
+        return best
+
+
+def knob_space(lay: _Layer, rbe_ok: bool) -> KnobSpace:
+    """Knobs of a layer: ``tile_h``, ``tile_k`` (defaults from the solver) and, for convs the
+    RBE can run, ``engine``."""
+    th, kt, _ = lay.solve()
+    g = lay.geo
+
+    def check(cfg: dict) -> None:
+        if not lay.byte_ok(cfg["tile_h"], cfg["tile_k"]):
+            raise ValueError(f"tile_h {cfg['tile_h']} / tile_k {cfg['tile_k']} split a byte of "
+                             "a sub-byte tensor")
+        if not lay.fits(cfg["tile_h"], cfg["tile_k"]):
+            raise ValueError(f"tile_h {cfg['tile_h']} x tile_k {cfg['tile_k']} does not fit L1 "
+                             "double-buffered")
+
+    knobs = [Knob("tile_h", tuple(range(1, g.ho + 1)), th),
+             Knob("tile_k", tuple(_k_options(g.k, lay.engine, lay.kind)), kt)]
+    if rbe_ok:
+        knobs.append(Knob("engine", ("rbe", "cluster"), lay.engine))
+    return KnobSpace(knobs, check, name=lay.layer.name)
+
+
+# --- the planner ------------------------------------------------------------------------------
+def _tensor_infos(graph: LayerGraph) -> dict[str, TensorInfo]:
+    out = {}
+    for name, t in graph.tensors.items():
+        s = tuple(int(x) for x in t.shape)
+        if len(s) == 2:
+            ti = TensorInfo(name, s[0], 1, 1, s[1], int(t.bits), t.dtype == "int8", dense=True)
+        elif len(s) == 4:
+            ti = TensorInfo(name, s[0], s[2], s[3], s[1], int(t.bits), t.dtype == "int8")
+        else:
+            raise MappingError(f"tensor {name}: shape {s} is neither NCHW nor NC")
+        out[name] = ti
+    return out
+
+
+def _geometry(layer, tin: TensorInfo, tout: TensorInfo) -> Geometry:
+    if isinstance(layer, ConvLayer):
+        kh, kw = layer.kernel
+        pt, pl, pb, pr = layer.padding
+        return Geometry(tin.h, tin.w, tin.c, tout.h, tout.w, tout.c, kh, kw, *layer.strides,
+                        (pt, pl, pb, pr))
+    if isinstance(layer, PoolLayer):
+        pt, pl, pb, pr = layer.padding
+        return Geometry(tin.h, tin.w, tin.c, tout.h, tout.w, tout.c, *layer.kernel,
+                        *layer.strides, (pt, pl, pb, pr))
+    return Geometry(tin.h, tin.w, tin.c, tout.h, tout.w, tout.c, 1, 1, 1, 1, (0, 0, 0, 0))
+
+
+class Planner:
+    """Builds the program of one layer graph (see the module docstring)."""
+
+    def __init__(self, graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None):
+        self.g, self.cfg, self.user = graph, cfg, dict(knobs or {})
+        self.t = _tensor_infos(graph)
+        self.image = bytearray()
+        self.engines: dict[str, str] = {}
+        self.layers: dict[str, _Layer] = {}
+        self.kinds: dict[str, str] = {}
+        self.wrange: dict[str, tuple[int, int]] = {}
+        self.l3 = False
+
+    # L2 image (weights / NormQuant) bump allocation
+    def _blob(self, data: bytes) -> int:
+        off = _al(len(self.image))
+        self.image += bytes(off - len(self.image)) + bytes(data)
+        return off
+
+    def _kind(self, layer) -> str:
+        if isinstance(layer, ConvLayer):
+            if layer.is_dense:
+                return "fc"
+            if layer.groups == 1:
+                return "conv"
+            if layer.is_depthwise and layer.weight.shape[0] == layer.groups:
+                return "dw"
+            raise MappingError(f"layer {layer.name}: grouped conv other than depthwise")
+        if isinstance(layer, AddLayer):
+            return "add"
+        if isinstance(layer, PoolLayer):
+            return "pool"
+        raise MappingError(f"layer {layer.name}: {type(layer).__name__} has no MARSELLUS kernel")
+
+    def _cluster_much_faster(self, ly: ConvLayer) -> bool:
+        """Default engine rule: the RBE unless the cores' estimated time is below
+        ``CLUSTER_WINS`` x the RBE's (e.g. a stem conv with 3 input channels, which fills 3 of
+        the RBE's 32 BinConv channels). The RBE estimate includes HWC marshaling on both sides,
+        which a conv inside an RBE chain does not pay: the rule is conservative for the cores
+        only where that marshaling dominates (small outputs of host tensors)."""
+        tin, tout = self.t[ly.input], self.t[ly.output]
+        try:
+            _clip_mode(ly, tout, tout.cbits)
+        except MappingError:
+            return False
+        geo = _geometry(ly, tin, tout)
+        cost = {}
+        for eng in ("rbe", "cluster"):
+            try:
+                cost[eng] = _Layer(ly, "conv", eng, geo, [tin], tout, self.cfg).solve()[2]
+            except MappingError:
+                cost[eng] = float("inf")
+        return cost["cluster"] < CLUSTER_WINS * cost["rbe"]
+
+    def _choose(self) -> None:
+        consumers: dict[str, list] = {}
+        for ly in self.g.layers:
+            ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
+            for n in ins:
+                consumers.setdefault(n, []).append(ly)
+        for ly in self.g.layers:
+            kind = self._kind(ly)
+            self.kinds[ly.name] = kind
+            eng = "cluster"
+            user = self.user.get(ly.name, {})
+            if kind == "conv":
+                reasons = rbe_reasons(ly, self.t[ly.input], self.t[ly.output], self.cfg)
+                want = user.get("engine")
+                if want is None:
+                    want = "cluster" if reasons or self._cluster_much_faster(ly) else "rbe"
+                if want == "rbe" and reasons:
+                    if "engine" in user:
+                        raise MappingError(f"layer {ly.name}: engine rbe: {reasons[0]}")
+                else:
+                    eng = want
+            self.engines[ly.name] = eng
+        # layouts: rbe when produced by the RBE, read only by the RBE, and not a function I/O
+        io = set(self.g.inputs) | set(self.g.outputs)
+        for ly in self.g.layers:
+            out = ly.output
+            if (self.engines[ly.name] == "rbe" and out not in io and consumers.get(out)
+                    and all(self.engines[c.name] == "rbe" for c in consumers[out])):
+                rq = ly.requant
+                lo, hi = _rng(self.t[out].bits, self.t[out].signed)
+                if rq.qmin == lo and rq.qmax == hi:
+                    self.t[out].layout = "rbe"
+        # biased HWC: a signed tensor between kernels that all fold an offset (not max pool,
+        # whose clamp cannot subtract it) is stored unsigned, so the RBE reads it without the
+        # CL.ADD marshaling step
+        for ly in self.g.layers:
+            t = self.t[ly.output]
+            if t.layout != "hwc" or not t.signed or ly.output in io or not consumers.get(
+                    ly.output):
+                continue
+            if self.kinds[ly.name] == "pool" and ly.kind == "max":
+                continue
+            if any(self.kinds[c.name] == "pool" and c.kind == "max" for c in consumers[ly.output]):
+                continue
+            lo, hi = _rng(t.bits, True)
+            if (ly.requant.qmin, ly.requant.qmax) != (lo, hi):
+                continue
+            if self.engines[ly.name] != "rbe" and t.bits != t.cbits:
+                continue
+            if self.user.get("biased_hwc", True):
+                t.biased = True
+
+    def plan(self) -> cg.MarsProgram:
+        self._choose()
+        progs = []
+        for ly in self.g.layers:
+            progs.append(self._layer(ly))
+        # L2: image (weights, NormQuant) first, then every tensor; when that does not fit, the
+        # image moves to L3 and each layer's weights are staged into L2 by the I/O DMA
+        act = sum(_al(t.nbytes) for t in self.t.values())
+        self.l3 = _al(len(self.image)) + act > self.cfg.L2_BYTES
+        stage = max((b - a for a, b in self.wrange.values()), default=0)
+        off = _al(stage if self.l3 else len(self.image))
+        for t in self.t.values():
+            t.offset = off
+            off = _al(off + t.nbytes)
+        if off > self.cfg.L2_BYTES or (self.l3 and len(self.image) > self.cfg.L3_BYTES):
+            raise MappingError(f"function needs {off} bytes of L2 (weights staged from L3: "
+                               f"{self.l3}), the config has {self.cfg.L2_BYTES}")
+        for lp, ly in zip(progs, self.g.layers, strict=True):
+            lp.commands = self._emit(ly, lp)
+        img = bytes(self.image)
+        return cg.MarsProgram(
+            layers=progs, tensors={n: t.placement() for n, t in self.t.items()},
+            inputs=list(self.g.inputs), outputs=list(self.g.outputs),
+            l2_image=b"" if self.l3 else img, l3_image=img if self.l3 else b"",
+            l2_bytes=off, l3_bytes=len(img) if self.l3 else 0)
+
+    # --- per layer: plan + weights ---------------------------------------------------------
+    def _layer(self, ly) -> cg.LayerProgram:
+        kind, eng = self.kinds[ly.name], self.engines[ly.name]
+        ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
+        tins = [self.t[n] for n in ins]
+        tout = self.t[ly.output]
+        geo = _geometry(ly, tins[0], tout)
+        lay = _Layer(ly, kind, eng, geo, tins, tout, self.cfg)
+        self.layers[ly.name] = lay
+        rbe_ok = kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)
+        space = knob_space(lay, rbe_ok)
+        user = {k: v for k, v in self.user.get(ly.name, {}).items()}
+        try:
+            kn = space.validate(user)
+        except ValueError as e:
+            raise MappingError(f"layer {ly.name}: {e}") from None
+        th, kt = kn["tile_h"], kn["tile_k"]
+        macs = 0
+        if isinstance(ly, ConvLayer):
+            macs = tout.n * geo.ho * geo.wo * geo.k * geo.kh * geo.kw * (
+                geo.c if kind in ("conv", "fc") else 1)
+        meta = {"tile_h": th, "tile_k": kt, "shape": f"{list(tins[0].placement().shape)}",
+                "cost": round(lay.cost(th, kt), 1)}
+        lp = cg.LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
+                             meta=meta)
+        lay.plan = _Plan(eng, th, kt)
+        start = _al(len(self.image))
+        lay.wsrc = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)] \
+            if isinstance(ly, ConvLayer) else []
+        if lay.wsrc:
+            self.wrange[ly.name] = (start, len(self.image))
+        return lp
+
+    def _weights(self, lay: _Layer, k0: int, kt: int) -> tuple[int, int]:
+        """Pack the weights + NormQuant of output channels [k0, k0+kt) into the L2 image;
+        returns (L2 offset, byte size); the NormQuant records start at ``_al(weight bytes)``."""
+        ly, g = lay.layer, lay.geo
+        w = ly.weight[k0:k0 + kt].astype(np.int64)
+        sumw = w.reshape(w.shape[0], -1).sum(axis=1)
+        # the RBE reads signed activations with the unsigned offset 2^(I-1) (module docstring)
+        in_off = lay.tin.offset_value or (
+            (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0)
+        folded = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt] - (
+            ly.input_zero_point + in_off) * sumw
+        out_off = lay.tout.offset_value
+        rq = ly.requant
+        sub = _sub_requant(rq, k0, kt)
+        try:
+            kappa, lam, _ = normquant_params(sub, folded, out_off)
+        except ValueError as e:
+            raise MappingError(f"layer {ly.name}: {e}") from None
+        if lay.engine == "rbe":
+            wb = cg.pack_weights(w, ly.weight_bits).tobytes()
+        else:
+            wbits = cluster_bits(ly.weight_bits)
+            if lay.kind == "dw":
+                wb = cg.pack_hwc(w.reshape(kt, g.kh, g.kw), wbits).tobytes()
+            else:
+                wb = cg.pack_hwc(w.transpose(0, 2, 3, 1), wbits).tobytes()
+        nq = cg.pack_normquant(kappa, lam).tobytes()
+        data = wb + bytes(_al(len(wb)) - len(wb)) + nq
+        return self._blob(data), len(data)
+
+    # --- command emission ------------------------------------------------------------------
+    def _emit(self, ly, lp: cg.LayerProgram) -> list:
+        lay = self.layers[ly.name]
+        g, plan = lay.geo, lay.plan
+        th, kt = plan.tile_h, plan.tile_k
+        bufs = lay.buffers(th, kt)
+        # L1 map: two copies of every buffer
+        l1, addr = {}, 0
+        for name, size in bufs.items():
+            l1[name] = (addr, addr + _al(size, 64))
+            addr += 2 * _al(size, 64)
+        if addr > self.cfg.L1_BYTES:
+            raise MappingError(f"layer {ly.name}: tile does not fit L1")
+        cmds: list = [cg.Nop(engine="DMA_IN", signal=FREE_IN), cg.Nop(engine="DMA_IN",
+                                                                       signal=FREE_IN),
+                      cg.Nop(engine="DMA_IN", signal=FREE_OUT), cg.Nop(engine="DMA_IN",
+                                                                       signal=FREE_OUT)]
+        tiles = []
+        for gi, k0 in enumerate(range(0, g.k, kt)):
+            kk = min(kt, g.k - k0)
+            wsrc = lay.wsrc[gi] if "w" in bufs else None
+            for n in range(lay.tin.n):
+                for ho0 in range(0, g.ho, th):
+                    tiles.append((gi, k0, kk, n, ho0, min(th, g.ho - ho0), wsrc))
+        staged = self.l3 and ly.name in self.wrange
+        if staged:  # I/O DMA: this layer's weights L3 -> the L2 staging area
+            a, b = self.wrange[ly.name]
+            cmds.insert(0, cg.Dma(src_mem="L3", dst_mem="L2", src=a, dst=0, length=b - a,
+                                  signal=STAGED))
+            tiles = [(gi, k0, kk, n, ho0, hh, (w[0] - a, w[1])) for gi, k0, kk, n, ho0, hh, w
+                     in tiles]
+        prev_g = None
+        for i, (gi, k0, kk, n, ho0, hh, wsrc) in enumerate(tiles):
+            s = i % 2
+
+            def buf(name, slot=s):
+                return l1[name][slot]
+
+            loads = []
+            if wsrc is not None and gi != prev_g:
+                loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=wsrc[0],
+                                    dst=l1["w"][gi % 2], length=wsrc[1]))
+            prev_g = gi
+            loads += self._loads(lay, n, ho0, hh, buf("in"))
+            loads[0].wait = (FREE_IN, STAGED) if staged and i == 0 else (FREE_IN,)
+            loads[-1].signal = (FULL_IN,)
+            comps, free_at = self._computes(lay, n, ho0, hh, k0, kk, buf, l1["w"][gi % 2]
+                                            if "w" in l1 else 0)
+            # chain the compute commands across engines
+            comps[0].wait = (FULL_IN, FREE_OUT)
+            for a, b in zip(comps, comps[1:], strict=False):
+                if a.engine != b.engine:
+                    sem = CL2RBE if a.engine == "CLUSTER" else RBE2CL
+                    a.signal = tuple(a.signal) + (sem,)
+                    b.wait = tuple(b.wait) + (sem,)
+            comps[free_at].signal = tuple(comps[free_at].signal) + (FREE_IN,)
+            comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
+            for c in comps:
+                c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
+            stores = self._stores(lay, n, ho0, hh, k0, kk, buf("out"))
+            stores[0].wait = (FULL_OUT,)
+            last = i == len(tiles) - 1
+            stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
+                (DONE_IO,) if last and staged else ())
+            cmds += loads + comps + stores
+        cmds += [cg.Nop(engine="DMA_IN", wait=FREE_IN), cg.Nop(engine="DMA_IN", wait=FREE_IN),
+                 cg.Nop(engine="DMA_OUT", wait=FREE_OUT), cg.Nop(engine="DMA_OUT", wait=FREE_OUT),
+                 cg.Nop(engine="DMA_IN", wait=DONE)]
+        if staged:  # the next layer's I/O DMA may overwrite the staging area only now
+            cmds.append(cg.Nop(engine="IODMA", wait=DONE_IO))
+        lp.meta["tiles"] = len(tiles)
+        return cmds
+
+    def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, dst: int) -> list:
+        g = lay.geo
+        if lay.kind == "add":
+            lo, hi = ho0, ho0 + hh
+        else:
+            lo, hi, _, _ = g.in_rows(ho0, hh)
+        out, d = [], dst
+        for t in lay.tins:
+            row = g.w * t.pix_bytes()
+            src = self._l2(t) + int((n * g.h + lo) * row)
+            size = int(np.ceil((hi - lo) * row))
+            out.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, length=size))
+            d += _al(size)
+        return out
+
+    def _l2(self, t: TensorInfo) -> int:
+        return t.offset
+
+    def _stores(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int,
+                src: int) -> list:
+        g, t = lay.geo, lay.tout
+        base = self._l2(t)
+        if t.layout == "rbe":
+            pix = int(t.pix_bytes())
+            tp = -(-kk // RBE_CHANNELS) * t.bits * 4
+            dst = base + (n * g.ho + ho0) * g.wo * pix + (k0 // RBE_CHANNELS) * t.bits * 4
+        else:
+            pix = g.k * t.cbits / 8
+            tp = kk * t.cbits / 8
+            dst = base + int((n * g.ho + ho0) * g.wo * pix + k0 * t.cbits / 8)
+        if kk == g.k:
+            size = int(np.ceil(hh * g.wo * pix))
+            return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=size)]
+        return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=int(tp),
+                       rows=hh * g.wo, src_row_stride=int(tp), dst_row_stride=int(pix))]
+
+    def _computes(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int, buf,
+                  wslot: int) -> tuple[list, int]:
+        """Compute commands of one tile and the index of the last one reading input/weights."""
+        ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
+        if lay.kind == "add":
+            return [self._add(lay, hh, buf)], 0
+        lo, hi, ptop, pbot = g.in_rows(ho0, hh)
+        rows = hi - lo
+        if lay.kind == "pool":
+            return [self._pool(lay, rows, hh, ptop, pbot, buf)], 0
+        relu, _ = _clip_mode(ly, tout, None if lay.engine == "rbe" and tout.layout == "rbe"
+                             else (tout.bits if lay.engine == "rbe" else tout.cbits))
+        wbytes = _al(cg.weight_bytes(kk, g.c, g.kh, ly.weight_bits)) if lay.engine == "rbe" \
+            else _al(kk * g.kh * g.kw * (g.c if lay.kind != "dw" else 1)
+                     * cluster_bits(ly.weight_bits) / 8)
+        nq = wslot + wbytes
+        shift = int(ly.requant.shift)
+        if lay.engine != "rbe":
+            kern = {"conv": "CONV", "dw": "DWCONV", "fc": "FC"}[lay.kind]
+            c = cg.ClusterKernel(
+                kernel=kern, relu=int(relu), out_signed=int(tout.stored_signed),
+                in_signed=int(tin.stored_signed), in_bits=tin.cbits,
+                w_bits=cluster_bits(ly.weight_bits), out_bits=tout.cbits, shift=shift,
+                in_addr=buf("in"), out_addr=buf("out"), w_addr=wslot, nq_addr=nq,
+                h_in=rows, w_in=g.w, c_in=g.c, c_out=kk, h_out=hh, w_out=g.wo, kh=g.kh,
+                kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop, pad_bottom=pbot, pad_left=g.pads[1],
+                pad_right=g.pads[3], pad_value=int(ly.input_zero_point) + tin.offset_value)
+            return [c], 0
+        cmds = []
+        x = buf("in")
+        if tin.layout == "hwc":
+            src = x
+            if tin.stored_signed:
+                cmds.append(cg.ClusterKernel(
+                    kernel="ADD", in_signed=1, b_signed=1, out_signed=0, in_bits=tin.cbits,
+                    out_bits=tin.cbits, in_addr=x, w_addr=x, out_addr=buf("t1"), kappa_a=1,
+                    kappa_b=0, lambda_=1 << (tin.bits - 1), h_in=rows, w_in=g.w, c_in=g.c,
+                    c_out=g.c, h_out=rows, w_out=g.w))
+                src = buf("t1")
+            cmds.append(cg.ClusterKernel(
+                kernel="HWC2RBE", in_signed=0, out_signed=0, in_bits=tin.cbits,
+                out_bits=tin.bits, in_addr=src, out_addr=buf("t2"), h_in=rows, w_in=g.w,
+                c_in=g.c, c_out=g.c, h_out=rows, w_out=g.w))
+            x = buf("t2")
+        off_in = (1 << (tin.bits - 1)) if tin.signed else 0
+        y = buf("out") if tout.layout == "rbe" else buf("t3")
+        cmds.append(cg.RbeJob(
+            x_ptr=x, w_ptr=wslot, nq_ptr=nq, y_ptr=y, h_in=rows, w_in=g.w, h_out=hh,
+            w_out=g.wo, k_in=g.c, k_out=kk, in_bits=tin.bits, w_bits=ly.weight_bits,
+            out_bits=tout.bits, kernel=g.kh, stride=g.sh, relu=int(relu),
+            out_signed=int(tout.stored_signed), shift=shift,
+            pad_value=int(ly.input_zero_point) + off_in, pad_top=ptop, pad_bottom=pbot,
+            pad_left=g.pads[1], pad_right=g.pads[3]))
+        free_at = len(cmds) - 1
+        if tout.layout == "hwc":
+            cmds.append(cg.ClusterKernel(
+                kernel="RBE2HWC", in_signed=int(tout.stored_signed),
+                out_signed=int(tout.stored_signed),
+                in_bits=tout.bits, out_bits=tout.cbits, in_addr=y, out_addr=buf("out"),
+                h_in=hh, w_in=g.wo, c_in=kk, c_out=kk, h_out=hh, w_out=g.wo))
+        return cmds, free_at
+
+    def _add(self, lay: _Layer, hh: int, buf) -> cg.ClusterKernel:
+        ly, g = lay.layer, lay.geo
+        a, b = lay.tins
+        if a.cbits != b.cbits:
+            raise MappingError(f"layer {ly.name}: operands of {a.bits} and {b.bits} bits need "
+                               "one cluster width")
+        rq = ly.requant
+        relu, _ = _clip_mode(ly, lay.tout, lay.tout.cbits)
+        lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + lay.tout.offset_value)
+                                                 << rq.shift) \
+            - (ly.a_zero_point + a.offset_value) * ly.a_multiplier \
+            - (ly.b_zero_point + b.offset_value) * ly.b_multiplier
+        if not -(1 << 31) <= lam < 1 << 31 or max(ly.a_multiplier, ly.b_multiplier) > 0xFFFF \
+                or min(ly.a_multiplier, ly.b_multiplier) < 0 or not 0 <= rq.shift <= 31:
+            raise MappingError(f"layer {ly.name}: add recipe does not fit the cluster ADD")
+        row_a = _al(hh * g.w * a.pix_bytes())
+        return cg.ClusterKernel(
+            kernel="ADD", relu=int(relu), in_signed=int(a.stored_signed),
+            b_signed=int(b.stored_signed), out_signed=int(lay.tout.stored_signed),
+            in_bits=a.cbits, out_bits=lay.tout.cbits,
+            shift=int(rq.shift), in_addr=buf("in"), w_addr=buf("in") + row_a,
+            out_addr=buf("out"), kappa_a=int(ly.a_multiplier), kappa_b=int(ly.b_multiplier),
+            lambda_=lam, h_in=hh, w_in=g.w, c_in=g.c, c_out=g.c, h_out=hh, w_out=g.w)
+
+    def _pool(self, lay: _Layer, rows: int, hh: int, ptop: int, pbot: int,
+              buf) -> cg.ClusterKernel:
+        ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
+        common = dict(in_signed=int(tin.stored_signed), out_signed=int(tout.stored_signed),
+                      in_bits=tin.cbits, out_bits=tout.cbits, in_addr=buf("in"),
+                      out_addr=buf("out"), h_in=rows, w_in=g.w, c_in=g.c, c_out=g.c, h_out=hh,
+                      w_out=g.wo, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop,
+                      pad_bottom=pbot, pad_left=g.pads[1], pad_right=g.pads[3])
+        if ly.kind == "max":
+            if ly.requant is not None:
+                raise MappingError(f"layer {ly.name}: max pool that requantizes")
+            lo = _rng(8, tin.stored_signed)[0]
+            return cg.ClusterKernel(kernel="MAXPOOL", pad_value=lo, **common)
+        rq = ly.requant
+        relu, _ = _clip_mode(ly, tout, tout.cbits)
+        m = np.unique(np.ravel(rq.multiplier))
+        if m.size != 1 or rq.pre_shift or not 0 < int(m[0]) <= 0xFFFF:
+            raise MappingError(f"layer {ly.name}: average pool recipe is not one 16-bit kappa")
+        kap = int(m[0])
+        izp = ly.input_zero_point + tin.offset_value
+        lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + tout.offset_value)
+                                                 << rq.shift) - kap * ly.window * izp
+        if not -(1 << 31) <= lam < 1 << 31:
+            raise MappingError(f"layer {ly.name}: AVGPOOL lambda leaves 32 bits")
+        return cg.ClusterKernel(kernel="AVGPOOL", relu=int(relu), kappa_a=kap, lambda_=lam,
+                                shift=int(rq.shift), pad_value=int(izp),
+                                **common)
+
+
+def _sub_requant(rq, k0: int, kt: int):
+    from dataclasses import replace
+
+    m = np.asarray(rq.multiplier)
+    r = np.asarray(rq.round_add)
+    return replace(rq, multiplier=m[k0:k0 + kt] if m.size > 1 else m,
+                   round_add=r[k0:k0 + kt] if r.size > 1 else r)
+
+
+def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None) -> cg.MarsProgram:
+    """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``, plus
+    the global ``"biased_hwc": False`` to store signed HWC tensors two's complement)."""
+    return Planner(graph, cfg, knobs).plan()
+
+
+def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, KnobSpace]:
+    """The knob space of every layer (defaults = the solver's choice)."""
+    p = Planner(graph, cfg)
+    p._choose()
+    out = {}
+    for ly in graph.layers:
+        p._layer(ly)
+        lay = p.layers[ly.name]
+        out[ly.name] = knob_space(lay, lay.kind == "conv" and not rbe_reasons(
+            ly, lay.tin, lay.tout, cfg))
+    return out

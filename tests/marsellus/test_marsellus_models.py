@@ -1,0 +1,41 @@
+"""Whole networks on MARSELLUS, bit-exact: CIFAR ResNet-20 (8-bit) and a small MobileNet-like
+net (depthwise-separable blocks, built with onnx.helper through the zoo's builder)."""
+
+import onnx
+
+from tvm_accel import zoo
+
+
+def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
+    """3x32x32: conv3x3/2 32, three depthwise-separable blocks (dw3x3 + pw1x1, one strided),
+    a pointwise residual, GAP, FC 10."""
+    b = zoo._Builder(seed)
+    x = "input"
+    y = b.conv(x, 3, 32, 3, stride=2, name="stem", relu=True)
+    cin = 32
+    for i, (c, s) in enumerate(((64, 1), (96, 2), (96, 1))):
+        d = b.conv(y, cin, cin, 3, stride=s, name=f"dw{i}", relu=True, groups=cin)
+        p = b.conv(d, cin, c, 1, name=f"pw{i}", relu=True)
+        y = b.relu(b.add(p, y), f"res{i}_relu") if (c, s) == (cin, 1) else p
+        cin = c
+    y = b.node("GlobalAveragePool", [y], "gap")
+    y = b.node("Flatten", [y], "flatten", axis=1)
+    y = b.gemm(y, cin, 10, "fc")
+    return b.model("mobilenet_like", x, (1, 3, 32, 32), [y])
+
+
+def test_resnet20_8bit_is_bit_exact(compare):
+    r = compare(zoo.quantized("resnet20"))
+    eng = r.engines()
+    # every 3x3 / 1x1 conv but the 3-channel stem, which the cores run ~4x faster
+    assert sum(e == "rbe" for e in eng.values()) == 20 and eng["conv1"] == "cluster"
+    assert eng["avgpool"] == "cluster" and eng["fc"] == "cluster"
+    r.assert_bit_exact()
+
+
+def test_mobilenet_like_is_bit_exact(compare):
+    r = compare(zoo.quantize(mobilenet_like()))
+    eng = r.engines()
+    assert {eng[f"dw{i}"] for i in range(3)} == {"cluster"}
+    assert {eng[f"pw{i}"] for i in range(3)} == {"rbe"}
+    r.assert_bit_exact()
