@@ -3,13 +3,11 @@ mixed precision, at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 M
 beside the paper's (Sec. IV: ~28 uJ mixed at nominal, 68 % less than 8-bit; Table II / Fig. 17:
 ~21 uJ with ABB at 0.65 V, ~12 uJ at 0.5 V).
 
-The 8-bit network is the zoo's QDQ ResNet-20 compiled by the MARSELLUS flow (canonicalize,
-partition, strategy). Mixed precision: if the core provides a mixed-precision zoo entry
-(``zoo.quantized_mixed``) it is used; otherwise the 8-bit layer graph is rewritten at layer level
-into the paper's HAWQ-style scheme (weights 8 / 6 / 3 / 2 bits from the stem to stage 3,
-activations 4 bits inside the network, 8 bits at the input and the classifier), with weights,
-zero points and clips moved into range; that graph is checked bit-exact against
-``reference_execute`` on the simulator before it is timed. Not run by the tests::
+Both networks go through the whole flow (ONNX QDQ -> canonicalize -> partition -> strategy):
+the 8-bit one is the zoo's QDQ ResNet-20, the mixed one ``zoo.resnet20_mixed()`` (HAWQ-style:
+weights 2/3/4/6/8 bits, activations 4/8 bits, int4/uint4 and clipped-range QDQ). Each offloaded
+function is run on the simulator and checked bit-exact against ``reference_execute`` before it
+is timed. Not run by the tests::
 
     python benchmarks/marsellus_resnet20.py [--layers]
 """
@@ -17,13 +15,11 @@ zero points and clips moved into range; that graph is checked bit-exact against
 from __future__ import annotations
 
 import argparse
-import copy
-from dataclasses import replace
 
 import numpy as np
 
 from tvm_accel import zoo
-from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer, reference_execute
+from tvm_accel.layers import AddLayer, LayerGraph, reference_execute
 from tvm_accel.report import format_table
 from tvm_marsellus import strategy
 from tvm_marsellus.energy import ABB_065, LOW_05, NOMINAL, energy_uj
@@ -36,66 +32,15 @@ POINTS = (("0.8 V 420 MHz", NOMINAL), ("0.65 V 400 MHz ABB", ABB_065),
 PAPER_MIXED = {"0.8 V 420 MHz": 28.0, "0.65 V 400 MHz ABB": 21.0, "0.5 V 100 MHz": 12.0}
 
 
-def resnet20_graphs() -> list[LayerGraph]:
-    """Layer graphs of the offloaded functions of the 8-bit QDQ ResNet-20."""
+def resnet20_graphs(model) -> list[LayerGraph]:
+    """Layer graphs of the offloaded functions of a QDQ ResNet-20."""
     import tvm_marsellus
     from tvm_accel.frontend import load_onnx
     from tvm_accel.pipeline import compile_model
 
-    mod, _ = load_onnx(zoo.quantized("resnet20"))
+    mod, _ = load_onnx(model)
     _, report = compile_model(mod, tvm_marsellus.TARGET)
     return [f.graph for f in report.functions]
-
-
-def _weight_bits(name: str) -> int:
-    if name.startswith("layer1"):
-        return 6
-    if name.startswith("layer2"):
-        return 3
-    if name.startswith("layer3"):
-        return 2
-    return 8
-
-
-def to_mixed(graph: LayerGraph, act_bits: int = 4) -> LayerGraph:
-    """The HAWQ-style mixed-precision version of an 8-bit graph (module docstring)."""
-    g = copy.deepcopy(graph)
-    io = set(g.inputs) | set(g.outputs)
-    gap_in = {ly.input for ly in g.layers if isinstance(ly, PoolLayer)}
-    bits = {n: (8 if n in io else act_bits) for n in g.tensors}
-    for n in gap_in:  # the classifier side keeps 8 bits only at the function boundary
-        bits[n] = act_bits
-    zps: dict[str, int] = {}
-    for n, t in g.tensors.items():
-        t.bits = bits[n]
-    for ly in g.layers:
-        t = g.tensors[ly.output]
-        b, signed = t.bits, t.dtype == "int8"
-        lo, hi = (-(1 << (b - 1)), (1 << (b - 1)) - 1) if signed else (0, (1 << b) - 1)
-        rq = ly.requant
-        if rq is not None and b < 8:
-            zp = int(np.clip(rq.zero_point >> (8 - b), lo, hi))
-            ly.requant = replace(rq, zero_point=zp, qmin=lo if rq.qmin < 0 else max(0, lo),
-                                 qmax=hi, multiplier=np.maximum(
-                                     np.asarray(rq.multiplier) >> (8 - b), 1))
-            zps[ly.output] = zp
-        elif rq is not None:
-            zps[ly.output] = rq.zero_point
-        if isinstance(ly, ConvLayer):
-            wb = _weight_bits(ly.name) if not ly.is_dense else 8
-            m = (1 << (wb - 1)) - 1
-            ly.weight = np.clip(np.round(ly.weight * m / max(np.abs(ly.weight).max(), 1)),
-                                -m - 1, m).astype(np.int64)
-            ly.weight_bits = wb
-    for ly in g.layers:  # consumers read the producers' new zero points
-        if isinstance(ly, ConvLayer) and ly.input in zps:
-            ly.input_zero_point = zps[ly.input]
-        elif isinstance(ly, PoolLayer) and ly.input in zps:
-            ly.input_zero_point = zps[ly.input]
-        elif isinstance(ly, AddLayer):
-            ly.a_zero_point = zps.get(ly.inputs[0], ly.a_zero_point)
-            ly.b_zero_point = zps.get(ly.inputs[1], ly.b_zero_point)
-    return g
 
 
 def _inputs(graph: LayerGraph, seed: int = 0) -> dict[str, np.ndarray]:
@@ -134,17 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", action="store_true", help="print the per-layer tables")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
-    base = resnet20_graphs()
-    mixed_fn = getattr(zoo, "quantized_mixed", None)
-    if mixed_fn is not None:
-        import tvm_marsellus
-        from tvm_accel.frontend import load_onnx
-        from tvm_accel.pipeline import compile_model
-
-        _, rep = compile_model(load_onnx(mixed_fn("resnet20"))[0], tvm_marsellus.TARGET)
-        mixed, how = [f.graph for f in rep.functions], "zoo.quantized_mixed"
-    else:
-        mixed, how = [to_mixed(g) for g in base], "layer-level HAWQ-style rewrite"
+    base = resnet20_graphs(zoo.quantized("resnet20"))
+    mixed, how = resnet20_graphs(zoo.resnet20_mixed()), "zoo.resnet20_mixed"
     totals = {}
     for label, graphs in (("8-bit", base), ("mixed", mixed)):
         rows, exact = run(graphs, cfg)

@@ -2,7 +2,7 @@
 simulator, check it bit-exactly against the CPU reference and print per-layer costs.
 
 Each target gets the bundled CNN quantized the way its hardware expects: per-channel int8 for
-VTA, power-of-two (fix-point) scales at batch 4 (one image per PE) for the DPU.
+VTA and MARSELLUS, power-of-two (fix-point) scales at batch 4 (one image per PE) for the DPU.
 
 Run with ``python -m tvm_accel.demo`` (``scripts/demo.sh`` sets up a fresh machine first).
 """
@@ -21,8 +21,9 @@ from tvm import relax
 from tvm_accel.errors import AccelError
 
 _MODELS = Path(__file__).parent / "models"
-BUNDLED_MODELS = {"vta": _MODELS / "tiny_cnn_int8.onnx", "dpu": _MODELS / "tiny_cnn_pow2.onnx"}
-FINISHED_TARGETS = ("vta", "dpu")
+BUNDLED_MODELS = {"vta": _MODELS / "tiny_cnn_int8.onnx", "dpu": _MODELS / "tiny_cnn_pow2.onnx",
+                  "marsellus": _MODELS / "tiny_cnn_int8.onnx"}
+FINISHED_TARGETS = ("vta", "dpu", "marsellus")
 
 
 def _run(ex, inputs):

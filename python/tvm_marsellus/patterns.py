@@ -104,13 +104,14 @@ def requant_is_normquant(m: dict) -> bool:
 
 
 def clip_is_output_range(m: dict) -> bool:
-    """clip is narrower than the output type (NormQuant clamps to the O-bit range or its ReLU
-    half)"""
+    """clip is narrower than the output's O-bit range (NormQuant clamps to the O-bit range or
+    its ReLU half)"""
     lo, hi = int(const_value(m["qmin"])), int(const_value(m["qmax"]))
     dt = str(m["root"].attrs.dtype)
+    o = int((m.get("precision") or {}).get("o") or 8)  # sub-byte output (canonicalize record)
     if dt == "uint8":
-        return (lo, hi) == (0, 255)
-    return hi == 127 and lo in (-128, 0)
+        return (lo, hi) == (0, (1 << o) - 1)
+    return hi == (1 << (o - 1)) - 1 and lo in (-(1 << (o - 1)), 0)
 
 
 def _weight_sums(w: np.ndarray) -> np.ndarray:

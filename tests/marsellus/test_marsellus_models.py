@@ -39,3 +39,20 @@ def test_mobilenet_like_is_bit_exact(compare):
     assert {eng[f"dw{i}"] for i in range(3)} == {"cluster"}
     assert {eng[f"pw{i}"] for i in range(3)} == {"rbe"}
     r.assert_bit_exact()
+
+
+def test_mixed_precision_resnet20_runs_every_conv_on_the_rbe_bit_exact(compare):
+    # HAWQ-style: weights 2/3/4/6/8 bits, activations 4/8 bits (int4/uint4 and clipped QDQ)
+    r = compare(zoo.resnet20_mixed())
+    eng = r.engines()
+    assert sum(e == "rbe" for e in eng.values()) == 20
+    cpu = [o.layer for o in r.report.offloads
+           if o.placement == "cpu" and o.op not in ("quantize", "dequantize")]
+    assert cpu == ["flatten"]
+    r.assert_bit_exact()
+
+
+def test_mixed_precision_mobilenet_tiny_is_bit_exact(compare):
+    r = compare(zoo.mobilenet_tiny_mixed())
+    assert "cluster" in r.engines().values()
+    r.assert_bit_exact()
