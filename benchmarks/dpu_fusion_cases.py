@@ -7,7 +7,11 @@
    the projection shortcut 1x1 conv (64 -> 256) followed by the add. Paper: 2.2x and 36.4% less
    data transfer than the serial implementation.
 
-Both run at batch = number of PEs (one image per PE) with seeded int8 data, bit-exact against
+Also the DPUV3INT8 paper's two deconvolution forms (Figs. 14/15, simulated 0.130 ms vs 0.086 ms):
+a 4x4 stride-2 transpose conv, 64 -> 64 channels on 32x64, as upsample + conv and as the
+sub-kernel convolution series + shuffle.
+
+All run at batch = number of PEs (one image per PE) with seeded int8 data, bit-exact against
 the integer reference; the fusion search picks the strategy from simulated cycles. DDR transfer
 counts every byte LOAD and SAVE move (parameters included). Usage:
     python benchmarks/dpu_fusion_cases.py [--config dpu_default]
@@ -22,6 +26,7 @@ import numpy as np
 from tvm_accel.layers import (
     AddLayer,
     ConvLayer,
+    DeconvLayer,
     LayerGraph,
     PoolLayer,
     Requant,
@@ -66,6 +71,15 @@ def conv_add(n: int) -> LayerGraph:
                       [branch, short, add], ["b", "x"], ["y"])
 
 
+def deconv(n: int) -> LayerGraph:
+    rng = np.random.default_rng(3)
+    ly = DeconvLayer("deconv4x4", "x", "y", rng.integers(-128, 128, size=(64, 64, 4, 4)),
+                     rng.integers(-2000, 2000, size=64), 0, (2, 2), (1,) * 4, (0, 0),
+                     _rq(64, 12))
+    shapes = {"x": (n, 64, 32, 64), "y": (n, 64, 64, 128)}
+    return LayerGraph({k: Tensor(k, s, "int8") for k, s in shapes.items()}, [ly], ["x"], ["y"])
+
+
 def run(graph: LayerGraph, cfg, knobs: dict | None) -> tuple[int, int, list[str]]:
     rng = np.random.default_rng(2)
     feed = {k: rng.integers(-128, 128, size=graph.tensors[k].shape).astype(np.int8)
@@ -95,11 +109,22 @@ def main() -> None:
         rows.append((name, f"{c_u:,}", f"{c_f:,}", f"{c_u / c_f:.2f}x", paper[0],
                      f"{b_u / 2**20:.2f}", f"{b_f / 2**20:.2f}", f"{100 * (b_f / b_u - 1):+.1f}%",
                      paper[1], " | ".join(streams)))
+    g = deconv(cfg.NUM_PE)
+    c_up, b_up, _ = run(g, cfg, {"deconv4x4": {"form": "upsample"}})
+    c_sub, b_sub, _ = run(g, cfg, {"deconv4x4": {"form": "subconv"}})
+    dec = [("upsample + conv", f"{c_up:,}", f"{c_up / cfg.CLOCK_MHZ / 1e3:.3f}",
+            f"{b_up / 2**20:.2f}", "0.130 ms"),
+           ("sub-kernel convs + shuffle", f"{c_sub:,}", f"{c_sub / cfg.CLOCK_MHZ / 1e3:.3f}",
+            f"{b_sub / 2**20:.2f}", "0.086 ms"),
+           ("ratio", f"{c_up / c_sub:.2f}x", "", "", "1.51x")]
     print(f"config {cfg.name}: {cfg.NUM_PE} PEs, batch {cfg.NUM_PE}, {cfg.CLOCK_MHZ:.0f} MHz, "
           f"DDR {cfg.DDR_BYTES_PER_CYCLE:.0f} B/cycle; all runs bit-exact")
     print(format_table(["case", "unfused cycles", "fused cycles", "speedup", "DNNVM",
                         "unfused MiB", "fused MiB", "transfer", "DNNVM", "fused streams"], rows,
                        align="lrrrrrrrrl"))
+    print("\ndeconvolution 4x4/2, 64 -> 64 channels, 32x64 -> 64x128 (DPUV3INT8 Figs. 14/15)")
+    print(format_table(["form", "cycles", "ms", "DDR MiB", "paper (simulated)"], dec,
+                       align="lrrrr"))
 
 
 if __name__ == "__main__":

@@ -515,7 +515,9 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
     of every buffer it writes (WAW, WAR). So a tile's LOAD waits for the last compute that read
     its buffer, a compute for its inputs and for the SAVE (or MISC) that last read its output
     buffer, a SAVE for its compute, a PM LOAD for the last CONV of its PM slot; fused computes
-    chain through FM. A PM block larger than ``pm_half`` covers both slots.
+    chain through FM. A PM block larger than ``pm_half`` covers both slots. A segment
+    ``(pm_loads, tiles, True)`` reads what earlier SAVEs wrote to DDR: its first tile's LOAD
+    waits for the last SAVE so far (in-order units make that wait for every earlier SAVE).
     ``pipeline=False`` additionally makes every tile's first LOAD wait for the previous tile's
     last SAVE (serial)."""
     items: list[tuple[object, list[int]]] = []
@@ -541,15 +543,18 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
             readers[k] = []
         return i
 
-    for pm_loads, tiles in segments:
+    for seg in segments:
+        pm_loads, tiles = seg[0], seg[1]
+        ddr_barrier = len(seg) > 2 and seg[2] and prev_save is not None
         for ld in pm_loads:
             big = ld.rows * ld.cols * ld.chans > pm_half
             pm_keys[ld.dst_addr] = ([("PM", 0), ("PM", pm_half)] if big
                                     else [("PM", ld.dst_addr)])
             add(ld, [])
-        for t in tiles:
+        for i, t in enumerate(tiles):
             for j, ld in enumerate(t.loads):
-                serial = not pipeline and prev_save is not None and j == 0
+                serial = (not pipeline or (ddr_barrier and i == 0)) and prev_save is not None \
+                    and j == 0
                 add(ld, [prev_save] if serial else [])
             for c in t.computes:
                 add(c, [])
@@ -787,12 +792,22 @@ class _Planner:
         return segments
 
     def deconv(self, layer: DeconvLayer, user: dict | None) -> LayerProgram:
-        """Transpose conv as SH x SW stride-1 sub-convolutions (``deconv_subconvs``); each
-        sub-conv's SAVE scatters its tiles to every SH-th row / SW-th column of the output (the
-        shuffle is done by DDR placement)."""
+        """Transpose conv. ``form`` knob: ``"subconv"`` (default, the DPU paper's optimal
+        implementation, Fig. 15) runs SH x SW stride-1 sub-convolutions (``deconv_subconvs``)
+        whose SAVEs scatter every tile to every SH-th row / SW-th column of the output (the
+        shuffle is DDR placement); ``"upsample"`` (Fig. 14) builds the zero-inserted input in
+        DDR and runs one stride-1 conv with the flipped kernel (:meth:`_deconv_upsample`)."""
         tin, tout = self.tensors[layer.input], self.tensors[layer.output]
         in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])
-        pipe = bool((user or {}).get("pipeline", True))
+        user = dict(user or {})
+        form = user.pop("form", "subconv")
+        unknown = sorted(set(user) - {"pipeline"})
+        if form not in ("subconv", "upsample") or unknown:
+            raise MappingError(f"layer {layer.name}: knobs are form (subconv | upsample) and "
+                               f"pipeline; got form={form!r} {unknown or ''}".rstrip())
+        pipe = bool(user.get("pipeline", True))
+        if form == "upsample":
+            return self._deconv_upsample(layer, pipe)
         try:
             subs = deconv_subconvs(layer, in_shape)
         except ValueError as e:
@@ -821,7 +836,82 @@ class _Planner:
         insns = self._schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
         return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
                             int(macs), f"{list(in_shape)}->{list(tout.shape)} "
-                            f"k{layer.kernel[0]}x{layer.kernel[1]} s{sh}", {"pipeline": pipe})
+                            f"k{layer.kernel[0]}x{layer.kernel[1]} s{sh}",
+                            {"form": "subconv", "pipeline": pipe})
+
+    def _deconv_upsample(self, layer: DeconvLayer, pipe: bool) -> LayerProgram:
+        """Upsample + conv form of a transpose conv, one stream in three phases: SAVEs fill a
+        SWAP tensor U of ``(H-1)*SH+1`` x ``(W-1)*SW+1`` pixels with the input zero point (from
+        a constant block LOADed once from PARAM, the same for every PE), LOAD/SAVE pairs
+        scatter the input pixels to every SH-th row / SW-th column of U, then a stride-1 conv
+        of U with the spatially flipped kernel and padding ``K-1-pad`` computes the output; its
+        first LOAD waits for the last SAVE (DDR read-after-write)."""
+        tin, tout = self.tensors[layer.input], self.tensors[layer.output]
+        n, h, w, c = tin.shape[0], *tin.hwc
+        ho, wo, k = tout.hwc
+        (kh, kw), (sh, sw) = layer.kernel, layer.strides
+        pt, pl, _, _ = layer.padding
+        if layer.groups != 1 or tuple(layer.dilation) != (1, 1) or pt > kh - 1 or pl > kw - 1:
+            raise MappingError(f"layer {layer.name}: the upsample form needs groups 1, dilation "
+                               "1 and padding below the kernel size")
+        hu, wu = (h - 1) * sh + 1, (w - 1) * sw + 1
+        ptc, plc = kh - 1 - pt, kw - 1 - pl
+        pbc, prc = max(0, ho + kh - 1 - ptc - hu), max(0, wo + kw - 1 - plc - wu)
+        u = self._scratch(f"{layer.name}_zero_insert", (n, c, hu, wu))
+        zx = int(layer.input_zero_point)
+        half = self.cfg.fm_memory_bytes // 2
+        # phase 1: fill U with the zero point, bands of rows x the full width (or a W-chunk)
+        cols_f = min(wu, max(1, half // c))
+        rows_f = max(1, min(hu, half // (cols_f * c)))
+        block = np.full(rows_f * cols_f * c, zx, dtype=np.int8).tobytes()
+        const = cg.Load(fm_mem=1, dst_addr=0, region=cg.REGION_PARAM, ddr_offset=self._param(block),
+                        rows=rows_f, cols=cols_f, chans=c, ddr_pix_stride=c,
+                        ddr_row_stride=cols_f * c, fm_pix_stride=c, fm_row_stride=cols_f * c,
+                        img_stride=0)
+        fills = [self._save(u, 0, g, y0, min(rows_f, hu - y0), x0, min(cols_f, wu - x0), 0, c)
+                 for g in range(u.n_alloc // self.P) for y0 in range(0, hu, rows_f)
+                 for x0 in range(0, wu, cols_f)]
+        tiles = [_Tile([const], [], fills)]
+        # phase 2: scatter the input, bands of input rows
+        cols_s = min(w, max(1, half // c))
+        rows_s = max(1, min(h, half // (cols_s * c)))
+        i = 0
+        for g in range(tin.n_alloc // self.P):
+            for y0 in range(0, h, rows_s):
+                nh = min(rows_s, h - y0)
+                for x0 in range(0, w, cols_s):
+                    nw = min(cols_s, w - x0)
+                    buf = (i % 2) * half
+                    ld = self._load(tin, 0, buf, g, y0, nh, x0, nw, 0, c)
+                    sv = self._save(u, buf, g, y0 * sh, nh, x0 * sw, nw, 0, c, fm_mem=0)
+                    sv.ddr_pix_stride, sv.ddr_row_stride = sw * c, sh * wu * c
+                    tiles.append(_Tile([ld], [], [sv]))
+                    i += 1
+        # phase 3: the stride-1 conv of U
+        wt = layer.weight.astype(np.int64)[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+        conv = ConvLayer(name=layer.name, input=u.name, output=layer.output, weight=wt,
+                         bias=layer.bias, input_zero_point=zx, strides=(1, 1),
+                         padding=(ptc, plc, pbc, prc), requant=layer.requant)
+        u_shape = (n, c, hu, wu)
+        kn = _validate_knobs(knob_space(conv, u_shape, self.cfg), {"pipeline": pipe}, layer.name)
+
+        def tail(buf, g, y0, nh, x0, nw, k0, kk):
+            return [], [], [self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)]
+        conv_segs = self._conv_segments(conv, u, kn, tail, (0, ho), (0, wo))
+        segments = [([], tiles), *[(pm, t, j == 0) for j, (pm, t) in enumerate(conv_segs)]]
+        insns = self._schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
+        macs = n * c * h * w * k * kh * kw  # useful MACs: every input pixel x kernel
+        return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
+                            int(macs), f"{[n, c, h, w]}->{list(tout.shape)} k{kh}x{kw} s{sh} "
+                            "upsample+conv", {"form": "upsample", "pipeline": pipe})
+
+    def _scratch(self, name: str, shape: tuple[int, int, int, int]) -> TensorPlacement:
+        """A SWAP tensor the program uses internally (e.g. a zero-inserted deconv input)."""
+        n_alloc = _cdiv(int(shape[0]), self.P) * self.P
+        p = TensorPlacement(name, tuple(shape), "int8", "SWAP", self.region_use["SWAP"], n_alloc)
+        self.region_use["SWAP"] += _cdiv(p.nbytes, 64) * 64
+        self.tensors[name] = p
+        return p
 
     def add(self, layer: AddLayer, user: dict | None) -> LayerProgram:
         cfg = self.cfg

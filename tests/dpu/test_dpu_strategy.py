@@ -261,10 +261,12 @@ def test_xgraph_folds_zero_points_into_the_bias():
     assert "conv2d(x)" in str(xg)
 
 
-@pytest.mark.parametrize("k, s, pad, opad, kn", [(3, 2, 1, 1, {}), (4, 2, 1, 0, {}),
-                                                 (2, 2, 0, 0, {"pipeline": False}),
-                                                 (5, 3, 2, 0, {})])
-def test_deconv_as_subconvs_scattered_by_save_is_bit_exact(cfg, k, s, pad, opad, kn):
+@pytest.mark.parametrize("k, s, pad, opad, kn", [
+    (3, 2, 1, 1, {}), (4, 2, 1, 0, {}), (2, 2, 0, 0, {"pipeline": False}), (5, 3, 2, 0, {}),
+    (3, 2, 1, 1, {"form": "upsample"}), (4, 2, 1, 0, {"form": "upsample"}),
+    (2, 2, 0, 0, {"form": "upsample", "pipeline": False}), (5, 3, 2, 0, {"form": "upsample"}),
+])
+def test_deconv_as_subconvs_or_upsample_plus_conv_is_bit_exact(cfg, k, s, pad, opad, kn):
     from tvm_accel.layers import DeconvLayer, deconv_output_shape
 
     rng = np.random.default_rng(4)
@@ -275,6 +277,9 @@ def test_deconv_as_subconvs_scattered_by_save_is_bit_exact(cfg, k, s, pad, opad,
     g = _graph([ly], {"x": (2, 12, 7, 6), "y": out}, ["x"], ["y"])
     prog, _ = _run(g, cfg, {"de": kn})
     assert prog.layers[0].op == "conv2d_transpose"
+    assert prog.layers[0].knobs["form"] == kn.get("form", "subconv")
+    with pytest.raises(MappingError, match="form"):
+        plan(g, cfg, {"de": {"form": "zero_stuffing"}})
 
 
 @pytest.mark.parametrize("c, ksz, stride, pad", [(3, 7, 2, 3), (3, 3, 1, 1), (8, 5, 2, 2),
