@@ -98,7 +98,7 @@ def test_operating_point_changes_latency_and_energy_not_results():
     from tvm_accel.frontend import load_onnx, random_inputs
     from tvm_marsellus.energy import LOW_05
 
-    from .conftest import _run
+    from ..conftest import run_vm as _run
 
     mod, info = load_onnx(zoo.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
     x = list(random_inputs(info).values())
