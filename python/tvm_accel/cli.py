@@ -165,20 +165,6 @@ def cmd_run(args) -> int:
             result = vm["main"](*inputs)
         if args.profile:
             print(prof.table())
-            energy = [r for r in prof.records if "energy_uj" in r.extra]
-            if energy:
-                from tvm_accel.report import format_table
-
-                rows = [(r.layer, r.engine, r.cycles, f"{r.time_us:.2f}",
-                         f"{r.extra['energy_uj']:.3f}") for r in energy]
-                rows.append(("TOTAL", "", sum(r.cycles for r in energy),
-                             f"{sum(r.time_us for r in energy):.2f}",
-                             f"{sum(r.extra['energy_uj'] for r in energy):.3f}"))
-                e0 = energy[0].extra
-                print(f"energy at {e0['vdd']} V, {e0['freq_mhz']:.0f} MHz"
-                      f"{' with ABB' if e0['abb'] else ''}:")
-                print(format_table(["layer", "engine", "cycles", "latency (us)", "energy (uJ)"],
-                                   rows, align="llrrr"))
         if args.trace:
             print(f"timeline written to {args.trace}")
     else:

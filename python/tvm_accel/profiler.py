@@ -67,15 +67,28 @@ class Profiler:
             os.unlink(path)
 
     def table(self) -> str:
+        """Per-layer table; with an energy column when a target reports energy (MARSELLUS:
+        ``extra["energy_uj"]`` at the compile-time operating point, named below the table)."""
+        energy = any("energy_uj" in r.extra for r in self.records)
         rows = [(r.layer, r.op, r.engine, r.shape, r.macs, r.cycles, f"{100 * r.utilization:.1f}%",
-                 r.bytes_moved, r.time_us) for r in self.records]
+                 r.bytes_moved, r.time_us,
+                 *([f"{r.extra['energy_uj']:.3f}" if "energy_uj" in r.extra else ""]
+                   if energy else [])) for r in self.records]
         tot_macs = sum(r.macs for r in self.records)
         tot_cyc = sum(r.cycles for r in self.records)
         rows.append(("TOTAL", "", "", "", tot_macs, tot_cyc, "",
                      sum(r.bytes_moved for r in self.records),
-                     sum(r.time_us for r in self.records)))
-        return format_table(["layer", "op", "engine", "shape", "MACs", "cycles", "util",
-                             "bytes moved", "time (us)"], rows, align="llllrrrrr")
+                     sum(r.time_us for r in self.records),
+                     *([f"{sum(r.extra.get('energy_uj', 0.0) for r in self.records):.3f}"]
+                       if energy else [])))
+        text = format_table(["layer", "op", "engine", "shape", "MACs", "cycles", "util",
+                             "bytes moved", "time (us)", *(["energy (uJ)"] if energy else [])],
+                            rows, align="llllrrrrr" + ("r" if energy else ""))
+        points = {(r.extra["vdd"], r.extra["freq_mhz"], r.extra.get("abb", False))
+                  for r in self.records if "energy_uj" in r.extra and "vdd" in r.extra}
+        for vdd, mhz, abb in sorted(points):
+            text += f"\nenergy at {vdd} V, {mhz:.0f} MHz{' with ABB' if abb else ''}"
+        return text
 
     def write_trace(self) -> None:
         if self.trace_path is None:
