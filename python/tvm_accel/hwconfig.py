@@ -8,7 +8,9 @@ unknown fields, naming the file and the field. Consistency rules stay in each ta
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
@@ -59,3 +61,19 @@ def read_config_json(path_or_name: str | Path, config_dir: Path) -> tuple[dict, 
         raise ConfigError(f"{p}: cannot read config: {e}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON: {e.msg} at line {e.lineno}") from None
+
+
+class HardwareConfig:
+    """Identity shared by the targets' config dataclasses (which have a ``name`` field)."""
+
+    def to_json(self) -> dict:
+        """Every parameter (not the name), as written in a config file."""
+        d = asdict(self)
+        d.pop("name")
+        return d
+
+    @property
+    def fingerprint(self) -> bytes:
+        """16-byte digest of every parameter; a blob built for another config is rejected by it."""
+        text = json.dumps(self.to_json(), sort_keys=True).encode()
+        return hashlib.sha256(text).digest()[:16]

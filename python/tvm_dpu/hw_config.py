@@ -47,13 +47,11 @@ Timing (cycle model of ``sim/dpu``):
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
-from tvm_accel.hwconfig import parse_fields, read_config_json
+from tvm_accel.hwconfig import HardwareConfig, parse_fields, read_config_json
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "dpu_default"
@@ -98,7 +96,7 @@ _OPTIONAL = {"TARGET": "sim", "HW_VER": "dpuv3int8-1"}
 
 
 @dataclass(frozen=True)
-class DPUConfig:
+class DPUConfig(HardwareConfig):
     """One DPU instance. Construct with :func:`load_config`; fields mirror the JSON keys."""
 
     NUM_PE: int
@@ -191,18 +189,7 @@ class DPUConfig:
         """Smallest DDR buffer holding every region of ``layout``."""
         return max((b + s for b, s in layout.values()), default=0)
 
-    # --- identity -----------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("name")
-        return d
-
-    @property
-    def fingerprint(self) -> bytes:
-        """16-byte digest of every parameter; a blob built for another config is rejected by it."""
-        text = json.dumps(self.to_json(), sort_keys=True).encode()
-        return hashlib.sha256(text).digest()[:16]
-
+    # --- validation ------------------------------------------------------------------------------
     def validate(self, where: str = "config") -> None:
         """Reject configs the ISA or the simulator cannot express, naming the field."""
 

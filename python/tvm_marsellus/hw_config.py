@@ -47,14 +47,12 @@ baseline). The other kernel rates are our choices (not in the paper), documented
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
-from tvm_accel.hwconfig import parse_fields, read_config_json
+from tvm_accel.hwconfig import HardwareConfig, parse_fields, read_config_json
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "marsellus_default"
@@ -108,7 +106,7 @@ _OPTIONAL = {"TARGET": "sim", "HW_VER": "marsellus-1"}
 
 
 @dataclass(frozen=True)
-class MarsellusConfig:
+class MarsellusConfig(HardwareConfig):
     """One MARSELLUS CLUSTER. Construct with :func:`load_config`; fields mirror the JSON keys."""
 
     RBE_CORES: int
@@ -176,18 +174,7 @@ class MarsellusConfig:
         gain = self.CL_4B_SPEEDUP if bits >= 4 else self.CL_2B_SPEEDUP
         return base * (gain if self.CL_MAC_LOAD else gain / ml)
 
-    # --- identity -------------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("name")
-        return d
-
-    @property
-    def fingerprint(self) -> bytes:
-        """16-byte digest of every parameter; a blob built for another config is rejected by it."""
-        text = json.dumps(self.to_json(), sort_keys=True).encode()
-        return hashlib.sha256(text).digest()[:16]
-
+    # --- validation ------------------------------------------------------------------------------
     def validate(self, where: str = "config") -> None:
         """Reject configs the ISA or the simulator cannot express, naming the field."""
 

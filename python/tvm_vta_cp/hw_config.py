@@ -15,13 +15,11 @@ Timing parameters (our addition; the public VTA simulator has no cycle model):
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
-from tvm_accel.hwconfig import parse_fields, read_config_json
+from tvm_accel.hwconfig import HardwareConfig, parse_fields, read_config_json
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "vta_1x16x16"
@@ -36,7 +34,7 @@ _OPTIONAL = {"TARGET": "sim", "HW_VER": "0.0.2"}
 
 
 @dataclass(frozen=True)
-class VTAConfig:
+class VTAConfig(HardwareConfig):
     """One VTA instance. Construct with :func:`load_config`; fields mirror the JSON keys."""
 
     LOG_INP_WIDTH: int
@@ -125,17 +123,6 @@ class VTAConfig:
     @property
     def acc_depth(self) -> int:
         return 1 << self.log_acc_depth
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("name")
-        return d
-
-    @property
-    def fingerprint(self) -> bytes:
-        """16-byte digest of every parameter; a blob built for another config is rejected by it."""
-        text = json.dumps(self.to_json(), sort_keys=True).encode()
-        return hashlib.sha256(text).digest()[:16]
 
     def validate(self, where: str = "config") -> None:
         """Reject configs the ISA or this compiler cannot express, naming the field."""
