@@ -649,6 +649,20 @@ class _Planner:
         self.last_items = insns.items
         return insns
 
+    def _grid(self, t: TensorPlacement, rows: tuple[int, int], cols: tuple[int, int], th: int,
+              tw: int):
+        """The tiles of a stream: ``(buf, g, y0, nh, x0, nw)`` over the PE groups of ``t``, rows
+        ``rows = (start, count)`` in bands of ``th`` and columns likewise by ``tw``; consecutive
+        tiles alternate between the two halves of the FM memories (ping-pong buffers)."""
+        half = self.cfg.fm_memory_bytes // 2
+        (ys, yn), (xs, xn) = rows, cols
+        i = 0
+        for g in range(t.n_alloc // self.P):
+            for y0 in range(ys, ys + yn, th):
+                for x0 in range(xs, xs + xn, tw):
+                    yield (i % 2) * half, g, y0, min(th, ys + yn - y0), x0, min(tw, xs + xn - x0)
+                    i += 1
+
     def _param(self, data: bytes) -> int:
         off = len(self.params)
         self.params += data
@@ -769,25 +783,17 @@ class _Planner:
         k = layer.weight.shape[0]
         folded = self._conv_params(layer, tin.hwc[2])
         kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
-        half = self.cfg.fm_memory_bytes // 2
-        (ys, yn), (xs, xn) = out_rows, out_cols
         segments = []
         for k0 in range(0, k, kt):
             kk = min(kt, k - k0)
             pm, pm_addr = self._pm_chunk(folded, k0, kk)
-            tiles, i = [], 0
-            for g in range(tin.n_alloc // self.P):
-                for y0 in range(ys, ys + yn, th):
-                    nh = min(th, ys + yn - y0)
-                    for x0 in range(xs, xs + xn, tw):
-                        nw = min(tw, xs + xn - x0)
-                        buf = (i % 2) * half
-                        ld, conv = self._conv_tile(layer, tin, folded, bool(kn.get("format")),
-                                                   buf, g, k0, kk, y0, nh, x0, nw, 1, buf,
-                                                   pm_addr)
-                        loads, computes, saves = tail(buf, g, y0, nh, x0, nw, k0, kk)
-                        tiles.append(_Tile([ld, *loads], [conv, *computes], saves))
-                        i += 1
+            tiles = []
+            for buf, g, y0, nh, x0, nw in self._grid(tin, out_rows, out_cols, th, tw):
+                ld, conv = self._conv_tile(layer, tin, folded, bool(kn.get("format")),
+                                           buf, g, k0, kk, y0, nh, x0, nw, 1, buf,
+                                           pm_addr)
+                loads, computes, saves = tail(buf, g, y0, nh, x0, nw, k0, kk)
+                tiles.append(_Tile([ld, *loads], [conv, *computes], saves))
             segments.append(([pm], tiles))
         return segments
 
@@ -875,18 +881,11 @@ class _Planner:
         # phase 2: scatter the input, bands of input rows
         cols_s = min(w, max(1, half // c))
         rows_s = max(1, min(h, half // (cols_s * c)))
-        i = 0
-        for g in range(tin.n_alloc // self.P):
-            for y0 in range(0, h, rows_s):
-                nh = min(rows_s, h - y0)
-                for x0 in range(0, w, cols_s):
-                    nw = min(cols_s, w - x0)
-                    buf = (i % 2) * half
-                    ld = self._load(tin, 0, buf, g, y0, nh, x0, nw, 0, c)
-                    sv = self._save(u, buf, g, y0 * sh, nh, x0 * sw, nw, 0, c, fm_mem=0)
-                    sv.ddr_pix_stride, sv.ddr_row_stride = sw * c, sh * wu * c
-                    tiles.append(_Tile([ld], [], [sv]))
-                    i += 1
+        for buf, g, y0, nh, x0, nw in self._grid(tin, (0, h), (0, w), rows_s, cols_s):
+            ld = self._load(tin, 0, buf, g, y0, nh, x0, nw, 0, c)
+            sv = self._save(u, buf, g, y0 * sh, nh, x0 * sw, nw, 0, c, fm_mem=0)
+            sv.ddr_pix_stride, sv.ddr_row_stride = sw * c, sh * wu * c
+            tiles.append(_Tile([ld], [], [sv]))
         # phase 3: the stride-1 conv of U
         wt = layer.weight.astype(np.int64)[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
         conv = ConvLayer(name=layer.name, input=u.name, output=layer.output, weight=wt,
@@ -928,25 +927,18 @@ class _Planner:
         in_shape = (ta.shape[0], c, h, w)
         kn = _validate_knobs(knob_space(layer, in_shape, cfg), user, layer.name)
         th, tw = kn["tile_h"], kn["tile_w"]
-        half = cfg.fm_memory_bytes // 2
-        tiles, i = [], 0
-        for g in range(ta.n_alloc // self.P):
-            for y0 in range(0, h, th):
-                nh = min(th, h - y0)
-                for x0 in range(0, w, tw):
-                    nw = min(tw, w - x0)
-                    buf = (i % 2) * half
-                    la = self._load(ta, 0, buf, g, y0, nh, x0, nw, 0, c)
-                    lb = self._load(tb, 2, buf, g, y0, nh, x0, nw, 0, c)
-                    op = cg.EltAdd(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=nw * c,
-                                   out_mem=1, out_addr=buf, out_pix_stride=c,
-                                   out_row_stride=nw * c, out_h=nh, out_w=nw, chans=c,
-                                   b_mem=2, b_addr=buf, b_pix_stride=c, b_row_stride=nw * c,
-                                   shift_a=shifts[0], shift_b=shifts[1], shift=int(rq.shift),
-                                   clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
-                    sv = self._save(tout, buf, g, y0, nh, x0, nw, 0, c)
-                    tiles.append(_Tile([la, lb], [op], [sv]))
-                    i += 1
+        tiles = []
+        for buf, g, y0, nh, x0, nw in self._grid(ta, (0, h), (0, w), th, tw):
+            la = self._load(ta, 0, buf, g, y0, nh, x0, nw, 0, c)
+            lb = self._load(tb, 2, buf, g, y0, nh, x0, nw, 0, c)
+            op = cg.EltAdd(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=nw * c,
+                           out_mem=1, out_addr=buf, out_pix_stride=c,
+                           out_row_stride=nw * c, out_h=nh, out_w=nw, chans=c,
+                           b_mem=2, b_addr=buf, b_pix_stride=c, b_row_stride=nw * c,
+                           shift_a=shifts[0], shift_b=shifts[1], shift=int(rq.shift),
+                           clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+            sv = self._save(tout, buf, g, y0, nh, x0, nw, 0, c)
+            tiles.append(_Tile([la, lb], [op], [sv]))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
                             f"{list(in_shape)}", kn)
@@ -955,29 +947,22 @@ class _Planner:
                     window=((1, 1), (1, 1), (0, 0, 0, 0)), up=(1, 1), ch0=0):
         """Tiles LOAD (input window) -> MISC ``make(...)`` -> SAVE (output tile, channel offset
         ``ch0`` of the output: concat by placement)."""
-        half = self.cfg.fm_memory_bytes // 2
         (kh, kw), (sh, sw), (pt, pl, pb, pr) = window
         h, w, c = tin.hwc
         ho, wo = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
         th, tw = kn["tile_h"], kn["tile_w"]
-        tiles, i = [], 0
-        for g in range(tin.n_alloc // self.P):
-            for y0 in range(0, ho, th):
-                nh = min(th, ho - y0)
-                r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
-                for x0 in range(0, wo, tw):
-                    nw = min(tw, wo - x0)
-                    c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
-                    buf = (i % 2) * half
-                    ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, 0, c)
-                    oh, ow = nh * up[0], nw * up[1]
-                    op = make(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=cols * c,
-                              out_mem=1, out_addr=buf, out_pix_stride=c, out_row_stride=ow * c,
-                              out_h=oh, out_w=ow, chans=c,
-                              pads=(ptop, pbot, pleft, pright))
-                    sv = self._save(tout, buf, g, y0 * up[0], oh, x0 * up[1], ow, ch0, c)
-                    tiles.append(_Tile([ld], [op], [sv]))
-                    i += 1
+        tiles = []
+        for buf, g, y0, nh, x0, nw in self._grid(tin, (0, ho), (0, wo), th, tw):
+            r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
+            c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
+            ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, 0, c)
+            oh, ow = nh * up[0], nw * up[1]
+            op = make(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=cols * c,
+                      out_mem=1, out_addr=buf, out_pix_stride=c, out_row_stride=ow * c,
+                      out_h=oh, out_w=ow, chans=c,
+                      pads=(ptop, pbot, pleft, pright))
+            sv = self._save(tout, buf, g, y0 * up[0], oh, x0 * up[1], ow, ch0, c)
+            tiles.append(_Tile([ld], [op], [sv]))
         return tiles
 
     def pool(self, layer: PoolLayer, user: dict | None) -> LayerProgram:
@@ -1078,38 +1063,31 @@ class _Planner:
         pt, pl, _, _ = conv.padding
         rq, zx = conv.requant, folded["pad_value"]
         kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
-        half = self.cfg.fm_memory_bytes // 2
         segments = []
         for k0 in range(0, k, kt):
             kk = min(kt, k - k0)
             pm, pm_addr = self._pm_chunk(folded, k0, kk)
-            tiles, i = [], 0
-            for g in range(tin.n_alloc // self.P):
-                for y0 in range(0, ho, th):
-                    nh = min(th, ho - y0)
-                    q0, rows, ctop, cbot = _in_window(y0, nh, sh, pt, kh, hp)
-                    r0, in_rows, ptop, pbot = _in_window(q0, rows, psh, ppt, pkh, h)
-                    for x0 in range(0, wo, tw):
-                        nw = min(tw, wo - x0)
-                        p0, cols, cleft, cright = _in_window(x0, nw, sw, pl, kw, wp)
-                        c0, in_cols, pleft, pright = _in_window(p0, cols, psw, ppl, pkw, w)
-                        buf = (i % 2) * half
-                        ld = self._load(tin, 0, buf, g, r0, in_rows, c0, in_cols, 0, c)
-                        op = make(pads=(ptop, pbot, pleft, pright), in_mem=0, in_addr=buf,
-                                  in_pix_stride=c, in_row_stride=in_cols * c, out_mem=1,
-                                  out_addr=buf, out_pix_stride=c, out_row_stride=cols * c,
-                                  out_h=rows, out_w=cols, chans=c)
-                        cv = cg.Conv(in_mem=1, in_addr=buf, in_pix_stride=c,
-                                     in_row_stride=cols * c, ic=c, out_mem=2, out_addr=buf,
-                                     out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
-                                     out_w=nw, oc=kk, kernel_h=kh, kernel_w=kw, stride_h=sh,
-                                     stride_w=sw, pad_top=ctop, pad_bottom=cbot,
-                                     pad_left=cleft, pad_right=cright, pad_value=zx,
-                                     param_addr=pm_addr, shift=int(rq.shift),
-                                     clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
-                        sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
-                        tiles.append(_Tile([ld], [op, cv], [sv]))
-                        i += 1
+            tiles = []
+            for buf, g, y0, nh, x0, nw in self._grid(tin, (0, ho), (0, wo), th, tw):
+                q0, rows, ctop, cbot = _in_window(y0, nh, sh, pt, kh, hp)
+                r0, in_rows, ptop, pbot = _in_window(q0, rows, psh, ppt, pkh, h)
+                p0, cols, cleft, cright = _in_window(x0, nw, sw, pl, kw, wp)
+                c0, in_cols, pleft, pright = _in_window(p0, cols, psw, ppl, pkw, w)
+                ld = self._load(tin, 0, buf, g, r0, in_rows, c0, in_cols, 0, c)
+                op = make(pads=(ptop, pbot, pleft, pright), in_mem=0, in_addr=buf,
+                          in_pix_stride=c, in_row_stride=in_cols * c, out_mem=1,
+                          out_addr=buf, out_pix_stride=c, out_row_stride=cols * c,
+                          out_h=rows, out_w=cols, chans=c)
+                cv = cg.Conv(in_mem=1, in_addr=buf, in_pix_stride=c,
+                             in_row_stride=cols * c, ic=c, out_mem=2, out_addr=buf,
+                             out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh,
+                             out_w=nw, oc=kk, kernel_h=kh, kernel_w=kw, stride_h=sh,
+                             stride_w=sw, pad_top=ctop, pad_bottom=cbot,
+                             pad_left=cleft, pad_right=cright, pad_value=zx,
+                             param_addr=pm_addr, shift=int(rq.shift),
+                             clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+                sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
+                tiles.append(_Tile([ld], [op, cv], [sv]))
             segments.append(([pm], tiles))
         insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         macs = n * k * ho * wo * kh * kw * c
@@ -1184,29 +1162,22 @@ class _Planner:
         (pkh, pkw), (psh, psw), (ppt, ppl, _, _) = pool.kernel, pool.strides, pool.padding
         _, _, ho, wo = pool_output_shape(pool, (in_shape[0], k, hc, wc))
         kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
-        half = self.cfg.fm_memory_bytes // 2
         segments = []
         for k0 in range(0, k, kt):
             kk = min(kt, k - k0)
             pm, pm_addr = self._pm_chunk(folded, k0, kk)
-            tiles, i = [], 0
-            for g in range(tin.n_alloc // self.P):
-                for y0 in range(0, ho, th):
-                    nh = min(th, ho - y0)
-                    r0, rows, ptop, pbot = _in_window(y0, nh, psh, ppt, pkh, hc)
-                    for x0 in range(0, wo, tw):
-                        nw = min(tw, wo - x0)
-                        c0, cols, pleft, pright = _in_window(x0, nw, psw, ppl, pkw, wc)
-                        buf = (i % 2) * half
-                        ld, cv = self._conv_tile(conv, tin, folded, bool(kn["format"]), buf, g,
-                                                 k0, kk, r0, rows, c0, cols, 1, buf, pm_addr)
-                        op = make(pads=(ptop, pbot, pleft, pright), in_mem=1, in_addr=buf,
-                                  in_pix_stride=kk, in_row_stride=cols * kk, out_mem=2,
-                                  out_addr=buf, out_pix_stride=kk, out_row_stride=nw * kk,
-                                  out_h=nh, out_w=nw, chans=kk)
-                        sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
-                        tiles.append(_Tile([ld], [cv, op], [sv]))
-                        i += 1
+            tiles = []
+            for buf, g, y0, nh, x0, nw in self._grid(tin, (0, ho), (0, wo), th, tw):
+                r0, rows, ptop, pbot = _in_window(y0, nh, psh, ppt, pkh, hc)
+                c0, cols, pleft, pright = _in_window(x0, nw, psw, ppl, pkw, wc)
+                ld, cv = self._conv_tile(conv, tin, folded, bool(kn["format"]), buf, g,
+                                         k0, kk, r0, rows, c0, cols, 1, buf, pm_addr)
+                op = make(pads=(ptop, pbot, pleft, pright), in_mem=1, in_addr=buf,
+                          in_pix_stride=kk, in_row_stride=cols * kk, out_mem=2,
+                          out_addr=buf, out_pix_stride=kk, out_row_stride=nw * kk,
+                          out_h=nh, out_w=nw, chans=kk)
+                sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
+                tiles.append(_Tile([ld], [cv, op], [sv]))
             segments.append(([pm], tiles))
         insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         macs = in_shape[0] * k * hc * wc * kh * kw * (1 if conv.is_depthwise else c)
@@ -1261,7 +1232,6 @@ class _Planner:
                              name)
         c, _, ho, wo, kh, kw = _conv_geometry(convs[0], in_shape)
         th, tw = kn["tile_h"], kn["tile_w"]
-        half = self.cfg.fm_memory_bytes // 2
         pms, members, pm_at, out_at = [], [], 0, 0
         for ly in convs:
             folded = self._conv_params(ly, c)
@@ -1274,22 +1244,16 @@ class _Planner:
         if pm_at > self.cfg.PM_BYTES:
             raise MappingError(f"{name}: the parameters of the fused convs ({pm_at} bytes) "
                                f"exceed the PM ({self.cfg.PM_BYTES})")
-        tiles, i = [], 0
-        for g in range(tin.n_alloc // self.P):
-            for y0 in range(0, ho, th):
-                nh = min(th, ho - y0)
-                for x0 in range(0, wo, tw):
-                    nw = min(tw, wo - x0)
-                    buf = (i % 2) * half
-                    ld, computes, saves = None, [], []
-                    for ly, folded, k, addr, off, tout in members:
-                        ld_m, cv = self._conv_tile(ly, tin, folded, False, buf, g, 0, k, y0, nh,
-                                                   x0, nw, 1, buf + off, addr)
-                        ld = ld or ld_m
-                        computes.append(cv)
-                        saves.append(self._save(tout, buf + off, g, y0, nh, x0, nw, 0, k))
-                    tiles.append(_Tile([ld], computes, saves))
-                    i += 1
+        tiles = []
+        for buf, g, y0, nh, x0, nw in self._grid(tin, (0, ho), (0, wo), th, tw):
+            ld, computes, saves = None, [], []
+            for ly, folded, k, addr, off, tout in members:
+                ld_m, cv = self._conv_tile(ly, tin, folded, False, buf, g, 0, k, y0, nh,
+                                           x0, nw, 1, buf + off, addr)
+                ld = ld or ld_m
+                computes.append(cv)
+                saves.append(self._save(tout, buf + off, g, y0, nh, x0, nw, 0, k))
+            tiles.append(_Tile([ld], computes, saves))
         insns = self._schedule([(pms, tiles)], "CONV", kn["pipeline"])
         macs = sum(in_shape[0] * k * ho * wo * kh * kw * c for _, _, k, _, _, _ in members)
         return LayerProgram(name, f"{len(convs)}x{convs[0].op_name} (horizontal)",
