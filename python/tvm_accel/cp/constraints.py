@@ -1,0 +1,388 @@
+"""The embedding constraints of the CP paper (section 4.2) as propagators.
+
+- :class:`AccessEdge`: an edge of the instruction DFG matched to an access relation of the
+  operator (``inp -> mul``, ``wgt -> mul``, ``add -> out``): functional from the operation to
+  the data element (assigns it), a preimage from the data element back to the operation
+  (Fig. 2b: fixes what the relation determines, prunes the rest by support).
+- :class:`SameInstance`: ``mul -> add`` of one instruction lane is one instance (``R1``).
+- :class:`ReductionStep`: ``add[i] -> add[i+1]`` keeps the output point; strict order steps to
+  the lexicographic successor of the reduction point, commutative order only needs another one
+  (``R2``; AllDiff keeps the points distinct).
+- :class:`Parallel`: spatial edges; parallel multiplications compute different outputs.
+- :class:`AllDifferent`: no instance or tensor element is used twice.
+- :class:`HyperRectangle`: the ordered points of a tensor form an axis-parallel hyper-rectangle
+  in lexicographic order (Fig. 3), with the allowed axes (the linear-access restriction removes
+  stencil axes) and strides (dense: 1). Its propagator infers the steps and sizes from the
+  assigned prefix, restricts the next point to "continue" or "jump" candidates and bounds every
+  later point by the inferred box (formula 10).
+- :class:`LinearAccess`: the points of a tensor may not move along axes whose access is not one
+  iterator with a constant stride.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from tvm_accel.cp.operator import Access
+from tvm_accel.cp.solver import Dom, Engine, Fail, Propagator
+
+Point = tuple[int, ...]
+_EMPTY = Dom(pts=())
+_SUPPORT_LIMIT = 4096
+
+
+def preimage(dom: Dom, acc: Access, q: Point) -> Dom:
+    """Points of ``dom`` whose access is ``q``: coordinates with one free iterator fix it,
+    coordinates with several prune each by support."""
+    if dom.pts is not None:
+        return Dom(pts=tuple(p for p in dom.pts if acc.apply(p) == q))
+    vals = list(dom.vals)
+    changed = True
+    while changed:
+        changed = False
+        for row, off, qj in zip(acc.coeffs, acc.offsets, q, strict=True):
+            const = off
+            active = []
+            for d, c in enumerate(row):
+                if not c:
+                    continue
+                if len(vals[d]) == 0:
+                    return _EMPTY
+                if len(vals[d]) == 1:
+                    const += c * vals[d][0]
+                else:
+                    active.append(d)
+            rest = qj - const
+            if not active:
+                if rest:
+                    return _EMPTY
+                continue
+            if len(active) == 1:
+                d = active[0]
+                if rest % row[d] or rest // row[d] not in vals[d]:
+                    return _EMPTY
+                vals[d] = (rest // row[d],)
+                changed = True
+                continue
+            for d in active:
+                others = [e for e in active if e != d]
+                if math.prod(len(vals[e]) for e in others) > _SUPPORT_LIMIT:
+                    continue
+                sums = {sum(row[e] * x for e, x in zip(others, combo, strict=True))
+                        for combo in itertools.product(*(vals[e] for e in others))}
+                keep = tuple(x for x in vals[d] if rest - row[d] * x in sums)
+                if not keep:
+                    return _EMPTY
+                if len(keep) < len(vals[d]):
+                    vals[d] = keep
+                    changed = True
+    excl = frozenset(p for p in dom.excl if all(x in v for x, v in zip(p, vals, strict=True)))
+    return Dom(vals, excl=excl)
+
+
+class AccessEdge(Propagator):
+    name = "subgraph isomorphism"
+
+    def __init__(self, op: int, data: int, acc: Access, limit: int = 64):
+        self.vars = (op, data)
+        self.op, self.data, self.acc, self.limit = op, data, acc, limit
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        op, data = self.op, self.data
+        pv = eng.val[op]
+        if pv is not None:
+            eng.assign(data, self.acc.apply(pv), self.name)
+            return
+        dv = eng.val[data]
+        if dv is not None:
+            eng.narrow(op, preimage(eng.dom[op], self.acc, dv), self.name)
+            return
+        if v == data and eng.dom[data].pts is not None and len(eng.dom[data].pts) <= self.limit:
+            pts = []
+            for q in eng.dom[data].pts:
+                pre = preimage(eng.dom[op], self.acc, q)
+                if pre.size() > self.limit:
+                    return
+                pts.extend(pre.iterate())
+            eng.narrow(op, Dom.points(pts), self.name)
+        elif v == op and eng.dom[op].pts is not None:
+            eng.narrow(data, eng.dom[data].intersect(self.acc.apply(p) for p in eng.dom[op].pts),
+                       self.name)
+
+
+class SameInstance(Propagator):
+    name = "subgraph isomorphism"
+
+    def __init__(self, a: int, b: int):
+        self.vars = (a, b)
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        a, b = self.vars
+        other = b if v == a else a
+        if assigned:
+            eng.assign(other, eng.val[v], self.name)
+        else:
+            eng.narrow(other, eng.dom[other].meet(eng.dom[v]), self.name)
+
+
+class ReductionStep(Propagator):
+    name = "reduction order"
+
+    def __init__(self, prev: int, nxt: int, spatial: tuple[int, ...], reduction: tuple[int, ...],
+                 extents: tuple[int, ...], strict: bool):
+        self.vars = (prev, nxt)
+        self.spatial, self.reduction, self.extents, self.strict = (spatial, reduction, extents,
+                                                                   strict)
+
+    def _step(self, p: Point, delta: int) -> Point | None:
+        q = list(p)
+        for d in reversed(self.reduction):
+            q[d] += delta
+            if 0 <= q[d] < self.extents[d]:
+                return tuple(q)
+            q[d] = 0 if delta > 0 else self.extents[d] - 1
+        return None
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        prev, nxt = self.vars
+        other = nxt if v == prev else prev
+        if assigned:
+            p = eng.val[v]
+            if self.strict:
+                q = self._step(p, 1 if v == prev else -1)
+                if q is None:
+                    raise Fail(self.name)
+                eng.assign(other, q, self.name)
+                return
+            if eng.val[other] is not None:
+                if any(eng.val[other][d] != p[d] for d in self.spatial):
+                    raise Fail(self.name)
+                return
+            dom = eng.dom[other]
+            for d in self.spatial:
+                dom = dom.restrict(d, (p[d],))
+            eng.narrow(other, dom, self.name)
+            return
+        src = eng.dom[v]
+        if src.pts is not None or eng.val[other] is not None:
+            return
+        dom = eng.dom[other]
+        for d in self.spatial:
+            if len(src.vals[d]) == 1 and len(dom.vals[d] if dom.pts is None else ()) != 1:
+                dom = dom.restrict(d, tuple(src.vals[d]))
+        eng.narrow(other, dom, self.name)
+
+
+class Parallel(Propagator):
+    name = "subgraph isomorphism"
+
+    def __init__(self, anchor: int, other: int, spatial: tuple[int, ...]):
+        self.vars = (anchor, other)
+        self.spatial = spatial
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        a, b = (eng.val[x] for x in self.vars)
+        if a is not None and b is not None and all(a[d] == b[d] for d in self.spatial):
+            raise Fail(self.name)
+
+
+class AllDifferent(Propagator):
+    name = "AllDiff"
+
+    def __init__(self, vars_: list[int], group: int):
+        self.vars = tuple(vars_)
+        self.group = group
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        if not assigned:
+            return
+        p = eng.val[v]
+        taken = eng.taken[self.group]
+        holder = taken.get(p)
+        if holder is not None and holder != v:
+            raise Fail(self.name)
+        taken[p] = v
+
+
+class LinearAccess(Propagator):
+    """Every point shares the first point's coordinates on the non-linear axes."""
+
+    name = "linear memory access"
+
+    def __init__(self, vars_: list[int], fixed_axes: tuple[int, ...]):
+        self.vars = tuple(vars_)
+        self.axes = fixed_axes
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        if not assigned or not self.axes:
+            return
+        p = eng.val[v]
+        for u in self.vars:
+            if eng.val[u] is not None:
+                if any(eng.val[u][a] != p[a] for a in self.axes):
+                    raise Fail(self.name)
+                continue
+            dom = eng.dom[u]
+            for a in self.axes:
+                dom = dom.restrict(a, (p[a],))
+            eng.narrow(u, dom, self.name)
+
+
+class HyperRectangle(Propagator):
+    """``V`` (ordered) forms an axis-parallel hyper-rectangle in lexicographic order.
+
+    ``axes`` are the tensor axes the rectangle may extend along; ``strides[a]`` the allowed
+    step lengths along axis ``a`` (``None``: any positive stride, checked but not enumerated).
+    """
+
+    name = "hyper-rectangle"
+
+    def __init__(self, vars_: list[int], axes: tuple[int, ...], strides: dict, cause: dict,
+                 key: int, split: tuple[int, ...] | None = None):
+        self.vars = tuple(vars_)
+        self.n = len(vars_)
+        self.axes = axes
+        self.strides = strides
+        self.cause = cause  # axis -> constraint name blamed when a step uses it illegally
+        self.key = key
+        #: tensor extents when a strided dimension must split its axis into equal pieces
+        #: (image pack: ``size`` pieces of ``stride = ceil(extent / size)``)
+        self.split = split
+
+    def _check_split(self, a: int, s: int, size: int) -> None:
+        if self.split is not None and s > 1 and s != -(-self.split[a] // size):
+            raise Fail("image pack split")
+
+    def _vector(self, p: Point, v0: Point, used: set) -> tuple[int, int]:
+        diff = [(a, x - y) for a, (x, y) in enumerate(zip(p, v0, strict=True)) if x != y]
+        if len(diff) != 1 or diff[0][1] <= 0:
+            raise Fail(self.name)
+        a, s = diff[0]
+        if a not in self.axes:
+            raise Fail(self.cause.get(a, self.name))
+        if a in used:
+            raise Fail(self.name)
+        allowed = self.strides.get(a)
+        if allowed is not None and s not in allowed:
+            raise Fail(self.cause.get(("stride", a), "dense"))
+        return a, s
+
+    def infer(self, pts: list[Point]) -> tuple[list[list], int]:
+        """Dimensions ``[axis, stride, size or None]`` (innermost first) and the product of the
+        closed ones, from a prefix of assigned points; raises Fail when they break the shape."""
+        v0, n = pts[0], self.n
+        dims: list[list] = []
+        used: set = set()
+        inner = 1
+        for j in range(1, len(pts)):
+            p = pts[j]
+            if not dims:
+                a, s = self._vector(p, v0, used)
+                dims.append([a, s, None])
+                used.add(a)
+                continue
+            q, rem = divmod(j, inner)
+            if rem:
+                base, off = pts[q * inner], pts[rem]
+                if p != tuple(b + o - z for b, o, z in zip(base, off, v0, strict=True)):
+                    raise Fail(self.name)
+                continue
+            a, s, _ = dims[-1]
+            if p[a] - v0[a] == q * s and all(x == y for i, (x, y) in enumerate(
+                    zip(p, v0, strict=True)) if i != a):
+                if q + 1 > n // inner:
+                    raise Fail(self.name)
+                continue
+            if (n // inner) % q:
+                raise Fail(self.name)
+            self._check_split(a, s, q)
+            dims[-1][2] = q
+            inner *= q
+            a, s = self._vector(p, v0, used)
+            dims.append([a, s, None])
+            used.add(a)
+        return dims, inner
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        if not assigned:
+            return
+        V, n = self.vars, self.n
+        v0 = eng.val[V[0]]
+        if v0 is None:
+            return
+        m = 0
+        while m + 1 < n and eng.val[V[m + 1]] is not None:
+            m += 1
+        if eng.memo.get(self.key) == m:
+            return
+        eng.memo[self.key] = m
+        pts = [eng.val[V[j]] for j in range(m + 1)]
+        dims, inner = self.infer(pts)
+        if m + 1 == n:
+            if dims and (dims[-1][2] is None):
+                if n % inner:
+                    raise Fail(self.name)
+                self._check_split(dims[-1][0], dims[-1][1], n // inner)
+            return
+        j = m + 1
+        used = {d[0] for d in dims}
+        cands: list[Point] | None = []
+        if not dims:
+            q, rem = 1, 0
+        else:
+            q, rem = divmod(j, inner)
+        if dims and rem:
+            base, off = pts[q * inner], pts[rem]
+            cands = [tuple(b + o - z for b, o, z in zip(base, off, v0, strict=True))]
+        else:
+            if dims:
+                a, s, _ = dims[-1]
+                if q + 1 <= n // inner:
+                    c = list(v0)
+                    c[a] += q * s
+                    cands.append(tuple(c))
+            can_jump = not dims or ((n // inner) % q == 0 and n // (inner * q) >= 2)
+            if can_jump:
+                for a in self.axes:
+                    if a in used:
+                        continue
+                    allowed = self.strides.get(a)
+                    if allowed is None:
+                        cands = None
+                        break
+                    for s in allowed:
+                        c = list(v0)
+                        c[a] += s
+                        cands.append(tuple(c))
+        if cands is not None:
+            dom = eng.dom[V[j]]
+            eng.narrow(V[j], dom.intersect(cands) if dom.pts is None or len(cands) < 64
+                       else dom, self.name)
+        self._bound(eng, v0, dims, inner, q if dims else 1, j + 1)
+
+    def _bound(self, eng: Engine, v0: Point, dims: list, inner: int, count: int, start: int):
+        """Formula (10): a box for the points not yet assigned."""
+        n = self.n
+        hi: dict[int, int | None] = {}
+        for k, (a, s, size) in enumerate(dims):
+            if size is not None:
+                hi[a] = (size - 1) * s
+            elif k == len(dims) - 1:
+                hi[a] = (n // inner - 1) * s
+        rest = n // (inner * max(count, 2)) if dims else n
+        for a in self.axes:
+            if a in hi:
+                continue
+            allowed = self.strides.get(a)
+            hi[a] = None if allowed is None else (rest - 1) * max(allowed, default=1)
+        for u in self.vars[start:]:
+            if eng.val[u] is not None:
+                continue
+            dom = eng.dom[u]
+            for a in range(len(v0)):
+                if a not in hi:
+                    dom = dom.restrict(a, (v0[a],))
+                elif hi[a] is not None:
+                    dom = dom.restrict(a, range(v0[a], v0[a] + hi[a] + 1))
+            eng.narrow(u, dom, self.name)

@@ -1,0 +1,200 @@
+"""Operators as polyhedral instance sets with affine access relations (the CP paper, section 3.2).
+
+An operator is the set of its dynamic multiply instances ``S = {[d0, ..., dn] : 0 <= di < Ei}``
+over named loop dimensions, plus one affine access relation per tensor (``S -> In``,
+``S -> Wgt``, ``S -> Out``). The data-dependence relations of the paper follow from them:
+``R1: * -> +`` is the identity on ``S`` (the add of an instance consumes its own product),
+``R2: + -> +'`` keeps the output coordinates and steps the reduction dimensions (strictly to the
+lexicographic successor, or to any other reduction point when the reduction is treated as
+commutative), and the output relation is the ``Out`` access of the last add.
+
+Two representations of the same model, on purpose:
+
+- :meth:`TensorOp.isl_instance_set` / :meth:`TensorOp.isl_access` / :meth:`TensorOp.isl_dataflow`
+  give the sets and relations as ``islpy`` objects (isl's own notation, printable, usable for
+  set algebra and for enumerating small instance sets in tests);
+- the constraint search evaluates the same affine maps in closed form on Python integers
+  (:class:`Access`), because it applies them millions of times and must never hit a 32-bit
+  limit (the paper's Gecode solver lost 28 DeepBench layers to 32-bit domains).
+
+The input tensor of a convolution is the *padded* input (``H + pt + pb`` rows): spatial padding
+is data, not a change of the iteration domain. Extent-1 dimensions are dropped (a depthwise
+conv has no ``c`` dimension, a batch-1 layer no ``n``), so every dimension can carry a mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Access", "TensorOp", "conv2d_op", "dense_op"]
+
+
+@dataclass(frozen=True)
+class Access:
+    """Affine access ``tensor[i] = sum_d coeffs[i][d] * x[d] + offsets[i]`` of loop point ``x``."""
+
+    tensor: str
+    coeffs: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+
+    def apply(self, p: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sum(c * x for c, x in zip(row, p, strict=True)) + o
+                     for row, o in zip(self.coeffs, self.offsets, strict=True))
+
+    def iterators(self, coord: int) -> tuple[int, ...]:
+        """Loop dimensions that tensor coordinate ``coord`` depends on."""
+        return tuple(d for d, c in enumerate(self.coeffs[coord]) if c)
+
+    def is_linear(self, coord: int) -> bool:
+        """The coordinate is one iterator times a constant stride (the paper's "linear memory
+        access", section 4.2.3); a stencil ``oh * sh + r * dh`` is not."""
+        return len(self.iterators(coord)) <= 1
+
+
+@dataclass(frozen=True)
+class TensorOp:
+    """A tensor operator: loop dimensions, their extents, the reduction subset and the
+    ``in``/``wgt``/``out`` accesses with the tensors' shapes (axis names in ``axes``)."""
+
+    kind: str
+    dims: tuple[str, ...]
+    extents: tuple[int, ...]
+    reduction: frozenset[str]
+    shapes: dict[str, tuple[int, ...]]
+    axes: dict[str, tuple[str, ...]]
+    access: dict[str, Access]
+    params: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def index(self, dim: str) -> int:
+        return self.dims.index(dim)
+
+    @property
+    def spatial_dims(self) -> tuple[str, ...]:
+        return tuple(d for d in self.dims if d not in self.reduction)
+
+    @property
+    def reduction_dims(self) -> tuple[str, ...]:
+        return tuple(d for d in self.dims if d in self.reduction)
+
+    @property
+    def macs(self) -> int:
+        return math.prod(self.extents)
+
+    def tensor_elements(self, tensor: str) -> int:
+        """Elements of a tensor the operator touches (the padded input counts its halo)."""
+        return math.prod(self.shapes[tensor])
+
+    # -- isl views -----------------------------------------------------------------------------
+    def _bounds(self) -> str:
+        return " and ".join(f"0 <= {d} < {e}" for d, e in zip(self.dims, self.extents,
+                                                              strict=True))
+
+    def isl_instance_set(self):
+        """``S`` as an ``islpy.Set`` (named ``S``)."""
+        import islpy as isl
+
+        return isl.Set(f"{{ S[{', '.join(self.dims)}] : {self._bounds()} }}")
+
+    def isl_access(self, tensor: str):
+        """The access relation ``S -> tensor`` as an ``islpy.Map`` restricted to ``S``."""
+        import islpy as isl
+
+        acc = self.access[tensor]
+        exprs = []
+        for row, off in zip(acc.coeffs, acc.offsets, strict=True):
+            terms = [f"{c}*{d}" if c != 1 else d for c, d in zip(row, self.dims, strict=True)
+                     if c]
+            if off or not terms:
+                terms.append(str(off))
+            exprs.append(" + ".join(terms))
+        name = tensor.capitalize()
+        return isl.Map(f"{{ S[{', '.join(self.dims)}] -> {name}[{', '.join(exprs)}] : "
+                       f"{self._bounds()} }}")
+
+    def isl_dataflow(self, commutative: bool = True) -> dict:
+        """The dependence relations ``R1`` (mul -> add, identity) and ``R2`` (add -> add: same
+        output point, next reduction point) as ``islpy.Map`` objects."""
+        import islpy as isl
+
+        src = ", ".join(self.dims)
+        dst = ", ".join(f"{d}1" for d in self.dims)
+        same = " and ".join(f"{d}1 = {d}" for d in self.spatial_dims) or "true"
+        red = self.reduction_dims
+        if commutative:
+            step = " or ".join(f"{d}1 != {d}" for d in red) or "false"
+        else:  # lexicographic successor of (r0, ..., rk) with the last dimension fastest
+            alts = []
+            for j, d in enumerate(red):
+                hold = [f"{e}1 = {e}" for e in red[:j]]
+                inc = [f"{d}1 = {d} + 1"]
+                wrap = [f"{e}1 = 0 and {e} = {self.extents[self.index(e)] - 1}"
+                        for e in red[j + 1:]]
+                alts.append("(" + " and ".join(hold + inc + wrap) + ")")
+            step = " or ".join(alts) or "false"
+        b1 = " and ".join(f"0 <= {d}1 < {e}" for d, e in zip(self.dims, self.extents,
+                                                             strict=True))
+        r1 = isl.Map(f"{{ S[{src}] -> S[{src}] : {self._bounds()} }}")
+        r2 = isl.Map(f"{{ S[{src}] -> S[{dst}] : {self._bounds()} and {b1} and {same} "
+                     f"and ({step}) }}")
+        return {"R1": r1, "R2": r2}
+
+
+def _op(kind: str, dims: dict[str, int], reduction: set[str], tensors: dict, params: dict
+        ) -> TensorOp:
+    """Build a TensorOp from ``tensors[name] = (axes, shape, [{dim: coeff, "": offset}])``,
+    dropping extent-1 loop dimensions."""
+    keep = [d for d, e in dims.items() if e > 1]
+    shapes, axes, access = {}, {}, {}
+    for t, (names, shape, exprs) in tensors.items():
+        rows = tuple(tuple(int(ex.get(d, 0)) for d in keep) for ex in exprs)
+        offs = tuple(int(ex.get("", 0)) for ex in exprs)
+        access[t] = Access(t, rows, offs)
+        shapes[t] = tuple(int(s) for s in shape)
+        axes[t] = tuple(names)
+    return TensorOp(kind, tuple(keep), tuple(dims[d] for d in keep),
+                    frozenset(d for d in keep if d in reduction), shapes, axes, access, params)
+
+
+def conv2d_op(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
+              strides: tuple[int, int] = (1, 1), padding: tuple[int, int, int, int] = (0,) * 4,
+              dilation: tuple[int, int] = (1, 1), groups: int = 1) -> TensorOp:
+    """conv2d (NCHW / OIHW, any kernel, stride, padding, dilation, groups; depthwise when
+    ``groups == c``) over the loop dimensions ``n, g, k, oh, ow`` (spatial) and ``c, r, s``
+    (reduction), ``k`` and ``c`` counting channels within a group."""
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    if c % groups or k % groups:
+        raise ValueError(f"{c} input / {k} output channels do not split into {groups} groups")
+    cg, kg = c // groups, k // groups
+    ho = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    wo = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    if ho < 1 or wo < 1:
+        raise ValueError("the kernel is larger than the padded input")
+    dims = {"n": n, "g": groups, "k": kg, "oh": ho, "ow": wo, "c": cg, "r": kh, "s": kw}
+    tensors = {
+        "in": (("N", "C", "H", "W"), (n, c, h + pt + pb, w + pl + pr),
+               [{"n": 1}, {"g": cg, "c": 1}, {"oh": sh, "r": dh}, {"ow": sw, "s": dw}]),
+        "wgt": (("K", "C", "R", "S"), (k, cg, kh, kw),
+                [{"g": kg, "k": 1}, {"c": 1}, {"r": 1}, {"s": 1}]),
+        "out": (("N", "K", "H", "W"), (n, k, ho, wo),
+                [{"n": 1}, {"g": kg, "k": 1}, {"oh": 1}, {"ow": 1}]),
+    }
+    kind = "depthwise_conv2d" if groups > 1 and cg == 1 else (
+        "group_conv2d" if groups > 1 else "conv2d")
+    params = dict(n=n, c=c, h=h, w=w, k=k, kh=kh, kw=kw, strides=(sh, sw),
+                  padding=tuple(padding), dilation=(dh, dw), groups=groups, ho=ho, wo=wo)
+    return _op(kind, dims, {"c", "r", "s"}, tensors, params)
+
+
+def dense_op(n: int, c: int, k: int) -> TensorOp:
+    """dense ``out[n, k] = sum_c in[n, c] * wgt[k, c]``."""
+    tensors = {"in": (("N", "C"), (n, c), [{"n": 1}, {"c": 1}]),
+               "wgt": (("K", "C"), (k, c), [{"k": 1}, {"c": 1}]),
+               "out": (("N", "K"), (n, k), [{"n": 1}, {"k": 1}])}
+    return _op("dense", {"n": n, "k": k, "c": c}, {"c"}, tensors, dict(n=n, c=c, k=k))

@@ -1,0 +1,272 @@
+"""A small finite-domain constraint engine over integer points (the CP paper, section 4).
+
+Variables take integer *points* (tuples) from a domain; a domain is either a box (one set of
+allowed values per dimension, minus excluded points) or an explicit point set. Constraints come
+with propagators that only ever remove values (monotonic filtering); a domain left with one
+value assigns its variable (the paper's "subsumed" domain), an empty one fails the node.
+Search is depth-first with copied state (no trail), branching on the first unassigned variable
+of a given order and trying its values in the lexicographic order of a *dimension order* (the
+asset of a portfolio, section 7). Every tried value is one search node.
+
+Coordinates are Python integers, so domains of any size are exact (no 32-bit limit).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+
+__all__ = ["Dom", "Engine", "Fail", "Propagator", "SearchLimit", "Solver"]
+
+Point = tuple[int, ...]
+
+
+class Fail(Exception):
+    """A propagator emptied a domain or found a violated constraint (the node fails)."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+class SearchLimit(Exception):
+    """The node or time budget of a search ran out."""
+
+
+class Dom:
+    """Immutable domain: a box ``vals[0] x vals[1] x ...`` minus ``excl``, or explicit points."""
+
+    __slots__ = ("vals", "pts", "excl")
+
+    def __init__(self, vals: Sequence | None = None, pts: tuple[Point, ...] | None = None,
+                 excl: frozenset = frozenset()):
+        self.vals = None if vals is None else tuple(vals)
+        self.pts = pts
+        self.excl = excl
+
+    @staticmethod
+    def box(extents: Sequence[int]) -> Dom:
+        return Dom([range(e) for e in extents])
+
+    @staticmethod
+    def points(pts) -> Dom:
+        return Dom(pts=tuple(sorted(set(pts))))
+
+    def size(self) -> int:
+        if self.pts is not None:
+            return len(self.pts)
+        return math.prod(len(v) for v in self.vals) - len(self.excl)
+
+    def contains(self, p: Point) -> bool:
+        if self.pts is not None:
+            return p in self.pts
+        return p not in self.excl and all(x in v for x, v in zip(p, self.vals, strict=True))
+
+    def only(self) -> Point:
+        if self.pts is not None:
+            return self.pts[0]
+        for p in itertools.product(*self.vals):
+            if p not in self.excl:
+                return p
+        raise Fail("empty domain")
+
+    def without(self, p: Point) -> Dom:
+        if not self.contains(p):
+            return self
+        if self.pts is not None:
+            return Dom(pts=tuple(q for q in self.pts if q != p))
+        return Dom(self.vals, excl=self.excl | {p})
+
+    def restrict(self, d: int, allowed) -> Dom:
+        """Keep points whose coordinate ``d`` is in ``allowed`` (a set, range or tuple)."""
+        if self.pts is not None:
+            return Dom(pts=tuple(p for p in self.pts if p[d] in allowed))
+        cur = self.vals[d]
+        if isinstance(allowed, range) and isinstance(cur, range) and cur.step == 1 \
+                and allowed.step == 1:
+            new = range(max(cur.start, allowed.start), min(cur.stop, allowed.stop))
+            if len(new) == len(cur):
+                return self
+        else:
+            new = tuple(v for v in cur if v in allowed)
+            if len(new) == len(cur):
+                return self
+        vals = list(self.vals)
+        vals[d] = new
+        excl = frozenset(q for q in self.excl if q[d] in allowed)
+        return Dom(vals, excl=excl)
+
+    def intersect(self, pts) -> Dom:
+        return Dom(pts=tuple(sorted(p for p in set(pts) if self.contains(p))))
+
+    def meet(self, other: Dom) -> Dom:
+        """Intersection with another domain of the same space."""
+        if other.pts is not None:
+            return self.intersect(other.pts)
+        if self.pts is not None:
+            return other.intersect(self.pts)
+        vals = []
+        for a, b in zip(self.vals, other.vals, strict=True):
+            if isinstance(a, range) and isinstance(b, range) and a.step == b.step == 1:
+                vals.append(range(max(a.start, b.start), min(a.stop, b.stop)))
+            else:
+                vals.append(tuple(x for x in a if x in b))
+        excl = frozenset(p for p in self.excl | other.excl
+                         if all(x in v for x, v in zip(p, vals, strict=True)))
+        return Dom(vals, excl=excl)
+
+    def iterate(self, order: Sequence[int] | None = None) -> Iterator[Point]:
+        """Points in lexicographic order of the dimensions listed in ``order`` (slowest first,
+        the last dimension varying fastest); ``None`` is the natural order."""
+        n = len(self.pts[0]) if self.pts else len(self.vals or ())
+        order = list(range(n)) if order is None else list(order)
+        if self.pts is not None:
+            yield from sorted(self.pts, key=lambda p: tuple(p[d] for d in order))
+            return
+        inv = [order.index(d) for d in range(n)]
+        for q in itertools.product(*(self.vals[d] for d in order)):
+            p = tuple(q[i] for i in inv)
+            if p not in self.excl:
+                yield p
+
+
+class Propagator:
+    """A constraint over ``vars`` (indices); ``propagate`` is called when one of them was
+    assigned (``assigned=True``) or narrowed, and raises :class:`Fail` on a violation."""
+
+    name = "constraint"
+    vars: tuple[int, ...] = ()
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Engine:
+    """Search state: a domain and an optional value per variable, and the propagation queue."""
+
+    def __init__(self, doms: list[Dom], watch: list[list[Propagator]], n_groups: int = 0):
+        self.dom = doms
+        self.val: list[Point | None] = [None] * len(doms)
+        self.watch = watch
+        self._queue: list[tuple[int, bool]] = []
+        #: per AllDifferent group: value -> variable holding it
+        self.taken: list[dict] = [{} for _ in range(n_groups)]
+        #: per-propagator scratch (copied with the node)
+        self.memo: dict = {}
+
+    def copy(self) -> Engine:
+        e = Engine.__new__(Engine)
+        e.dom, e.val, e.watch, e._queue = list(self.dom), list(self.val), self.watch, []
+        e.taken = [t.copy() for t in self.taken]
+        e.memo = dict(self.memo)
+        return e
+
+    def assign(self, v: int, p: Point, cause: str) -> None:
+        cur = self.val[v]
+        if cur is not None:
+            if cur != p:
+                raise Fail(cause)
+            return
+        if not self.dom[v].contains(p):
+            raise Fail(cause)
+        self.val[v] = p
+        self.dom[v] = Dom(pts=(p,))
+        self._queue.append((v, True))
+
+    def narrow(self, v: int, dom: Dom, cause: str) -> None:
+        if self.val[v] is not None:
+            if not dom.contains(self.val[v]):
+                raise Fail(cause)
+            return
+        if dom is self.dom[v]:
+            return
+        n = dom.size()
+        if n == 0:
+            raise Fail(cause)
+        if n == self.dom[v].size():  # propagators only remove values: same size, same set
+            return
+        if n == 1:
+            self.dom[v] = dom
+            self.assign(v, dom.only(), cause)
+            return
+        self.dom[v] = dom
+        self._queue.append((v, False))
+
+    def propagate(self) -> None:
+        q = self._queue
+        while q:
+            v, assigned = q.pop()
+            for prop in self.watch[v]:
+                prop.propagate(self, v, assigned)
+
+
+class Solver:
+    """Depth-first search over an :class:`Engine` with node/time limits and failure causes.
+
+    ``branch`` lists the variables to branch on (in order); ``value_order(var)`` gives the
+    dimension order in which the values of ``var`` are tried (lexicographic)."""
+
+    def __init__(self, doms: list[Dom], props: list[Propagator], branch: Sequence[int],
+                 value_order: Callable[[int], Sequence[int] | None]):
+        watch: list[list[Propagator]] = [[] for _ in doms]
+        for p in props:
+            for v in p.vars:
+                watch[v].append(p)
+        groups = max((getattr(p, "group", -1) for p in props), default=-1) + 1
+        self.root = Engine(list(doms), watch, groups)
+        self.props = props
+        self.branch = list(branch)
+        self.value_order = value_order
+        self.nodes = 0
+        self.failures: Counter = Counter()
+        self.root_failure: str | None = None
+
+    def initial(self, fixed: list[tuple[int, Point, str]]) -> Engine | None:
+        """Root node: post unary assignments and propagate; None (with the cause) on failure."""
+        eng = self.root.copy()
+        try:
+            for v, p, cause in fixed:
+                eng.assign(v, p, cause)
+            for p in self.props:  # first pass over every constraint (domain bounds etc.)
+                for v in p.vars[:1]:
+                    p.propagate(eng, v, eng.val[v] is not None)
+            eng.propagate()
+        except Fail as f:
+            self.root_failure = f.cause
+            self.failures[f.cause] += 1
+            return None
+        return eng
+
+    def solutions(self, eng: Engine, deadline: float, max_nodes: int) -> Iterator[Engine]:
+        """All solutions below ``eng``, depth first (a generator: the caller can interleave
+        several searches, which is how the portfolio runs its assets concurrently)."""
+        stack: list[Iterator[Engine]] = [iter([eng])]
+        while stack:
+            try:
+                node = next(stack[-1])
+            except StopIteration:
+                stack.pop()
+                continue
+            v = next((b for b in self.branch if node.val[b] is None), None)
+            if v is None:
+                yield node
+                continue
+            stack.append(self._children(node, v, deadline, max_nodes))
+
+    def _children(self, node: Engine, v: int, deadline: float, max_nodes: int
+                  ) -> Iterator[Engine]:
+        for p in node.dom[v].iterate(self.value_order(v)):
+            self.nodes += 1
+            if self.nodes > max_nodes or (self.nodes & 63 == 0 and time.monotonic() > deadline):
+                raise SearchLimit
+            child = node.copy()
+            try:
+                child.assign(v, p, "branch")
+                child.propagate()
+            except Fail as f:
+                self.failures[f.cause] += 1
+                continue
+            yield child
