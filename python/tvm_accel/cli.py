@@ -101,13 +101,30 @@ def cmd_compile(args) -> int:
             rows.append((r.layer, r.op, r.shape, r.placement,
                          f"{e.max_rel_error:.2e}" if e is not None else "-",
                          wio if bits else "-", r.reason))
-        print(format_table(["layer", "op", "shape", "placement", "scale err", "W/I/O",
-                            "reason"], rows))
+        heads = ["layer", "op", "shape", "placement", "scale err", "W/I/O", "reason"]
+        if report.layouts:  # the VTA CP strategy: the embedding chosen per layer
+            lay = {d.layer: d.summary() for d in report.layouts}
+            rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
+            heads = [*heads[:-1], "embedding", "reason"]
+        print(format_table(heads, rows))
     return 0
 
 
 def _target_knobs(accel: str, args) -> dict | None:
-    """Compile-time options of a target beyond its config (MARSELLUS: operating point)."""
+    """Compile-time options of a target beyond its config (VTA: strategy; MARSELLUS: operating
+    point)."""
+    if accel == "vta":
+        from tvm_vta_cp import strategy_knobs
+
+        weights = None
+        if args.target_vta_embedding_weights is not None:
+            try:
+                weights = [float(v) for v in args.target_vta_embedding_weights.split(",")]
+            except ValueError:
+                raise AccelError("--target-vta-embedding-weights: expected two numbers "
+                                 f"'MAC,DATA', got {args.target_vta_embedding_weights!r}"
+                                 ) from None
+        return strategy_knobs(None, args.target_vta_strategy, weights, args.target_vta_top_k)
     if accel != "marsellus":
         return None
     vdd, freq, abb = args.target_marsellus_vdd, args.target_marsellus_freq, \
@@ -210,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
     c.add_argument("--target-vta-config", metavar="FILE",
                    help="VTA hardware config JSON or bundled name (vta_1x16x16, vta_8x8x8)")
+    c.add_argument("--target-vta-strategy", choices=["static", "cp", "auto"],
+                   help="VTA strategy: TVM's static template, the CP embedding with layout "
+                   "rewrites, or the best of both by simulated time (default static)")
+    c.add_argument("--target-vta-embedding-weights", metavar="MAC,DATA",
+                   help="weights of the MAC and data-movement overheads when ranking CP "
+                   "embeddings (default 1,1)")
+    c.add_argument("--target-vta-top-k", type=int, metavar="K",
+                   help="CP candidates measured per layer (default 5)")
     c.add_argument("--target-dpu-config", metavar="FILE",
                    help="DPU hardware config JSON or bundled name (dpu_default, dpu_8pe)")
     c.add_argument("--target-marsellus-config", metavar="FILE",

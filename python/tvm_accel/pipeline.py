@@ -27,6 +27,8 @@ class CompileReport:
     offloads: list[OffloadRecord] = field(default_factory=list)
     numerics: list = field(default_factory=list)
     functions: list[LoweredFunction] = field(default_factory=list)
+    #: per-layer layout decisions of the target (objects with ``layer`` and ``summary()``)
+    layouts: list = field(default_factory=list)
 
 
 def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: CompileReport | None
@@ -44,6 +46,7 @@ def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: Comp
 def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | None = None,
             report: CompileReport | None = None) -> tvm.IRModule:
     """Partition a canonical module and lower the offloaded functions (host ops untouched)."""
+    mod = target.prepare_offload(mod, config, knobs, report)
     patterns = target.pattern_table()
     parted = partition(mod, patterns)
     if report is not None:

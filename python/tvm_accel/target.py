@@ -53,6 +53,12 @@ class AccelTarget(ABC):
                          name: str = "") -> bytes:
         """Compile one offloaded function's layer graph into a program blob."""
 
+    def prepare_offload(self, mod, config: Any, knobs: dict | None = None, report=None):
+        """Target-specific rewrites of the canonical module before partitioning (the VTA
+        target's layout rewrites); ``report`` (a CompileReport or None) collects what was done.
+        The default changes nothing."""
+        return mod
+
     @abstractmethod
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         """Readable assembly of a blob, one instruction per line with its dependency flags."""

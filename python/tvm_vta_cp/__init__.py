@@ -2,8 +2,16 @@
 
 Stages, one module each: ``hw_config`` (JSON config), ``patterns`` (pattern table with named
 checks), ``strategy`` (TVM's static conv2d/dense template: NCHWnc packing, tiling, virtual
-threads), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
-simulator), ``numerics`` (requantize recipe on the ALU).
+threads), ``embedding`` + ``rewrite`` (the CP paper's strategy: GEMM embeddings found by
+constraint programming, turned into host-side layout rewrites), ``codegen`` (128-bit ISA
+encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C simulator), ``numerics`` (requantize
+recipe on the ALU).
+
+Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
+(TVM's template, the default for now), ``cp`` (the best of the top-k CP candidates by simulated
+combined time: accelerator cycles plus the modelled host cost of the rewrite) and ``auto``
+(the best of both). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
+``embedding`` (a candidate name such as ``"im2col(h,w)"`` or ``"static"``) forces a candidate.
 
 Importing this package registers the target, its runtime function and the ``vta`` Relax pipeline,
 so ``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` works.
@@ -24,6 +32,27 @@ from tvm_accel.pipeline import (
 from tvm_accel.target import AccelTarget, register_target
 from tvm_vta_cp import hw_config, patterns
 from tvm_vta_cp.hw_config import VTAConfig, load_config
+
+#: key of the knob dict holding the strategy options (``strategy``, ``weights``, ``top_k``,
+#: ``time_limit``)
+STRATEGY_KNOB = "__vta_strategy__"
+#: per-layer knob naming the chosen embedding candidate
+EMBEDDING_KNOB = "embedding"
+_DECISIONS: dict = {}  # (layer signature, config, options) -> Decision, per process
+
+
+def _layer_knobs(knobs: dict | None) -> dict | None:
+    """Knobs for the static template: the strategy options and embedding choices removed."""
+    if not knobs:
+        return knobs
+    out = {}
+    for k, v in knobs.items():
+        if k == STRATEGY_KNOB:
+            continue
+        if isinstance(v, dict) and EMBEDDING_KNOB in v:
+            v = {a: b for a, b in v.items() if a != EMBEDDING_KNOB}
+        out[k] = v
+    return out
 
 
 class VTATarget(AccelTarget):
@@ -52,7 +81,52 @@ class VTATarget(AccelTarget):
                          name: str = "") -> bytes:
         from tvm_vta_cp import codegen, strategy
 
-        return codegen.build_blob(strategy.plan(graph, config, knobs), config, name)
+        return codegen.build_blob(strategy.plan(graph, config, _layer_knobs(knobs)), config, name)
+
+    def prepare_offload(self, mod, config, knobs=None, report=None):
+        """Layout rewrites of the CP strategy (``cp``/``auto``): every conv2d (groups 1) gets
+        the layout its decision picks; host ops around it do the rewrite."""
+        opts = dict((knobs or {}).get(STRATEGY_KNOB) or {})
+        strat = opts.get("strategy", "static")
+        from tvm_vta_cp.embedding import STRATEGIES, check_weights, choose
+
+        if strat not in STRATEGIES:
+            from tvm_accel.errors import AccelError
+
+            raise AccelError(f"unknown VTA strategy {strat!r} (choose from "
+                             f"{', '.join(STRATEGIES)})")
+        weights = check_weights(opts.get("weights", (1.0, 1.0)))
+        top_k, limit = int(opts.get("top_k", 5)), float(opts.get("time_limit", 10.0))
+        if top_k < 1 or not limit > 0:
+            from tvm_accel.errors import AccelError
+
+            raise AccelError(f"VTA strategy: top_k must be >= 1 and time_limit > 0 (got "
+                             f"{top_k}, {limit})")
+        forced = {n: v[EMBEDDING_KNOB] for n, v in (knobs or {}).items()
+                  if isinstance(v, dict) and EMBEDDING_KNOB in v}
+        if strat == "static" and not forced:
+            return mod
+        from tvm_vta_cp.rewrite import apply_layout_rewrites
+
+        def decide(info):
+            if info.layer is None:
+                return None
+            key = (info.input_shape, info.input_dtype, info.output_dtype, info.weight_shape,
+                   info.strides, info.padding, info.dilation, config.fingerprint, strat,
+                   weights, top_k, forced.get(info.name))
+            dec = _DECISIONS.get(key)
+            if dec is None:
+                dec = choose(info.layer, info.input_shape, info.input_dtype, info.output_dtype,
+                             config, strat, weights, top_k, limit, forced.get(info.name))
+                _DECISIONS[key] = dec
+            if report is not None:
+                from dataclasses import replace
+
+                report.layouts.append(replace(dec, layer=info.name))
+            return None if dec.rewrite.is_identity else dec.rewrite
+
+        mod, _ = apply_layout_rewrites(mod, decide)
+        return mod
 
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         from tvm_vta_cp.codegen import ISA, load_blob
@@ -79,9 +153,25 @@ TARGET = register_target(VTATarget())
 register_target_pipeline(TARGET)
 
 
-def pipeline(config: str | VTAConfig | None = None, knobs: dict | None = None):
-    """The ``vta`` pipeline for a non-default config or knobs: ``relax_pipeline=pipeline(...)``."""
-    return target_pipeline(TARGET, config, knobs)
+def strategy_knobs(knobs: dict | None = None, strategy: str | None = None,
+                   weights=None, top_k: int | None = None, time_limit: float | None = None
+                   ) -> dict | None:
+    """``knobs`` with the strategy options added (unchanged when none is given)."""
+    opts = {k: v for k, v in (("strategy", strategy), ("weights", weights), ("top_k", top_k),
+                              ("time_limit", time_limit)) if v is not None}
+    if not opts:
+        return knobs
+    out = dict(knobs or {})
+    out[STRATEGY_KNOB] = {**out.get(STRATEGY_KNOB, {}), **opts}
+    return out
+
+
+def pipeline(config: str | VTAConfig | None = None, knobs: dict | None = None,
+             strategy: str | None = None, weights=None, top_k: int | None = None):
+    """The ``vta`` pipeline for a non-default config, knobs or strategy (``static``, ``cp``,
+    ``auto``; ``weights`` = the overhead weight vector [MAC, data], ``top_k`` candidates):
+    ``relax_pipeline=pipeline(...)``."""
+    return target_pipeline(TARGET, config, strategy_knobs(knobs, strategy, weights, top_k))
 
 
 def partition_for_vta(mod: tvm.IRModule) -> tvm.IRModule:
@@ -99,4 +189,5 @@ def lower_vta(mod: tvm.IRModule, config: str | VTAConfig | None = None,
 
 from tvm_vta_cp import runtime as _runtime  # noqa: E402,F401  (registers tvm_vta_cp.run)
 
-__all__ = ["TARGET", "VTAConfig", "load_config", "lower_vta", "partition_for_vta", "pipeline"]
+__all__ = ["EMBEDDING_KNOB", "STRATEGY_KNOB", "TARGET", "VTAConfig", "load_config", "lower_vta",
+           "partition_for_vta", "pipeline", "strategy_knobs"]

@@ -153,10 +153,24 @@ def pad_operator(op: TensorOp, dfg: InstructionDFG, mode: str = "multiple"
     for d, a, b in (("n", p["n"], n), ("k", kg, kg2), ("c", cg, cg2)):
         if a != b:
             pads.append((d, a, b))
+    pt, pl, pb, pr = p["padding"]
+    if mode == "fit":  # image dims: room for an image pack whose pieces overhang the image
+        (sh, sw), (dh, dw) = p["strides"], p["dilation"]
+        pieces = [m for m in range(2, dfg.x + 1) if dfg.x % m == 0]
+        for d, e, s_, k_, d_, size in (("oh", p["ho"], sh, p["kh"], dh, p["h"] + pt),
+                                       ("ow", p["wo"], sw, p["kw"], dw, p["w"] + pl)):
+            e2 = max([e] + [m * -(-e // m) for m in pieces])
+            if e2 != e:
+                pads.append((d, e, e2))
+                extra = (e2 - 1) * s_ + (k_ - 1) * d_ + 1 - size
+                if d == "oh":
+                    pb = max(pb, extra)
+                else:
+                    pr = max(pr, extra)
     if not pads:
         return op, ()
     new = conv2d_op(n, cg2 * g, p["h"], p["w"], kg2 * g, p["kh"], p["kw"], p["strides"],
-                    p["padding"], p["dilation"], g)
+                    (pt, pl, pb, pr), p["dilation"], g)
     return new, tuple(pads)
 
 

@@ -1,0 +1,359 @@
+"""The CP strategy of the VTA target: embeddings of the GEMM intrinsic -> layout rewrites ->
+candidates -> the best program (the CP paper, sections 4.4, 5 and 6).
+
+For a conv/dense layer, :func:`candidates` builds the operator model and the GEMM intrinsic of
+the config (``BATCH x BLOCK_OUT x BLOCK_IN``), enumerates the distinct embeddings under two
+constraint sets (the paper's strict section-5 model with TVM's padding, and the relaxed
+section-6 model: linear access and density relaxed, channels padded to fit), maps each through
+the rewrite rules of Table 2 (:func:`rewrite_of`) and scores the implementable ones by their MAC
+and data-movement overheads against the operator's minimum with a weight vector (4.4). The top
+``k`` distinct rewrites are the layer's candidates; :func:`choose` measures them on the
+simulator (accelerator cycles plus the modelled host cost of the rewrite, the paper's
+"combined" time) together with the static template, and returns the best.
+
+Rewrite rules (which embedding features VTA's codegen can implement):
+
+- ``z`` walks ``c`` and kernel dimensions ``r``/``s`` -> *stencil unroll* of those kernel axes
+  into the channel axis (im2col when both), the unrolled channels fused and padded to
+  ``BLOCK_IN`` (*fuse*, *pad*);
+- ``x`` walks the batch -> nothing; ``x`` walks output image rows/columns with the image-pack
+  stride (``ceil(extent / pieces)``) -> *image pack*: the image split into pieces folded into the
+  batch (overlapping input windows replicated), unpacked after the call;
+- ``y`` walks output channels -> nothing (VTA's output lanes are channels);
+- everything else (``x`` on adjacent pixels, ``y`` on pixels, mixed batch and pixel lanes)
+  has no rule: the embedding is reported but not implemented.
+
+The NCHWnc packing of the static template is the *split* / *reorder* of Table 2 and runs in
+VTA's DMA (no host cost); the unroll and pack run on the host as Relax ops
+(:mod:`tvm_vta_cp.rewrite`), costed by ``HOST_BYTES_PER_CYCLE``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tvm_accel.cp import Embedding, Options, conv2d_op, dense_op, enumerate_embeddings
+from tvm_accel.cp.intrinsic import InstructionDFG, gemm_intrinsic
+from tvm_accel.cp.operator import TensorOp
+from tvm_accel.errors import AccelError
+from tvm_accel.layers import ConvLayer
+from tvm_vta_cp.hw_config import VTAConfig
+from tvm_vta_cp.rewrite import LayoutRewrite, host_bytes, rewrite_weight, rewritten_conv_geometry
+
+__all__ = ["Candidate", "CandidateSet", "Decision", "STRATEGIES", "candidates", "choose",
+           "gemm_of", "operator_of", "rewrite_of"]
+
+STRATEGIES = ("static", "cp", "auto")
+IDENTITY = LayoutRewrite()
+
+
+def gemm_of(cfg: VTAConfig) -> InstructionDFG:
+    """VTA's GEMM intrinsic as a DFG, from the config's shape."""
+    return gemm_intrinsic(cfg.batch, cfg.block_out, cfg.block_in, name=f"vta.gemm:{cfg.name}")
+
+
+def _dims(in_shape) -> tuple[int, int, int, int]:
+    s = tuple(int(v) for v in in_shape)
+    return s if len(s) == 4 else (s[0], s[1], 1, 1)
+
+
+def operator_of(layer: ConvLayer, in_shape) -> TensorOp:
+    """The layer's operator model (conv2d with its groups and dilation, or dense)."""
+    n, c, h, w = _dims(in_shape)
+    k = int(layer.weight.shape[0])
+    if layer.is_dense:
+        return dense_op(n, c, k)
+    kh, kw = layer.kernel
+    return conv2d_op(n, c, h, w, k, kh, kw, tuple(layer.strides), tuple(layer.padding),
+                     tuple(getattr(layer, "dilation", (1, 1))), int(layer.groups))
+
+
+def rewrite_of(emb: Embedding) -> tuple[LayoutRewrite | None, str]:
+    """Table 2: the layout rewrite implementing an embedding, or None with the reason."""
+    op = emb.op
+    y = emb.dims("y")
+    if any(d != "k" for d in y):
+        return None, f"no rewrite rule for y over {'*'.join(y)} (VTA's y lanes are channels)"
+    z = set(emb.dims("z"))
+    unroll = tuple(a for a, d in (("h", "r"), ("w", "s")) if d in z)
+    pieces = {"oh": 1, "ow": 1}
+    xs = emb.axes["x"]
+    if any(d == "n" for d, _, _ in xs) and len(xs) > 1:
+        return None, "no rewrite rule for x over batch and pixels together"
+    for d, size, stride in xs:
+        if d == "n":
+            continue
+        if d not in pieces:
+            return None, f"no rewrite rule for x over {d}"
+        extent = op.extents[op.index(d)]
+        if stride != -(-extent // size):
+            return None, (f"no rewrite rule for x on {size} adjacent {d} positions (a per-lane "
+                          "stencil copy)")
+        pieces[d] = size
+    if op.params.get("groups", 1) > 1 and (unroll or pieces != {"oh": 1, "ow": 1}):
+        return None, "rewrites of grouped convolutions are not implemented"
+    if op.kind == "dense":
+        return IDENTITY, ""
+    return LayoutRewrite(unroll=unroll, pack=(pieces["oh"], pieces["ow"])), ""
+
+
+@dataclass
+class Candidate:
+    """One implementable layout for a layer, with its overheads (section 4.4)."""
+
+    rewrite: LayoutRewrite
+    embedding: Embedding | None
+    o_mac: int
+    o_data: int
+    score: float
+    host_read: int = 0
+    host_written: int = 0
+    cycles: int | None = None  # measured on the simulator (accelerator only)
+
+    @property
+    def name(self) -> str:
+        return self.rewrite.describe() or "static"
+
+    def host_cycles(self, cfg: VTAConfig) -> float:
+        return (self.host_read + self.host_written) / cfg.HOST_BYTES_PER_CYCLE
+
+    def combined(self, cfg: VTAConfig) -> float | None:
+        return None if self.cycles is None else self.cycles + self.host_cycles(cfg)
+
+
+@dataclass
+class CandidateSet:
+    candidates: list[Candidate]
+    embeddings: list[Embedding]
+    rejected: list[tuple[str, str]]
+    nodes: int
+    seconds: float
+    reason: str = ""
+    static: Candidate | None = None
+
+
+def _up(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def _overheads(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op: TensorOp
+               ) -> tuple[int, int, tuple[int, int]]:
+    """(MAC overhead, data-movement overhead in tensor elements, host bytes) of running the
+    layer with rewrite ``rw`` on VTA's padded NCHWnc layout, against the operator's minimum."""
+    n, c, h, w = _dims(in_shape)
+    k = int(layer.weight.shape[0])
+    if layer.is_dense:
+        macs = _up(n, cfg.batch) * _up(k, cfg.block_out) * _up(c, cfg.block_in)
+        data = (_up(n, cfg.batch) * _up(c, cfg.block_in) + _up(k, cfg.block_out)
+                * _up(c, cfg.block_in) + _up(n, cfg.batch) * _up(k, cfg.block_out))
+        return macs - op.macs, data - _min_data(op), (0, 0)
+    g = int(layer.groups)
+    dil = tuple(getattr(layer, "dilation", (1, 1)))
+    wshape = tuple(int(s) for s in layer.weight.shape)
+    if g > 1:
+        kh, kw = layer.kernel
+        ho, wo = op.params["ho"], op.params["wo"]
+        kb = _up(k, cfg.block_out) // cfg.block_out
+        # block-diagonal: each output-channel block reads the input blocks of its groups
+        cg, kg = c // g, k // g
+        ci_blocks = 0
+        for j in range(kb):
+            k0, k1 = j * cfg.block_out, min(k, (j + 1) * cfg.block_out)
+            c0, c1 = (k0 // kg) * cg, ((k1 - 1) // kg + 1) * cg
+            ci_blocks += (c1 - 1) // cfg.block_in - c0 // cfg.block_in + 1
+        macs = (_up(n, cfg.batch) * ci_blocks * cfg.block_in * cfg.block_out * ho * wo
+                * kh * kw)
+        data = (_up(n, cfg.batch) * _up(c, cfg.block_in) * (h + sum(layer.padding[::2]))
+                * (w + sum(layer.padding[1::2])) + ci_blocks * cfg.block_in * cfg.block_out
+                * kh * kw + _up(n, cfg.batch) * _up(k, cfg.block_out) * ho * wo)
+        return macs - op.macs, data - _min_data(op), (0, 0)
+    geo = rewritten_conv_geometry(rw, (n, c, h, w), wshape, tuple(layer.strides),
+                                  tuple(layer.padding), dil)
+    n2, c2, h2, w2 = geo.input_shape
+    _, _, kh2, kw2 = geo.weight_shape
+    _, _, ho2, wo2 = geo.output_shape
+    pt, pl, pb, pr = geo.padding
+    nb, kb, cb = _up(n2, cfg.batch), _up(k, cfg.block_out), _up(c2, cfg.block_in)
+    macs = nb * kb * cb * ho2 * wo2 * kh2 * kw2
+    data = (nb * cb * (h2 + pt + pb) * (w2 + pl + pr) + kb * cb * kh2 * kw2
+            + nb * kb * ho2 * wo2)
+    hb = host_bytes(rw, (n, c, h, w), wshape, tuple(layer.strides), tuple(layer.padding), dil)
+    return macs - op.macs, data - _min_data(op), hb
+
+
+def _min_data(op: TensorOp) -> int:
+    """Elements of the operator's tensors (input without its halo) moved once."""
+    shp = op.shapes["in"]
+    if len(shp) == 4:
+        pt, pl, pb, pr = op.params["padding"]
+        inp = shp[0] * shp[1] * (shp[2] - pt - pb) * (shp[3] - pl - pr)
+    else:
+        inp = math.prod(shp)
+    return inp + math.prod(op.shapes["wgt"]) + math.prod(op.shapes["out"])
+
+
+def _score(o_mac: int, o_data: int, weights: tuple[float, float]) -> float:
+    return math.hypot(o_mac * weights[0], o_data * weights[1])
+
+
+def check_weights(weights) -> tuple[float, float]:
+    """A user weight vector ``[w_mac, w_data]``: two finite numbers >= 0, not both zero."""
+    try:
+        w = tuple(float(v) for v in weights)
+    except (TypeError, ValueError):
+        raise AccelError(f"embedding weights must be two numbers, got {weights!r}") from None
+    if len(w) != 2 or not all(math.isfinite(v) and v >= 0 for v in w) or not any(w):
+        raise AccelError(f"embedding weights must be two finite numbers >= 0 (not both 0), "
+                         f"got {list(weights)}")
+    return w  # type: ignore[return-value]
+
+
+def candidates(layer: ConvLayer, in_shape, cfg: VTAConfig, weights=(1.0, 1.0), top_k: int = 5,
+               time_limit: float = 10.0) -> CandidateSet:
+    """Enumerate the layer's embeddings, map them to rewrites and keep the ``top_k`` best
+    distinct rewrites by weighted overhead (plus the static template, always)."""
+    weights = check_weights(weights)
+    op = operator_of(layer, in_shape)
+    dfg = gemm_of(cfg)
+    t0 = time.monotonic()
+    embs: list[Embedding] = []
+    nodes, reasons = 0, []
+    variants = [Options(padding=True, time_limit=time_limit),
+                Options(dense=False, linear_access=False, padding="fit",
+                        time_limit=time_limit, max_solutions=64)]
+    for opts in variants:
+        res = enumerate_embeddings(op, dfg, opts)
+        nodes += res.nodes
+        embs += res.embeddings
+        if res.reason:
+            reasons.append(res.reason)
+    by_rw: dict[LayoutRewrite, Candidate] = {}
+    rejected = []
+    for emb in embs:
+        rw, why = rewrite_of(emb)
+        if rw is None:
+            rejected.append((emb.describe(), why))
+            continue
+        o_mac, o_data, hb = _overheads(layer, in_shape, rw, cfg, op)
+        cand = Candidate(rw, emb, o_mac, o_data, _score(o_mac, o_data, weights), *hb)
+        if rw not in by_rw or cand.score < by_rw[rw].score:
+            by_rw[rw] = cand
+    ranked = sorted(by_rw.values(), key=lambda c: (c.score, c.name))[:max(1, top_k)]
+    o_mac, o_data, _ = _overheads(layer, in_shape, IDENTITY, cfg, op)
+    static = Candidate(IDENTITY, None, o_mac, o_data, _score(o_mac, o_data, weights))
+    reason = "" if ranked else (reasons[-1] if reasons else "no embedding: no rewrite rule "
+                                "implements the embeddings found")
+    return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static)
+
+
+@dataclass
+class Decision:
+    """What the strategy chose for one layer and why."""
+
+    layer: str
+    strategy: str
+    chosen: Candidate
+    options: list[Candidate] = field(default_factory=list)
+    nodes: int = 0
+    solve_seconds: float = 0.0
+    reason: str = ""
+
+    @property
+    def rewrite(self) -> LayoutRewrite:
+        return self.chosen.rewrite
+
+    def summary(self) -> str:
+        c = self.chosen
+        emb = c.embedding.describe() if c.embedding is not None else "static template"
+        s = f"{c.name}: {emb}; overhead MAC {c.o_mac:,} data {c.o_data:,}"
+        if c.host_read or c.host_written:
+            s += f"; host {c.host_read + c.host_written:,} B"
+        if self.reason:
+            s += f" ({self.reason})"
+        return s
+
+
+def rewritten_layer(layer: ConvLayer, in_shape, rw: LayoutRewrite
+                    ) -> tuple[ConvLayer, tuple[int, ...]]:
+    """The conv VTA runs after ``rw`` and its input shape (identity: the layer itself)."""
+    if rw.is_identity or layer.is_dense:
+        return layer, tuple(in_shape)
+    dil = tuple(getattr(layer, "dilation", (1, 1)))
+    geo = rewritten_conv_geometry(rw, _dims(in_shape), tuple(layer.weight.shape),
+                                  tuple(layer.strides), tuple(layer.padding), dil)
+    new = ConvLayer(layer.name, layer.input, layer.output, rewrite_weight(rw, layer.weight),
+                    layer.bias, layer.input_zero_point, geo.strides, geo.padding,
+                    layer.requant, groups=1)
+    if hasattr(new, "dilation"):
+        new.dilation = geo.dilation
+    elif geo.dilation != (1, 1):
+        raise AccelError(f"layer {layer.name}: the rewritten conv is dilated {geo.dilation}")
+    return new, geo.input_shape
+
+
+def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
+            knobs: dict | None = None) -> int:
+    """Simulated cycles of one conv layer on VTA (random data; timing does not depend on it)."""
+    from tvm_accel.layers import LayerGraph, Tensor, conv_output_shape
+    from tvm_vta_cp.runtime import execute_program
+    from tvm_vta_cp.strategy import plan
+
+    shape = tuple(int(s) for s in in_shape)
+    out = conv_output_shape(layer, shape)
+    if layer.is_dense:
+        out = out[:2]
+    graph = LayerGraph({layer.input: Tensor(layer.input, shape, in_dtype),
+                        layer.output: Tensor(layer.output, tuple(out), out_dtype)},
+                       [layer], [layer.input], [layer.output])
+    lo, hi = (0, 255) if in_dtype == "uint8" else (-128, 127)
+    x = np.random.default_rng(0).integers(lo, hi + 1, size=shape).astype(in_dtype)
+    prog = plan(graph, cfg, {layer.name: knobs} if knobs else None)
+    _, stats = execute_program(prog, {layer.input: x}, cfg)
+    return int(sum(st.cycles for _, st in stats))
+
+
+def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
+           strategy: str = "auto", weights=(1.0, 1.0), top_k: int = 5,
+           time_limit: float = 10.0, embedding: str | None = None) -> Decision:
+    """The layer's layout: ``static`` (TVM's template), ``cp`` (the best CP candidate by
+    simulated combined time) or ``auto`` (the best of both). ``embedding`` (a candidate name,
+    the knob) forces one candidate."""
+    if strategy not in STRATEGIES:
+        raise AccelError(f"unknown VTA strategy {strategy!r} (choose from "
+                         f"{', '.join(STRATEGIES)})")
+    cs = candidates(layer, in_shape, cfg, weights, top_k, time_limit)
+    static = cs.static
+    if strategy == "static" and embedding is None:
+        return Decision(layer.name, strategy, static, [static], cs.nodes, cs.seconds)
+    pool = list(cs.candidates)
+    if strategy == "auto" and all(c.rewrite != IDENTITY for c in pool):
+        pool.append(static)
+    if embedding is not None:
+        pick = [c for c in pool + [static] if c.name == embedding]
+        if not pick:
+            names = ", ".join(sorted({c.name for c in pool} | {"static"}))
+            raise AccelError(f"layer {layer.name}: embedding {embedding!r} is not a candidate "
+                             f"(candidates: {names})")
+        pool = pick[:1]
+    if not pool:
+        return Decision(layer.name, strategy, static, [static], cs.nodes, cs.seconds,
+                        f"{cs.reason}; static template used")
+    for c in pool:
+        if c.cycles is None:
+            try:
+                new, shape = rewritten_layer(layer, in_shape, c.rewrite)
+                c.cycles = measure(new, shape, in_dtype, out_dtype, cfg)
+            except (AccelError, ValueError) as e:
+                c.cycles = None
+                c.score = math.inf
+                cs.rejected.append((c.name, str(e)))
+    timed = [c for c in pool if c.cycles is not None]
+    if not timed:
+        return Decision(layer.name, strategy, static, pool, cs.nodes, cs.seconds,
+                        "no candidate could be built; static template used")
+    best = min(timed, key=lambda c: (c.combined(cfg), c.name))
+    return Decision(layer.name, strategy, best, pool, cs.nodes, cs.seconds)
