@@ -1,0 +1,63 @@
+"""The CP strategy on VTA: candidates from embeddings, layout rewrites on the host, bit-exact
+end to end, strategy options and their errors."""
+
+import numpy as np
+import pytest
+
+import tvm_vta_cp
+from tvm_accel import zoo
+from tvm_accel.errors import AccelError
+from tvm_accel.layers import ConvLayer, Requant
+from tvm_vta_cp.embedding import candidates, check_weights, choose
+
+
+def _layer(c, k, kh, kw, stride, pad):
+    rng = np.random.default_rng(0)
+    w = rng.integers(-5, 6, size=(k, c, kh, kw))
+    rq = Requant(0, np.full(k, 3, dtype=np.int64), np.full(k, 1 << 7), 8, 0, -128, 127)
+    return ConvLayer("conv", "x", "y", w, np.zeros(k, dtype=np.int64), 0, (stride, stride),
+                     (pad,) * 4, rq)
+
+
+def test_single_channel_speech_layer_gets_stencil_candidates_that_beat_padding():
+    cfg = tvm_vta_cp.load_config("vta_1x16x16")
+    layer = _layer(1, 32, 20, 5, 2, 0)
+    cs = candidates(layer, (1, 1, 60, 40), cfg)
+    names = [c.name for c in cs.candidates]
+    assert "im2col(h,w)" in names and cs.static.o_mac > min(c.o_mac for c in cs.candidates)
+    d = choose(layer, (1, 1, 60, 40), "int8", "int8", cfg, "cp")
+    assert d.chosen.rewrite.unroll and d.chosen.cycles < choose(
+        layer, (1, 1, 60, 40), "int8", "int8", cfg, "static", embedding="static").chosen.cycles \
+        if d.chosen.cycles else True
+
+
+@pytest.mark.parametrize("config, kw", [
+    ("vta_1x16x16", dict(cin=1, cout=32, k=5, stride=2, pad=0, hw=20)),
+    ("vta_1x16x16", dict(cin=1, cout=16, k=3, stride=1, pad=1, hw=12)),
+])
+def test_cp_strategy_is_bit_exact_end_to_end(compare, config, kw):
+    r = compare(zoo.quantized("single_conv", **kw), config,
+                knobs=tvm_vta_cp.strategy_knobs(None, "cp"))
+    assert [o.op for o in r.offloaded] == ["conv2d"]
+    assert len(r.report.layouts) == 1
+    r.assert_bit_exact()
+
+
+def test_forced_image_pack_on_8x8x8_is_bit_exact(compare):
+    model = zoo.quantized("single_conv", cin=16, cout=16, k=3, stride=1, pad=1, hw=8)
+    knobs = tvm_vta_cp.strategy_knobs({"conv": {"embedding": "pack 8x1"}}, "cp")
+    r = compare(model, "vta_8x8x8", knobs=knobs)
+    assert r.report.layouts[0].chosen.name == "pack 8x1"
+    assert [o.op for o in r.offloaded] == ["conv2d"]
+    r.assert_bit_exact()
+
+
+def test_bad_strategy_options_are_one_clear_error():
+    with pytest.raises(AccelError, match="unknown VTA strategy"):
+        choose(_layer(16, 16, 3, 3, 1, 1), (1, 16, 8, 8), "int8", "int8",
+               tvm_vta_cp.load_config(None), "fastest")
+    with pytest.raises(AccelError, match="embedding weights"):
+        check_weights([1, -1])
+    with pytest.raises(AccelError, match="not a candidate"):
+        choose(_layer(16, 16, 3, 3, 1, 1), (1, 16, 8, 8), "int8", "int8",
+               tvm_vta_cp.load_config(None), "cp", embedding="im2col(q)")
