@@ -4,6 +4,7 @@ import csv
 import itertools
 from pathlib import Path
 
+import islpy
 import numpy as np
 import pytest
 
@@ -24,7 +25,7 @@ def test_isl_access_relation_matches_the_closed_form():
         p = tuple(int(rng.integers(0, e)) for e in op.extents)
         img = op.access["in"].apply(p)
         point = ", ".join(map(str, p))
-        target = rel.intersect_domain(__import__("islpy").Set(f"{{ S[{point}] }}")).range()
+        target = rel.intersect_domain(islpy.Set(f"{{ S[{point}] }}")).range()
         assert str(target) == f"{{ In[{', '.join(map(str, img))}] }}"
     assert op.isl_instance_set().is_bounded()
     assert set(op.isl_dataflow()) == {"R1", "R2"}

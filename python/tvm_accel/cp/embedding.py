@@ -30,9 +30,9 @@ the same reduction points in another order are one embedding).
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import dataclass, field
 
 from tvm_accel.cp.constraints import (
     AccessEdge,
@@ -369,7 +369,7 @@ def _reason(solvers: list[Solver]) -> str:
     for s in solvers:
         if s.root_failure:
             return f"no embedding: {s.root_failure} emptied a domain"
-    total = sum((s.failures for s in solvers), start=__import__("collections").Counter())
+    total = sum((s.failures for s in solvers), start=Counter())
     total.pop("branch", None)
     if not total:
         return "no embedding: the search space is empty"
@@ -461,11 +461,3 @@ def solutions_raw(op: TensorOp, dfg: InstructionDFG, opts: Options = Options()) 
         return []
     return [{n.name: eng.val[i] for i, n in enumerate(model.nodes)}
             for eng in s.solutions(root, time.monotonic() + opts.time_limit, opts.max_nodes)]
-
-
-def with_options(opts: Options, **kw) -> Options:
-    return replace(opts, **kw)
-
-
-def instance_count(op: TensorOp) -> int:
-    return math.prod(op.extents)
