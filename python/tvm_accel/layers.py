@@ -90,9 +90,11 @@ class ConvLayer:
     ``weight`` already has the weight zero point subtracted (OIHW, int64 values); with
     ``groups`` > 1 it is (K, C / groups, KH, KW) and output channel ``k`` reads input channels
     ``g * C/groups .. (g + 1) * C/groups - 1`` of its group ``g = k // (K / groups)``
-    (depthwise: ``groups == C``). A dense layer is a 1x1 convolution on an (N, C, 1, 1) view
-    with ``is_dense`` set; its tensors are (N, C). Spatial padding pads ``x`` with
-    ``input_zero_point`` (i.e. real 0.0).
+    (depthwise: ``groups == C``). ``dilation`` (dh, dw) spaces the kernel taps: tap ``(i, j)``
+    reads input row ``oy * SH + i * dh`` (padded coordinates), so the kernel spans
+    ``(KH - 1) * dh + 1`` rows (likewise for columns). A dense layer is a 1x1 convolution on
+    an (N, C, 1, 1) view with ``is_dense`` set; its tensors are (N, C). Spatial padding pads
+    ``x`` with ``input_zero_point`` (i.e. real 0.0).
     """
 
     name: str
@@ -109,10 +111,18 @@ class ConvLayer:
     groups: int = 1
     #: weight precision (2..8): ``weight`` values lie in the signed ``weight_bits`` range
     weight_bits: int = 8
+    #: kernel dilation (dh, dw); 1 is a dense stencil
+    dilation: tuple[int, int] = (1, 1)
 
     @property
     def kernel(self) -> tuple[int, int]:
         return int(self.weight.shape[2]), int(self.weight.shape[3])
+
+    @property
+    def dilated_kernel(self) -> tuple[int, int]:
+        """Rows and columns the kernel spans: ``(KH - 1) * dh + 1`` x ``(KW - 1) * dw + 1``."""
+        (kh, kw), (dh, dw) = self.kernel, self.dilation
+        return (kh - 1) * int(dh) + 1, (kw - 1) * int(dw) + 1
 
     @property
     def is_depthwise(self) -> bool:
@@ -269,8 +279,9 @@ class LayerGraph:
 
 
 def conv_output_shape(layer: ConvLayer, in_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """NCHW output shape of a conv layer (dilation included) on an NCHW or NC input."""
     n, _, h, w = in_shape if len(in_shape) == 4 else (*in_shape, 1, 1)
-    kh, kw = layer.kernel
+    kh, kw = layer.dilated_kernel
     pt, pl, pb, pr = layer.padding
     sh, sw = layer.strides
     return (n, layer.weight.shape[0], (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1)
@@ -283,10 +294,11 @@ def conv_accumulate(x: np.ndarray, layer: ConvLayer) -> np.ndarray:
     pt, pl, pb, pr = layer.padding
     xp = np.pad(xc, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     kh, kw = layer.kernel
+    dh, dw = (int(d) for d in layer.dilation)
     sh, sw = layer.strides
     n, k, ho, wo = conv_output_shape(layer, x4.shape)
-    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
-    win = win[:, :, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw]
+    win = np.lib.stride_tricks.sliding_window_view(xp, layer.dilated_kernel, axis=(2, 3))
+    win = win[:, :, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw, ::dh, ::dw]
     w = layer.weight.astype(np.int64)
     g = int(layer.groups)
     if g == 1:

@@ -123,7 +123,7 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
                                padding=_ints(a.padding), output_padding=_ints(a.output_padding),
                                requant=rq, groups=g, dilation=_ints(a.dilation))
         is_dense = op == "relax.matmul"
-        groups = 1
+        groups, dilation = 1, (1, 1)
         if is_dense:
             w = w.T.reshape(w.shape[1], w.shape[0], 1, 1)
             strides, padding = (1, 1), (0, 0, 0, 0)
@@ -132,12 +132,13 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
             strides = tuple(int(s) for s in a.strides)
             padding = tuple(int(p) for p in a.padding)
             groups = int(a.groups)
+            dilation = _ints(a.dilation)
         k = w.shape[0]
         rq = _requant(ann, k, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], k))
         return ConvLayer(name=name, input=inputs[0], output=output, weight=w, bias=bias,
                          input_zero_point=zx, strides=strides, padding=padding, requant=rq,
                          is_dense=is_dense, op_name="dense" if is_dense else "conv2d",
-                         groups=groups)
+                         groups=groups, dilation=dilation)
     if "lhs" in ann:
         rq = _requant(ann, 1, 0, np.ones(1, dtype=np.int64))
         return AddLayer(name=name, inputs=(inputs[0], inputs[1]), output=output,

@@ -1,8 +1,10 @@
 """VTA pattern table: which canonical integer layers the GEMM/ALU datapath takes.
 
-Offloaded: quantized conv2d (any kernel, stride, padding; groups 1, dilation 1), dense, and the
-quantized residual add (on the ALU). Each check below is named; its docstring is the reason a
-layer stays on the CPU. Later entries of ``PATTERNS`` have lower priority.
+Offloaded: quantized conv2d (any kernel, stride, padding and dilation; grouped and depthwise
+convs too: the strategy computes them as dense convs with a block-diagonal weight and skips the
+all-zero weight blocks), dense, and the quantized residual add (on the ALU). Each check below is
+named; its docstring is the reason a layer stays on the CPU. Later entries of ``PATTERNS`` have
+lower priority.
 """
 
 from __future__ import annotations
@@ -42,16 +44,6 @@ def conv_nchw(m: dict) -> bool:
     """layout is not NCHW/OIHW (the static template packs NCHW into NCHWnc)"""
     a = m["core"].attrs
     return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
-
-
-def conv_groups_one(m: dict) -> bool:
-    """grouped or depthwise convolution (the GEMM intrinsic reduces over all input channels)"""
-    return int(m["core"].attrs.groups) == 1
-
-
-def conv_no_dilation(m: dict) -> bool:
-    """dilated convolution (the static template has no dilated stencil)"""
-    return all(int(d) == 1 for d in m["core"].attrs.dilation)
 
 
 def dense_is_2d(m: dict) -> bool:
@@ -132,7 +124,7 @@ def pattern_table() -> list[OffloadPattern]:
     add, add_ann = qadd_pattern()
     table = [
         OffloadPattern("vta.qconv2d", "conv2d", conv, conv_ann,
-                       [conv_nchw, conv_groups_one, conv_no_dilation, *_COMMON]),
+                       [conv_nchw, *_COMMON]),
         OffloadPattern("vta.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
         OffloadPattern("vta.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, output_is_8bit, add_recipe_fits_alu]),

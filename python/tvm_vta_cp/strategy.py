@@ -23,6 +23,21 @@ allows (whole planes, whole-height channel stacks); a 1-row kernel with a vertic
 only the rows it reads (DRAM row pitch x stride). Tile sizes and the tile order are chosen by a
 small cost model of the simulator's timing rules (``default_knobs``); edge tiles are smaller.
 
+Dilation ``(dh, dw)``: an output tile of ``th x tw`` reads ``(th-1)*sh + (KH-1)*dh + 1`` input
+rows and ``(tw-1)*sw + (KW-1)*dw + 1`` columns, and the micro-ops step the INP index by ``dh``
+rows / ``dw`` columns per kernel tap; nothing else changes.
+
+Groups (grouped and depthwise convs, weight ``(K, C/g, KH, KW)``): computed as the dense conv
+with the block-diagonal weight, except that output-channel block ``j`` only multiplies the
+input-channel blocks its groups read (``_ConvGeom.ci_range``): all-zero weight blocks are never
+stored, loaded or multiplied (depthwise: one input block per output block). The weight image
+holds, per ``j``, its blocks ``[ci_range(j)][KH][KW][BLOCK_OUT][BLOCK_IN]``, back to back.
+``tile_ci`` keeps its meaning (the chunks are ``tile_ci``-block input-channel ranges), but an
+output-channel tile loads only the part of each chunk its groups read and skips the other
+chunks; a chunk's (co, ci) block pairs are an explicit micro-op table (the two largest of b,
+kh, kw, oh, ow stay the hardware loops), and the buffer checks count the largest chunk a tile
+really loads. The zero-point fold ``bias - zx' * sum w`` sums each channel's own group weights.
+
 Virtual threads (``oc_nthread`` or ``h_nthread`` = 2): INP, WGT and ACC are split in two halves;
 tiles alternate between the halves along the flattened tile order (co innermost for
 ``oc_nthread``, h innermost for ``h_nthread``), and the two threads' instructions are interleaved
@@ -31,8 +46,10 @@ Tokens: each load group pushes L2G and its GEMM pops it (RAW); a load into a hal
 by the last GEMM that read that half (WAR); the last ALU of a tile pushes G2S and its first STORE
 pops it (RAW); the first ACC write of a tile pops S2G pushed by the last STORE of the previous
 tile on that half (WAR). Only linked pairs push, so every queue is empty at FINISH; a final
-compute no-op pops the last STORE's S2G token before FINISH. Loads of data already resident in a
-half (same weight tile, same input tile) are skipped.
+compute no-op pops the last STORE's S2G token before FINISH. A WAR pop is left out when a
+later GEMM (STORE) was already waited for: the queues run in order, so the older one is done
+(interleaved grouped tiles may have different numbers of chunks). Loads of data already
+resident in a half (same weight tile, same input tile) are skipped.
 
 Numerics (bit-exact with ``layers.reference_execute``): uint8 tensors are stored as value-128.
 The GEMM computes ``g = sum x' * w`` over the stored int8 ``x'``; the input zero point is folded
@@ -291,10 +308,19 @@ class _ConvGeom:
     CB: int
     KB: int
     dense: bool
+    dh: int = 1
+    dw: int = 1
+    groups: int = 1
+    blk: int = 16
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def KK(self) -> int:
         return self.KH * self.KW
+
+    @property
+    def grouped(self) -> bool:
+        return self.groups > 1
 
     @property
     def rstep(self) -> int:
@@ -303,7 +329,71 @@ class _ConvGeom:
         return self.sh if self.KH == 1 and self.sh > 1 else 1
 
     def in_rows(self, th: int) -> int:
-        return th if self.rstep > 1 else (th - 1) * self.sh + self.KH
+        """Input rows of an output tile of ``th`` rows (dilated stencil window)."""
+        return th if self.rstep > 1 else (th - 1) * self.sh + (self.KH - 1) * self.dh + 1
+
+    def in_cols(self, tw: int) -> int:
+        """Input columns of an output tile of ``tw`` columns (dilated stencil window)."""
+        return (tw - 1) * self.sw + (self.KW - 1) * self.dw + 1
+
+    def ci_range(self, j: int) -> tuple[int, int]:
+        """Input-channel blocks ``[lo, hi)`` that output-channel block ``j`` reads: the input
+        channels of the groups its output channels belong to (all blocks without groups)."""
+        if not self.grouped:
+            return 0, self.CB
+        kg, cg = self.K // self.groups, self.C // self.groups
+        k0, k1 = j * self.blk, min((j + 1) * self.blk, self.K) - 1
+        return (k0 // kg) * cg // self.blk, _cdiv((k1 // kg + 1) * cg, self.blk)
+
+    def chunks(self, co0: int, nco: int, tci: int) -> list[tuple[int, int]]:
+        """Input-channel blocks ``(c0, n)`` an output-channel tile loads per chunk: the chunks
+        ``_segs(CB, tci)`` clipped to the blocks its groups read; chunks outside are skipped."""
+        if not self.grouped:
+            return _segs(self.CB, tci)
+        lo, hi = self.ci_range(co0)[0], self.ci_range(co0 + nco - 1)[1]
+        out = []
+        for s, t in _segs(self.CB, tci):
+            a, b = max(s, lo), min(s + t, hi)
+            if a < b:
+                out.append((a, b - a))
+        return out
+
+    def pairs(self, co0: int, nco: int, c0: int, n: int) -> list[tuple[int, int]]:
+        """(co block offset in the tile, ci block) pairs of a chunk whose weights are not all
+        zero, co-block major."""
+        out = []
+        for j in range(nco):
+            lo, hi = self.ci_range(co0 + j)
+            out += [(j, c) for c in range(max(lo, c0), min(hi, c0 + n))]
+        return out
+
+    def chunk_stats(self, tco: int, tci: int) -> tuple[int, int, float, float, float]:
+        """Of a grouped tiling: (max INP blocks of a chunk, max weight blocks of a chunk,
+        average chunks per co tile, average INP blocks and weight blocks per chunk)."""
+        key = (tco, tci)
+        hit = self._memo.get(key)
+        if hit is None:
+            tiles = [[(n, len(self.pairs(co0, nco, c0, n))) for c0, n in self.chunks(co0, nco, tci)]
+                     for co0, nco in _segs(self.KB, tco)]
+            flat = [c for t in tiles for c in t]
+            hit = (max(n for n, _ in flat), max(p for _, p in flat), len(flat) / len(tiles),
+                   sum(n for n, _ in flat) / len(flat), sum(p for _, p in flat) / len(flat))
+            self._memo[key] = hit
+        return hit
+
+    def tile_blocks(self, tco: int, tci: int) -> tuple[int, int]:
+        """Largest (INP blocks, WGT blocks of KH x KW entries) a chunk of a tiling loads."""
+        if not self.grouped:
+            return tci, tco * tci
+        ib, wb, _, _, _ = self.chunk_stats(tco, tci)
+        return ib, wb
+
+    def gemm_uops(self, tb: int, tco: int, tci: int, th: int, tw: int) -> int:
+        """Micro-ops of the largest GEMM kernel of a tiling (grouped: the chunk's (co, ci)
+        pairs are enumerated, the two largest of b, kh, kw, oh, ow are the hardware loops)."""
+        if not self.grouped:
+            return _gemm_uops([tb, tco, tci, self.KH, self.KW, th, tw])
+        return self.tile_blocks(tco, tci)[1] * _gemm_uops([tb, self.KH, self.KW, th, tw])
 
 
 def _conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig) -> _ConvGeom:
@@ -312,20 +402,27 @@ def _conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig) -> _ConvGeom:
     if w.ndim != 4:
         raise MappingError(f"layer {layer.name}: weight must be OIHW, got shape {w.shape}")
     K, Cw, KH, KW = (int(s) for s in w.shape)
-    if Cw != C:
-        raise MappingError(f"layer {layer.name}: weight has {Cw} input channels, input has {C}")
+    groups = int(layer.groups)
+    if groups < 1 or C % groups or K % groups or Cw * groups != C:
+        raise MappingError(f"layer {layer.name}: weight {tuple(w.shape)} with {groups} groups "
+                           f"does not read the {C} input channels")
     sh, sw = (int(s) for s in layer.strides)
+    dh, dw = (int(d) for d in layer.dilation)
     pad = tuple(int(p) for p in layer.padding)
     if sh < 1 or sw < 1:
         raise MappingError(f"layer {layer.name}: strides must be >= 1, got {(sh, sw)}")
+    if dh < 1 or dw < 1:
+        raise MappingError(f"layer {layer.name}: dilation must be >= 1, got {(dh, dw)}")
     if min(pad) < 0:
         raise MappingError(f"layer {layer.name}: negative padding {pad}")
-    Ho = (H + pad[0] + pad[2] - KH) // sh + 1
-    Wo = (W + pad[1] + pad[3] - KW) // sw + 1
+    Ho = (H + pad[0] + pad[2] - (KH - 1) * dh - 1) // sh + 1
+    Wo = (W + pad[1] + pad[3] - (KW - 1) * dw - 1) // sw + 1
     if Ho < 1 or Wo < 1:
-        raise MappingError(f"layer {layer.name}: kernel {KH}x{KW} larger than the padded input")
+        raise MappingError(f"layer {layer.name}: kernel {KH}x{KW} (dilation {dh}x{dw}) larger "
+                           "than the padded input")
     return _ConvGeom(N, C, H, W, K, KH, KW, sh, sw, pad, Ho, Wo, _cdiv(N, cfg.batch),
-                     _cdiv(C, cfg.block_in), _cdiv(K, cfg.block_out), bool(layer.is_dense))
+                     _cdiv(C, cfg.block_in), _cdiv(K, cfg.block_out), bool(layer.is_dense),
+                     dh, dw, groups, cfg.block_out)
 
 
 def _conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str, cfg: VTAConfig):
@@ -402,25 +499,26 @@ def _check_conv(g: _ConvGeom, cfg: VTAConfig, nvec: int, kn: dict) -> None:
                          "two virtual threads)")
     nthr, _ = _threads(kn)
     tb, tco, tci, th, tw = _conv_tile_extents(g, kn)
-    R, Cc = g.in_rows(th), (tw - 1) * g.sw + g.KW
-    inp = tb * tci * R * Cc
+    R, Cc = g.in_rows(th), g.in_cols(tw)
+    ib, wb = g.tile_blocks(tco, tci)
+    inp = tb * ib * R * Cc
     if inp > cfg.inp_depth // nthr:
         knob = "tile_ci" if g.dense else "tile_h"
-        raise ValueError(f"{knob}: the input tile (tile_b {tb} x tile_ci {tci} x {R} rows x "
-                         f"{Cc} cols = {inp} entries) exceeds the {cfg.inp_depth // nthr} INP "
+        raise ValueError(f"{knob}: the input tile (tile_b {tb} x {ib} channel blocks x {R} rows "
+                         f"x {Cc} cols = {inp} entries) exceeds the {cfg.inp_depth // nthr} INP "
                          f"entries available per thread")
-    wgt = tco * tci * g.KK
+    wgt = wb * g.KK
     if wgt > cfg.wgt_depth // nthr:
-        raise ValueError(f"tile_co: the weight tile (tile_co {tco} x tile_ci {tci} x "
-                         f"{g.KH}x{g.KW} = {wgt} entries) exceeds the {cfg.wgt_depth // nthr} WGT "
-                         "entries available per thread")
+        raise ValueError(f"tile_co: the weight tile ({wb} blocks (tile_co {tco}, tile_ci "
+                         f"{tci}) x {g.KH}x{g.KW} = {wgt} entries) exceeds the "
+                         f"{cfg.wgt_depth // nthr} WGT entries available per thread")
     acc = tb * tco * th * tw + nvec * tco
     if acc > cfg.acc_depth // nthr:
         knob = "tile_co" if g.dense else "tile_w"
         raise ValueError(f"{knob}: the output tile ({tb * tco * th * tw} entries) plus "
                          f"{nvec * tco} requantize vector entries exceeds the "
                          f"{cfg.acc_depth // nthr} ACC entries available per thread")
-    nu = _gemm_uops([tb, tco, tci, g.KH, g.KW, th, tw])
+    nu = g.gemm_uops(tb, tco, tci, th, tw)
     if nu > cfg.uop_depth // 4:
         raise ValueError(f"tile_ci: the GEMM micro-op kernel would need {nu} micro-ops (limit "
                          f"{cfg.uop_depth // 4}); use a smaller tile_ci or tile_co")
@@ -506,14 +604,20 @@ def _conv_cost(g: _ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci,
     ath, atw = g.Ho / nH, g.Wo / nW
     tiles = nB * nCO * nH * nW
     n = atb * atco * ath * atw
-    R = ath if g.rstep > 1 else (ath - 1) * g.sh + g.KH
-    Cc = (atw - 1) * g.sw + g.KW
+    R = ath if g.rstep > 1 else (ath - 1) * g.sh + g.in_rows(1)
+    Cc = (atw - 1) * g.sw + g.in_cols(1)
     full_plane = R >= g.H + g.pad[0] + g.pad[2] and Cc >= g.W + g.pad[1] + g.pad[3]
     full_h = R >= g.H + g.pad[0] + g.pad[2]
+    if g.grouped:  # chunks clipped to the groups' input blocks, only non-zero weight blocks
+        _, _, nCI, atci, apairs = g.chunk_stats(tco, tci)
     n_inp_insn = 1 if full_plane and max(g.pad) == 0 else (atb if full_h else atb * atci)
     inp_cost = n_inp_insn * lat + atb * atci * R * Cc * cfg.inp_entry_bytes / bpc
-    wgt_cost = lat + atco * atci * g.KK * cfg.wgt_entry_bytes / bpc
-    gemm = atb * atco * atci * ath * atw * g.KK * cfg.GEMM_CYCLES_PER_UOP + pl
+    if g.grouped:
+        wgt_cost = lat + apairs * g.KK * cfg.wgt_entry_bytes / bpc
+        gemm = atb * apairs * ath * atw * g.KK * cfg.GEMM_CYCLES_PER_UOP + pl
+    else:
+        wgt_cost = lat + atco * atci * g.KK * cfg.wgt_entry_bytes / bpc
+        gemm = atb * atco * atci * ath * atw * g.KK * cfg.GEMM_CYCLES_PER_UOP + pl
     alu = nops * (n * cfg.ALU_CYCLES_PER_UOP + pl) + n + pl  # + reset
     if nvec:
         alu += lat + nvec * atco * cfg.acc_entry_bytes / bpc
@@ -523,6 +627,8 @@ def _conv_cost(g: _ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci,
     # how often inputs / weights are (re)loaded per (tile, chunk)
     if nCI > 1:
         w_frac, i_frac = 1.0, 1.0
+    elif g.grouped:  # each co tile reads its own input blocks
+        w_frac, i_frac = min(1.0, nCO * nthr / tiles), 1.0
     elif order == "co_inner":
         w_frac = 1.0 if nCO > nthr else min(1.0, nthr / tiles)
         i_frac = min(1.0, nthr / max(nCO, 1)) if nCO > 1 else 1.0
@@ -560,23 +666,25 @@ def _default_conv(g: _ConvGeom, cfg: VTAConfig, nvec: int, nops: int) -> dict:
         inp_d, wgt_d, acc_d = cfg.inp_depth // nthr, cfg.wgt_depth // nthr, cfg.acc_depth // nthr
         for tb in b_opts:
             for tci in ci_opts[::-1]:
-                if tb * tci * g.KK > inp_d:
+                if not g.grouped and tb * tci * g.KK > inp_d:
                     continue
                 for tco in co_opts:
-                    if tco * tci * g.KK > wgt_d or tb * tco + nvec * tco > acc_d:
+                    ib, wb = g.tile_blocks(tco, tci)
+                    if (tb * ib * g.KK > inp_d or wb * g.KK > wgt_d
+                            or tb * tco + nvec * tco > acc_d):
                         continue
                     for tw in w_opts[::-1]:
-                        Cc = (tw - 1) * g.sw + g.KW
-                        if tb * tci * g.KH * Cc > inp_d or tb * tco * tw + nvec * tco > acc_d:
+                        Cc = g.in_cols(tw)
+                        if (tb * ib * g.in_rows(1) * Cc > inp_d
+                                or tb * tco * tw + nvec * tco > acc_d):
                             continue
 
-                        def fits(th, tb=tb, tci=tci, tco=tco, tw=tw, Cc=Cc, inp_d=inp_d,
+                        def fits(th, tb=tb, tci=tci, tco=tco, tw=tw, Cc=Cc, ib=ib, inp_d=inp_d,
                                  acc_d=acc_d):
                             R = g.in_rows(th)
-                            return (tb * tci * R * Cc <= inp_d
+                            return (tb * ib * R * Cc <= inp_d
                                     and tb * tco * th * tw + nvec * tco <= acc_d
-                                    and _gemm_uops([tb, tco, tci, g.KH, g.KW, th, tw])
-                                    <= cfg.uop_depth // 4)
+                                    and g.gemm_uops(tb, tco, tci, th, tw) <= cfg.uop_depth // 4)
 
                         th = _largest_fit(h_opts, fits)
                         if th is None:
@@ -732,6 +840,8 @@ class _Emitter:
         self.pending_load: dict[int, object] = {}  # half -> load group awaiting its GEMM
         self.pending_g2s = None
         self.final_store = None
+        self._g2l_done = -1  # queue position of the newest GEMM / STORE a token was popped for
+        self._s2g_done = -1
         self._uop_res: dict[bytes, int] = {}
         self._uop_top = 0
         self._kernel_memo: dict[tuple, tuple] = {}
@@ -757,7 +867,10 @@ class _Emitter:
         for i in insns:
             self.emit(i)
         reader = self.last_reader.pop(half, None)
-        if reader is not None:  # WAR: wait until the last GEMM reading this half is done
+        if reader is not None and self._seq[id(reader)] > self._g2l_done:
+            # WAR: wait until the last GEMM reading this half is done (an older one is done
+            # already when an earlier load waited for a later GEMM: both queues run in order)
+            self._g2l_done = self._seq[id(reader)]
             reader.deps.push_prev = True
             insns[0].deps.pop_next = True
             self._link("G2L", reader, insns[0])
@@ -775,7 +888,10 @@ class _Emitter:
 
     def acc_acquire(self, half: int, first_write):
         st = self.last_store.pop(half, None)
-        if st is not None:  # WAR on ACC: wait for the previous tile's STORE of this half
+        if st is not None and self._seq[id(st)] > self._s2g_done:
+            # WAR on ACC: wait for the previous tile's STORE of this half (unless a later STORE
+            # was waited for already)
+            self._s2g_done = self._seq[id(st)]
             st.deps.push_prev = True
             first_write.deps.pop_next = True
             self._link("S2G", st, first_write)
@@ -813,18 +929,19 @@ class _Emitter:
         return self.isa.encode_stream(self.insns)
 
     # -- micro-op kernels
-    def _kernel(self, dims: tuple, bases: tuple) -> tuple:
-        """(uop words, iter_out, iter_in, factors) for loop dims ``(extent, dst, src, wgt)``."""
-        key = (dims, bases)
+    def _kernel(self, dims: tuple, bases: tuple, table: tuple = ()) -> tuple:
+        """(uop words, iter_out, iter_in, factors) for loop dims ``(extent, dst, src, wgt)``;
+        ``table`` lists explicit ``(dst, src, wgt)`` offsets enumerated as one more (outermost,
+        non-linear) micro-op dimension, e.g. the non-zero weight blocks of a grouped conv."""
+        key = (dims, bases, table)
         hit = self._kernel_memo.get(key)
         if hit is not None:
             return hit
         ds = sorted((d for d in dims if d[0] > 1), key=lambda d: -d[0])
         loops = ds[:2]
         rest = sorted(ds[2:], key=lambda d: -d[1])
-        dst = np.array([bases[0]], dtype=np.int64)
-        src = np.array([bases[1]], dtype=np.int64)
-        wgt = np.array([bases[2]], dtype=np.int64)
+        t = np.asarray(table or ((0, 0, 0),), dtype=np.int64).reshape(-1, 3)
+        dst, src, wgt = (bases[i] + t[:, i] for i in range(3))
         for e, a, b, c in rest:
             ar = np.arange(e, dtype=np.int64)
             dst = (dst[:, None] + ar[None, :] * a).ravel()
@@ -863,8 +980,9 @@ class _Emitter:
                 self.emit(MemInsn(OP_LOAD, MEM_UOP, base, self.dram.const(words) // 4, 1, n, n))
         return base, base + n
 
-    def gemm(self, dims: tuple, bases: tuple, reset: bool = False) -> GemmInsn:
-        words, outer, inner = self._kernel(dims, bases)
+    def gemm(self, dims: tuple, bases: tuple, reset: bool = False,
+             table: tuple = ()) -> GemmInsn:
+        words, outer, inner = self._kernel(dims, bases, table)
         bgn, end = self._uops(words)
         insn = GemmInsn(reset, bgn, end, outer[0], inner[0], outer[1], inner[1], outer[2],
                         inner[2], outer[3], inner[3])
@@ -910,6 +1028,47 @@ def _emit_tail(em: _Emitter, ops, vidx, n: int, tb: int, tco: int, S: int, abase
     return last
 
 
+def _grouped_weight_image(weight: np.ndarray, g: _ConvGeom) -> tuple[bytes, list[int]]:
+    """OIHWoi blocks of a grouped conv's block-diagonal dense weight, keeping per output-channel
+    block ``j`` only the input-channel blocks ``g.ci_range(j)`` (the others are all zero):
+    ``[j][ci][KH][KW][BLOCK_OUT][BLOCK_IN]``, blocks of consecutive ``j`` back to back. Returns
+    the bytes and the first WGT entry of each ``j``."""
+    BLK, kg, cg = g.blk, g.K // g.groups, g.C // g.groups
+    w = np.asarray(weight).astype(np.int8)
+    parts, offsets, off = [], [], 0
+    for j in range(g.KB):
+        lo, hi = g.ci_range(j)
+        slab = np.zeros((BLK, (hi - lo) * BLK, g.KH, g.KW), dtype=np.int8)
+        for kl in range(min(BLK, g.K - j * BLK)):
+            k = j * BLK + kl
+            c0 = (k // kg) * cg - lo * BLK
+            slab[kl, c0:c0 + cg] = w[k]
+        parts.append(slab.reshape(BLK, hi - lo, BLK, g.KH, g.KW).transpose(1, 3, 4, 0, 2))
+        offsets.append(off)
+        off += (hi - lo) * g.KK
+    return np.ascontiguousarray(np.concatenate(parts)).tobytes(), offsets
+
+
+def _grouped_wgt_runs(g: _ConvGeom, woff: list[int], co0: int, nco: int, ci0: int,
+                      nci: int) -> list[tuple[int, int, int]]:
+    """WGT loads ``(sram offset, dram offset, entries)`` of a grouped conv's chunk: the blocks of
+    :meth:`_ConvGeom.pairs` in order, runs adjacent in DRAM merged into one transfer."""
+    runs: list[list[int]] = []
+    sram = 0
+    for j in range(co0, co0 + nco):
+        lo, hi = g.ci_range(j)
+        a, b = max(lo, ci0), min(hi, ci0 + nci)
+        if a >= b:
+            continue
+        de, x = woff[j] + (a - lo) * g.KK, (b - a) * g.KK
+        if runs and runs[-1][1] + runs[-1][2] == de and runs[-1][2] + x <= MAX_FIELD16:
+            runs[-1][2] += x
+        else:
+            runs.append([sram, de, x])
+        sram += x
+    return [(so, de, x) for so, de, x in runs]
+
+
 def _tile_order(order: str, b_s, co_s, h_s, w_s):
     if order == "h_inner":
         return [(b, co, h, w) for co in co_s for b in b_s for w in w_s for h in h_s]
@@ -945,19 +1104,25 @@ class _Plan:
         nthr, axis = _threads(kn)
         tb, tco, tci, th, tw = _conv_tile_extents(g, kn)
         BLK, KK = cfg.block_out, g.KK
-        # constants: OIHWoi weights, requantize vectors
-        w = np.zeros((g.KB * BLK, g.CB * BLK, g.KH, g.KW), dtype=np.int8)
-        w[: g.K, : g.C] = np.asarray(layer.weight).astype(np.int8)
-        wp = w.reshape(g.KB, BLK, g.CB, BLK, g.KH, g.KW).transpose(0, 2, 4, 5, 1, 3)
-        wbase_dram = self.dram.const(np.ascontiguousarray(wp).tobytes()) // cfg.wgt_entry_bytes
+        # constants: OIHWoi weights (grouped: only the non-zero blocks), requantize vectors
+        if g.grouped:
+            wdata, woff = _grouped_weight_image(np.asarray(layer.weight), g)
+        else:
+            w = np.zeros((g.KB * BLK, g.CB * BLK, g.KH, g.KW), dtype=np.int8)
+            w[: g.K, : g.C] = np.asarray(layer.weight).astype(np.int8)
+            wp = w.reshape(g.KB, BLK, g.CB, BLK, g.KH, g.KW).transpose(0, 2, 4, 5, 1, 3)
+            wdata, woff = np.ascontiguousarray(wp).tobytes(), []
+        wbase_dram = self.dram.const(wdata) // cfg.wgt_entry_bytes
         vdata, vidx = _vector_image(ops, g.K, cfg)
         nvec = _n_vec(ops)
         vbase_dram = self.dram.const(vdata) // cfg.acc_entry_bytes if nvec else 0
         tin, tout = _TG(pin, cfg), _TG(pout, cfg)
         inp_h, wgt_h, acc_h = cfg.inp_depth // nthr, cfg.wgt_depth // nthr, cfg.acc_depth // nthr
         nmax = tb * tco * th * tw
-        b_s, co_s, ci_s = _segs(g.NB, tb), _segs(g.KB, tco), _segs(g.CB, tci)
+        b_s, co_s = _segs(g.NB, tb), _segs(g.KB, tco)
         h_s, w_s = _segs(g.Ho, th), _segs(g.Wo, tw)
+        # input-channel chunks (ci0, nci) of each output-channel tile
+        co_chunks = {co: g.chunks(co[0], co[1], tci) for co in co_s}
         if axis == "co":
             order = "co_inner"
         elif axis == "h":
@@ -972,22 +1137,25 @@ class _Plan:
             wgt_key: dict[int, tuple] = {}
             vec_key: dict[int, tuple] = {}
             pt, pl = g.pad[0], g.pad[1]
-            last_ci = len(ci_s) - 1
 
-            def loads(t, ci_i, half):
+            def loads(t, chunk, half):
                 (b0, nb), (co0, nco), (h0, nh), (w0, nw) = t
-                ci0, nci = ci_s[ci_i]
+                ci0, nci = chunk
                 out = []
-                ikey = (b0, nb, ci_i, h0, nh, w0, nw)
+                ikey = (b0, nb, ci0, nci, h0, nh, w0, nw)
                 if inp_key.get(half) != ikey:
                     inp_key[half] = ikey
-                    R, Cc = g.in_rows(nh), (nw - 1) * g.sw + g.KW
+                    R, Cc = g.in_rows(nh), g.in_cols(nw)
                     out += self._inp_loads(tin, b0, nb, ci0, nci, h0 * g.sh - pt, R, g.rstep,
                                            w0 * g.sw - pl, Cc, use_halo, half * inp_h)
-                wkey = (co0, nco, ci_i)
+                wkey = (co0, nco, ci0, nci)
                 if wgt_key.get(half) != wkey:
                     wgt_key[half] = wkey
-                    if nci == g.CB:
+                    if g.grouped:
+                        out += [MemInsn(OP_LOAD, MEM_WGT, half * wgt_h + so, wbase_dram + de, 1,
+                                        x, x)
+                                for so, de, x in _grouped_wgt_runs(g, woff, co0, nco, ci0, nci)]
+                    elif nci == g.CB:
                         x = nco * g.CB * KK
                         out.append(MemInsn(OP_LOAD, MEM_WGT, half * wgt_h, wbase_dram
                                            + co0 * g.CB * KK, 1, x, x))
@@ -998,10 +1166,13 @@ class _Plan:
 
             for gi in range(0, len(tiles), nthr):
                 group = [(tiles[gi + j], j) for j in range(nthr) if gi + j < len(tiles)]
-                for ci_i, (_ci0, nci) in enumerate(ci_s):
-                    popped = {half: em.load_group(half, loads(t, ci_i, half)) for t, half in group}
-                    for t, half in group:
+                for ci_i in range(max(len(co_chunks[t[1]]) for t, _ in group)):
+                    active = [(t, half) for t, half in group if ci_i < len(co_chunks[t[1]])]
+                    popped = {half: em.load_group(half, loads(t, co_chunks[t[1]][ci_i], half))
+                              for t, half in active}
+                    for t, half in active:
                         (b0, nb), (co0, nco), (h0, nh), (w0, nw) = t
+                        ci0, nci = co_chunks[t[1]][ci_i]
                         abase = half * acc_h
                         vbase = abase + nmax
                         S, n = nh * nw, nb * nco * nh * nw
@@ -1012,13 +1183,21 @@ class _Plan:
                                                 nvec, nco, g.KB))
                             reset = em.gemm(((n, 1, 0, 0),), (abase, 0, 0), reset=True)
                             em.acc_acquire(half, reset)
-                        R, Cc = g.in_rows(nh), (nw - 1) * g.sw + g.KW
-                        dims = ((nb, nco * S, nci * R * Cc, 0), (nco, S, 0, nci * KK),
-                                (nci, 0, R * Cc, KK), (g.KH, 0, Cc, g.KW), (g.KW, 0, 1, 1),
-                                (nh, nw, g.sh // g.rstep * Cc, 0), (nw, 1, g.sw, 0))
-                        gm = em.gemm(dims, (abase, half * inp_h, half * wgt_h))
+                        R, Cc = g.in_rows(nh), g.in_cols(nw)
+                        stencil = ((g.KH, 0, g.dh * Cc, g.KW), (g.KW, 0, g.dw, 1),
+                                   (nh, nw, g.sh // g.rstep * Cc, 0), (nw, 1, g.sw, 0))
+                        bases = (abase, half * inp_h, half * wgt_h)
+                        if g.grouped:  # only the (co, ci) blocks with non-zero weights
+                            table = tuple((j * S, (c - ci0) * R * Cc, p * KK) for p, (j, c)
+                                          in enumerate(g.pairs(co0, nco, ci0, nci)))
+                            gm = em.gemm(((nb, nco * S, nci * R * Cc, 0), *stencil), bases,
+                                         table=table)
+                        else:
+                            dims = ((nb, nco * S, nci * R * Cc, 0), (nco, S, 0, nci * KK),
+                                    (nci, 0, R * Cc, KK), *stencil)
+                            gm = em.gemm(dims, bases)
                         em.gemm_reads(half, gm, popped[half])
-                        if ci_i == last_ci:
+                        if ci_i == len(co_chunks[t[1]]) - 1:
                             last = _emit_tail(em, ops, vidx, n, nb, nco, S, abase, vbase) or gm
                             em.compute_done(last)
                             sts = [MemInsn(OP_STORE, MEM_OUT, abase + so, de, y, x, st)
@@ -1028,8 +1207,9 @@ class _Plan:
 
         insns = _emit_layer(cfg, self.isa, self.dram, name, body)
         B = cfg.batch
-        macs = g.N * g.K * g.C * g.Ho * g.Wo * KK
-        padded = g.NB * B * g.KB * BLK * g.CB * BLK * g.Ho * g.Wo * KK
+        macs = g.N * g.K * (g.C // g.groups) * g.Ho * g.Wo * KK
+        nblocks = sum(hi - lo for lo, hi in map(g.ci_range, range(g.KB)))  # (co, ci) blocks
+        padded = g.NB * B * BLK * nblocks * BLK * g.Ho * g.Wo * KK
         if g.dense:
             shape = f"{g.N}x{g.C} -> {g.N}x{g.K}"
         else:
@@ -1038,6 +1218,10 @@ class _Plan:
             if any(g.pad):
                 shape += " p" + (str(g.pad[0]) if len(set(g.pad)) == 1
                                  else ",".join(map(str, g.pad)))
+            if (g.dh, g.dw) != (1, 1):
+                shape += f" d{g.dh}" + (f"x{g.dw}" if g.dw != g.dh else "")
+            if g.grouped:
+                shape += f" g{g.groups}"
         return LayerProgram(name, "dense" if g.dense else "conv2d", insns, len(insns) // 16,
                             macs, padded, shape, dict(kn))
 

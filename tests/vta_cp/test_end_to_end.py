@@ -48,11 +48,11 @@ def test_conv_with_residual_add_runs_add_on_the_alu(compare, config):
     r.assert_bit_exact()
 
 
-def test_depthwise_conv_falls_back_to_the_cpu_with_its_reason(compare):
+def test_depthwise_conv_runs_on_vta_bit_exactly(compare):
     r = compare(zoo.quantized("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8),
                 "vta_1x16x16")
     conv = [o for o in r.report.offloads if o.op == "conv2d"]
-    assert conv and conv[0].placement == "cpu" and "depthwise" in conv[0].reason
+    assert conv and conv[0].placement == "vta"
     r.assert_bit_exact()
 
 
