@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tvm_accel.cp import Embedding, Options, conv2d_op, dense_op, enumerate_embeddings
+from tvm_accel.cp.embedding import IMAGE_DIMS
 from tvm_accel.cp.intrinsic import InstructionDFG, gemm_intrinsic
 from tvm_accel.cp.operator import TensorOp
 from tvm_accel.errors import AccelError
@@ -48,6 +49,10 @@ __all__ = ["Candidate", "CandidateSet", "Decision", "STRATEGIES", "candidates", 
            "gemm_of", "operator_of", "rewrite_of"]
 
 STRATEGIES = ("static", "cp", "auto")
+#: what VTA's rewrite rules can implement, posted as lane restrictions so the search never
+#: enumerates embeddings no rule implements: y lanes are output channels; x lanes are the
+#: batch or image-pack pieces of the output image (never both, never adjacent pixels)
+Y_DIMS = ("k", "g")
 IDENTITY = LayoutRewrite()
 
 
@@ -222,9 +227,13 @@ def candidates(layer: ConvLayer, in_shape, cfg: VTAConfig, weights=(1.0, 1.0), t
     t0 = time.monotonic()
     embs: list[Embedding] = []
     nodes, reasons = 0, []
-    variants = [Options(padding=True, time_limit=time_limit),
-                Options(dense=False, linear_access=False, padding="fit",
-                        time_limit=time_limit, max_solutions=64)]
+    variants = [Options(padding=True, time_limit=time_limit, lane_dims=(("y", Y_DIMS),))]
+    relaxed = dict(dense=False, linear_access=False, padding="fit", time_limit=time_limit,
+                   max_solutions=64)
+    variants.append(Options(**relaxed, lane_dims=(("x", ("n",)), ("y", Y_DIMS))))
+    if dfg.x > 1 and not layer.is_dense:
+        variants.append(Options(**relaxed, adjacent_pixels=False,
+                                lane_dims=(("x", IMAGE_DIMS), ("y", Y_DIMS))))
     for opts in variants:
         res = enumerate_embeddings(op, dfg, opts)
         nodes += res.nodes

@@ -15,20 +15,20 @@
   stencil axes) and strides (dense: 1). Its propagator infers the steps and sizes from the
   assigned prefix, restricts the next point to "continue" or "jump" candidates and bounds every
   later point by the inferred box (formula 10).
-- :class:`LinearAccess`: the points of a tensor may not move along axes whose access is not one
-  iterator with a constant stride.
+- :class:`FixedAxes`: the points of a tensor may not move along axes whose access is not one
+  iterator with a constant stride (linear memory access); the same propagator keeps a lane axis
+  on the operator dimensions a backend can implement.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 
 from tvm_accel.cp.operator import Access
 from tvm_accel.cp.solver import Dom, Engine, Fail, Propagator
 
 Point = tuple[int, ...]
-_EMPTY = Dom(pts=())
+_EMPTY = Dom(pts=frozenset())
 _SUPPORT_LIMIT = 4096
 
 
@@ -36,42 +36,43 @@ def preimage(dom: Dom, acc: Access, q: Point) -> Dom:
     """Points of ``dom`` whose access is ``q``: coordinates with one free iterator fix it,
     coordinates with several prune each by support."""
     if dom.pts is not None:
-        return Dom(pts=tuple(p for p in dom.pts if acc.apply(p) == q))
+        fn = acc.fn
+        return Dom(pts=frozenset(p for p in dom.pts if fn(p) == q))
     vals = list(dom.vals)
     changed = True
     while changed:
         changed = False
-        for row, off, qj in zip(acc.coeffs, acc.offsets, q, strict=True):
-            const = off
+        for row, off, qj in zip(acc.terms, acc.offsets, q, strict=True):
+            rest = qj - off
             active = []
-            for d, c in enumerate(row):
-                if not c:
-                    continue
-                if len(vals[d]) == 0:
+            for d, c in row:
+                vd = vals[d]
+                if len(vd) == 1:
+                    rest -= c * next(iter(vd))
+                elif not vd:
                     return _EMPTY
-                if len(vals[d]) == 1:
-                    const += c * vals[d][0]
                 else:
-                    active.append(d)
-            rest = qj - const
+                    active.append((d, c))
             if not active:
                 if rest:
                     return _EMPTY
                 continue
             if len(active) == 1:
-                d = active[0]
-                if rest % row[d] or rest // row[d] not in vals[d]:
+                d, c = active[0]
+                x, r = divmod(rest, c)
+                if r or x not in vals[d]:
                     return _EMPTY
-                vals[d] = (rest // row[d],)
+                vals[d] = range(x, x + 1)
                 changed = True
                 continue
-            for d in active:
-                others = [e for e in active if e != d]
-                if math.prod(len(vals[e]) for e in others) > _SUPPORT_LIMIT:
+            for d, c in active:
+                others = [(e, ce) for e, ce in active if e != d]
+                if math.prod(len(vals[e]) for e, _ in others) > _SUPPORT_LIMIT:
                     continue
-                sums = {sum(row[e] * x for e, x in zip(others, combo, strict=True))
-                        for combo in itertools.product(*(vals[e] for e in others))}
-                keep = tuple(x for x in vals[d] if rest - row[d] * x in sums)
+                sums = {0}
+                for e, ce in others:
+                    sums = {t + ce * x for t in sums for x in vals[e]}
+                keep = tuple(x for x in vals[d] if rest - c * x in sums)
                 if not keep:
                     return _EMPTY
                 if len(keep) < len(vals[d]):
@@ -92,7 +93,7 @@ class AccessEdge(Propagator):
         op, data = self.op, self.data
         pv = eng.val[op]
         if pv is not None:
-            eng.assign(data, self.acc.apply(pv), self.name)
+            eng.assign(data, self.acc.fn(pv), self.name)
             return
         dv = eng.val[data]
         if dv is not None:
@@ -107,7 +108,7 @@ class AccessEdge(Propagator):
                 pts.extend(pre.iterate())
             eng.narrow(op, Dom.points(pts), self.name)
         elif v == op and eng.dom[op].pts is not None:
-            eng.narrow(data, eng.dom[data].intersect(self.acc.apply(p) for p in eng.dom[op].pts),
+            eng.narrow(data, eng.dom[data].intersect(map(self.acc.fn, eng.dom[op].pts)),
                        self.name)
 
 
@@ -170,7 +171,7 @@ class ReductionStep(Propagator):
         dom = eng.dom[other]
         for d in self.spatial:
             if len(src.vals[d]) == 1 and len(dom.vals[d] if dom.pts is None else ()) != 1:
-                dom = dom.restrict(d, tuple(src.vals[d]))
+                dom = dom.restrict(d, src.vals[d])
         eng.narrow(other, dom, self.name)
 
 
@@ -205,14 +206,15 @@ class AllDifferent(Propagator):
         taken[p] = v
 
 
-class LinearAccess(Propagator):
-    """Every point shares the first point's coordinates on the non-linear axes."""
+class FixedAxes(Propagator):
+    """Every point shares the first point's coordinates on ``fixed_axes``: the linear-access
+    restriction (no movement along stencil axes) and a backend's lane restriction (a lane
+    axis walks only the operator dimensions its codegen can implement)."""
 
-    name = "linear memory access"
-
-    def __init__(self, vars_: list[int], fixed_axes: tuple[int, ...]):
+    def __init__(self, vars_: list[int], fixed_axes: tuple[int, ...], name: str):
         self.vars = tuple(vars_)
         self.axes = fixed_axes
+        self.name = name
 
     def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
         if not assigned or not self.axes:
@@ -239,8 +241,12 @@ class HyperRectangle(Propagator):
     name = "hyper-rectangle"
 
     def __init__(self, vars_: list[int], axes: tuple[int, ...], strides: dict, cause: dict,
-                 key: int, split: tuple[int, ...] | None = None):
+                 key: int, split: tuple[int, ...] | None = None, shared: dict | None = None):
         self.vars = tuple(vars_)
+        #: axis -> how many rectangle dimensions may run along it (default 1); a stencil axis
+        #: ``oh * sh + r * dh`` under relaxed linear access carries one per iterator (the
+        #: im2col view: pixel lanes and kernel-tap lanes both move along the image row)
+        self.shared = shared or {}
         self.n = len(vars_)
         self.axes = axes
         self.strides = strides
@@ -261,7 +267,7 @@ class HyperRectangle(Propagator):
         a, s = diff[0]
         if a not in self.axes:
             raise Fail(self.cause.get(a, self.name))
-        if a in used:
+        if used.count(a) >= self.shared.get(a, 1):
             raise Fail(self.name)
         allowed = self.strides.get(a)
         if allowed is not None and s not in allowed:
@@ -273,14 +279,14 @@ class HyperRectangle(Propagator):
         closed ones, from a prefix of assigned points; raises Fail when they break the shape."""
         v0, n = pts[0], self.n
         dims: list[list] = []
-        used: set = set()
+        used: list = []
         inner = 1
         for j in range(1, len(pts)):
             p = pts[j]
             if not dims:
                 a, s = self._vector(p, v0, used)
                 dims.append([a, s, None])
-                used.add(a)
+                used.append(a)
                 continue
             q, rem = divmod(j, inner)
             if rem:
@@ -301,7 +307,7 @@ class HyperRectangle(Propagator):
             inner *= q
             a, s = self._vector(p, v0, used)
             dims.append([a, s, None])
-            used.add(a)
+            used.append(a)
         return dims, inner
 
     def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
@@ -326,7 +332,7 @@ class HyperRectangle(Propagator):
                 self._check_split(dims[-1][0], dims[-1][1], n // inner)
             return
         j = m + 1
-        used = {d[0] for d in dims}
+        used = [d[0] for d in dims]
         cands: list[Point] | None = []
         if not dims:
             q, rem = 1, 0
@@ -345,7 +351,7 @@ class HyperRectangle(Propagator):
             can_jump = not dims or ((n // inner) % q == 0 and n // (inner * q) >= 2)
             if can_jump:
                 for a in self.axes:
-                    if a in used:
+                    if used.count(a) >= self.shared.get(a, 1):
                         continue
                     allowed = self.strides.get(a)
                     if allowed is None:
@@ -367,15 +373,23 @@ class HyperRectangle(Propagator):
         hi: dict[int, int | None] = {}
         for k, (a, s, size) in enumerate(dims):
             if size is not None:
-                hi[a] = (size - 1) * s
+                hi[a] = hi.get(a, 0) + (size - 1) * s
             elif k == len(dims) - 1:
-                hi[a] = (n // inner - 1) * s
+                hi[a] = hi.get(a, 0) + (n // inner - 1) * s
         rest = n // (inner * max(count, 2)) if dims else n
         for a in self.axes:
+            if a in hi and sum(d[0] == a for d in dims) >= self.shared.get(a, 1):
+                continue
             if a in hi:
+                allowed = self.strides.get(a)
+                hi[a] = None if allowed is None else hi[a] + (rest - 1) * max(allowed, default=1)
                 continue
             allowed = self.strides.get(a)
             hi[a] = None if allowed is None else (rest - 1) * max(allowed, default=1)
+        sig = (v0, tuple(sorted(hi.items())))
+        if eng.memo.get((self.key, "box")) == sig:  # same box as the last call on this path
+            return
+        eng.memo[self.key, "box"] = sig
         for u in self.vars[start:]:
             if eng.val[u] is not None:
                 continue

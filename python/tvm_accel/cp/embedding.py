@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from tvm_accel.cp.constraints import (
     AccessEdge,
     AllDifferent,
+    FixedAxes,
     HyperRectangle,
-    LinearAccess,
     Parallel,
     ReductionStep,
     SameInstance,
@@ -71,6 +71,10 @@ class Options:
     time_limit: float = 60.0
     max_nodes: int = 2_000_000
     max_solutions: int = 400
+    #: backend restrictions: ``(axis, dims)`` pairs, lane axis ``axis`` walks only ``dims``
+    lane_dims: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: a lane axis may walk adjacent output pixels (False: only image-pack strides)
+    adjacent_pixels: bool = True
 
     @staticmethod
     def strict() -> Options:
@@ -130,6 +134,14 @@ def _pad_to(e: int, a: int, mode: str) -> int:
     return -(-e // a) * a
 
 
+def _rect_fits(n: int, extents: tuple[int, ...]) -> bool:
+    """``n`` is a product of one factor per extent, each at most that extent."""
+    if not extents:
+        return n == 1
+    return any(n % f == 0 and _rect_fits(n // f, extents[1:])
+               for f in range(1, min(n, extents[0]) + 1))
+
+
 def pad_operator(op: TensorOp, dfg: InstructionDFG, mode: str = "multiple"
                  ) -> tuple[TensorOp, tuple]:
     """Section 4.2.4: pad the batch (for ``x``), the output channels per group (for ``y``) and
@@ -154,22 +166,32 @@ def pad_operator(op: TensorOp, dfg: InstructionDFG, mode: str = "multiple"
         if a != b:
             pads.append((d, a, b))
     pt, pl, pb, pr = p["padding"]
+    kh, kw = p["kh"], p["kw"]
+    (sh, sw), (dh, dw) = p["strides"], p["dilation"]
+    if mode == "fit" and not _rect_fits(dfg.z, (cg2, kh, kw)):
+        # no z-point rectangle in the window (1 channel, 3x3 on 8 or 16 lanes): zero taps widen
+        # the kernel (3x3 -> 4x4) so a stencil embedding exists; the input grows by the extra
+        # taps so the output keeps its size
+        kh2, kw2 = _pad_to(kh, dfg.z, mode), _pad_to(kw, dfg.z, mode)
+        for d, a, b in (("r", kh, kh2), ("s", kw, kw2)):
+            if a != b:
+                pads.append((d, a, b))
+        pb, pr = pb + (kh2 - kh) * dh, pr + (kw2 - kw) * dw
+        kh, kw = kh2, kw2
     if mode == "fit":  # image dims: room for an image pack whose pieces overhang the image
-        (sh, sw), (dh, dw) = p["strides"], p["dilation"]
         pieces = [m for m in range(2, dfg.x + 1) if dfg.x % m == 0]
-        for d, e, s_, k_, d_, size in (("oh", p["ho"], sh, p["kh"], dh, p["h"] + pt),
-                                       ("ow", p["wo"], sw, p["kw"], dw, p["w"] + pl)):
+        for d, e, s_, k_, d_ in (("oh", p["ho"], sh, kh, dh), ("ow", p["wo"], sw, kw, dw)):
             e2 = max([e] + [m * -(-e // m) for m in pieces])
             if e2 != e:
                 pads.append((d, e, e2))
-                extra = (e2 - 1) * s_ + (k_ - 1) * d_ + 1 - size
+                need = (e2 - 1) * s_ + (k_ - 1) * d_ + 1
                 if d == "oh":
-                    pb = max(pb, extra)
+                    pb = max(pb, need - p["h"] - pt)
                 else:
-                    pr = max(pr, extra)
+                    pr = max(pr, need - p["w"] - pl)
     if not pads:
         return op, ()
-    new = conv2d_op(n, cg2 * g, p["h"], p["w"], kg2 * g, p["kh"], p["kw"], p["strides"],
+    new = conv2d_op(n, cg2 * g, p["h"], p["w"], kg2 * g, kh, kw, p["strides"],
                     (pt, pl, pb, pr), p["dilation"], g)
     return new, tuple(pads)
 
@@ -183,9 +205,13 @@ class _Model:
         X, Y, Z = dfg.x, dfg.y, dfg.z
         self.var: dict = {}
         kinds = []
+        for node in dfg.nodes:  # R1 is the identity: mul[l] and add[l] share one variable
+            if node.kind != "mul":
+                self.var[node.kind, node.index] = len(kinds)
+                kinds.append(node)
         for node in dfg.nodes:
-            self.var[node.kind, node.index] = len(kinds)
-            kinds.append(node)
+            if node.kind == "mul":
+                self.var[node.kind, node.index] = self.var["add", node.index]
         self.nodes = kinds
         b = opts.bound_b or max(X, Y, Z)
         spatial_strides = self._out_strides()
@@ -217,7 +243,8 @@ class _Model:
             elif e.relation == "access:wgt":
                 props.append(AccessEdge(t, s, op.access["wgt"]))
             elif e.relation == "same":
-                props.append(SameInstance(s, t))
+                if s != t:
+                    props.append(SameInstance(s, t))
             elif e.relation == "reduce":
                 props.append(ReductionStep(s, t, sp, red, op.extents, not opts.commutative))
             elif e.relation == "output":
@@ -225,8 +252,8 @@ class _Model:
             elif e.relation == "parallel":
                 props.append(Parallel(s, t, sp))
         groups = {k: [v[n.kind, n.index] for n in kinds if n.kind == k]
-                  for k in ("out", "inp", "wgt", "mul", "add")}
-        for gi, k in enumerate(("out", "inp", "wgt", "mul", "add")):
+                  for k in ("out", "inp", "wgt", "add")}
+        for gi, k in enumerate(("out", "inp", "wgt", "add")):
             props.append(AllDifferent(groups[k], gi))
         self.rect = {
             "out": [v["out", (bb, o)] for bb in range(X) for o in range(Y)],
@@ -243,9 +270,19 @@ class _Model:
             strides = {a: self._rect_strides(t, a, spatial_strides) for a in range(ndim)}
             if opts.hyper_rectangle:
                 split = op.shapes[t] if kind == "out" and not opts.dense else None
-                props.append(HyperRectangle(self.rect[kind], axes, strides, cause, key, split))
+                shared = {} if opts.linear_access else {a: len(acc.iterators(a))
+                                                        for a in nonlinear}
+                props.append(HyperRectangle(self.rect[kind], axes, strides, cause, key, split,
+                                            shared))
             if opts.linear_access and nonlinear:
-                props.append(LinearAccess(self.rect[kind], nonlinear))
+                props.append(FixedAxes(self.rect[kind], nonlinear, "linear memory access"))
+        lanes = {"x": [v["add", (bb, 0, 0)] for bb in range(X)],
+                 "y": [v["add", (0, o, 0)] for o in range(Y)],
+                 "z": [v["add", (0, 0, i)] for i in range(Z)]}
+        for axis, dims in opts.lane_dims:
+            fixed = tuple(d for d, name in enumerate(op.dims) if name not in dims)
+            if len(lanes[axis]) > 1 and fixed:
+                props.append(FixedAxes(lanes[axis], fixed, f"{axis} lanes on {'/'.join(dims)}"))
         self.props = props
         self.fixed = []
         if opts.fixed_origin:
@@ -253,8 +290,7 @@ class _Model:
                 self.fixed.append((self.rect[kind][0], (0,) * len(op.shapes[t]), "fixed origin"))
         out_vars = self.rect["out"]
         chains = [v["add", (bb, o, i)] for bb in range(X) for o in range(Y) for i in range(Z)]
-        rest = [v["mul", (bb, o, i)] for bb in range(X) for o in range(Y) for i in range(Z)]
-        self.branch = out_vars + chains + rest + self.rect["inp"] + self.rect["wgt"]
+        self.branch = out_vars + chains + self.rect["inp"] + self.rect["wgt"]
 
     # strides allowed for a lane axis walking an output image dimension
     def _out_strides(self) -> dict[str, tuple[int, ...]]:
@@ -267,7 +303,8 @@ class _Model:
             if d not in IMAGE_DIMS:
                 continue
             e = op.extents[op.index(d)]
-            res[d] = tuple(sorted({1} | {-(-e // m) for m in pieces if -(-e // m) > 1}))
+            packs = {-(-e // m) for m in pieces}
+            res[d] = tuple(sorted(packs | {1} if self.opts.adjacent_pixels else packs))
         return res
 
     def _rect_strides(self, t: str, a: int, spatial: dict) -> tuple[int, ...]:
@@ -459,5 +496,5 @@ def solutions_raw(op: TensorOp, dfg: InstructionDFG, opts: Options = Options()) 
     root = s.initial(model.fixed)
     if root is None:
         return []
-    return [{n.name: eng.val[i] for i, n in enumerate(model.nodes)}
+    return [{n.name: eng.val[model.var[n.kind, n.index]] for n in model.dfg.nodes}
             for eng in s.solutions(root, time.monotonic() + opts.time_limit, opts.max_nodes)]

@@ -25,6 +25,7 @@ conv has no ``c`` dimension, a batch-1 layer no ``n``), so every dimension can c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Access", "TensorOp", "conv2d_op", "dense_op"]
@@ -32,15 +33,30 @@ __all__ = ["Access", "TensorOp", "conv2d_op", "dense_op"]
 
 @dataclass(frozen=True)
 class Access:
-    """Affine access ``tensor[i] = sum_d coeffs[i][d] * x[d] + offsets[i]`` of loop point ``x``."""
+    """Affine access ``tensor[i] = sum_d coeffs[i][d] * x[d] + offsets[i]`` of loop point ``x``.
+
+    ``fn`` is the map compiled to one Python expression (the search calls it millions of
+    times); ``terms[i]`` lists the ``(dim, coeff)`` pairs of row ``i`` with a non-zero coeff."""
 
     tensor: str
     coeffs: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
+    fn: Callable = field(init=False, repr=False, compare=False)
+    terms: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        terms = tuple(tuple((d, int(c)) for d, c in enumerate(row) if c) for row in self.coeffs)
+        exprs = []
+        for row, off in zip(terms, self.offsets, strict=True):
+            parts = [f"p[{d}]" if c == 1 else f"{c}*p[{d}]" for d, c in row]
+            if off or not parts:
+                parts.append(str(int(off)))
+            exprs.append(" + ".join(parts))
+        object.__setattr__(self, "terms", terms)
+        object.__setattr__(self, "fn", eval(f"lambda p: ({', '.join(exprs)},)"))  # noqa: S307
 
     def apply(self, p: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(sum(c * x for c, x in zip(row, p, strict=True)) + o
-                     for row, o in zip(self.coeffs, self.offsets, strict=True))
+        return self.fn(p)
 
     def iterators(self, coord: int) -> tuple[int, ...]:
         """Loop dimensions that tensor coordinate ``coord`` depends on."""

@@ -36,15 +36,34 @@ class SearchLimit(Exception):
     """The node or time budget of a search ran out."""
 
 
+def _vset(values) -> range | frozenset:
+    """A dimension's value set: a ``range`` when contiguous, else a ``frozenset`` (O(1)
+    membership either way; iteration sorts)."""
+    if isinstance(values, range) and values.step == 1:
+        return values
+    vs = values if isinstance(values, frozenset) else frozenset(values)
+    if vs:
+        lo, hi = min(vs), max(vs)
+        if hi - lo + 1 == len(vs):
+            return range(lo, hi + 1)
+    return vs
+
+
+def _sorted(v) -> range | list:
+    return v if isinstance(v, range) else sorted(v)
+
+
 class Dom:
-    """Immutable domain: a box ``vals[0] x vals[1] x ...`` minus ``excl``, or explicit points."""
+    """Immutable domain: a box ``vals[0] x vals[1] x ...`` minus ``excl``, or explicit points.
+
+    ``vals[d]`` is a ``range`` or a ``frozenset``; ``pts`` a ``frozenset`` of points."""
 
     __slots__ = ("vals", "pts", "excl")
 
-    def __init__(self, vals: Sequence | None = None, pts: tuple[Point, ...] | None = None,
-                 excl: frozenset = frozenset()):
-        self.vals = None if vals is None else tuple(vals)
-        self.pts = pts
+    def __init__(self, vals: Sequence | None = None, pts=None, excl: frozenset = frozenset()):
+        self.vals = None if vals is None else tuple(_vset(v) for v in vals)
+        self.pts = None if pts is None else (pts if isinstance(pts, frozenset)
+                                             else frozenset(pts))
         self.excl = excl
 
     @staticmethod
@@ -53,7 +72,7 @@ class Dom:
 
     @staticmethod
     def points(pts) -> Dom:
-        return Dom(pts=tuple(sorted(set(pts))))
+        return Dom(pts=frozenset(pts))
 
     def size(self) -> int:
         if self.pts is not None:
@@ -67,40 +86,40 @@ class Dom:
 
     def only(self) -> Point:
         if self.pts is not None:
-            return self.pts[0]
-        for p in itertools.product(*self.vals):
-            if p not in self.excl:
+            for p in self.pts:
                 return p
+        else:
+            for p in itertools.product(*self.vals):
+                if p not in self.excl:
+                    return p
         raise Fail("empty domain")
 
     def without(self, p: Point) -> Dom:
         if not self.contains(p):
             return self
         if self.pts is not None:
-            return Dom(pts=tuple(q for q in self.pts if q != p))
+            return Dom(pts=self.pts - {p})
         return Dom(self.vals, excl=self.excl | {p})
 
     def restrict(self, d: int, allowed) -> Dom:
         """Keep points whose coordinate ``d`` is in ``allowed`` (a set, range or tuple)."""
         if self.pts is not None:
-            return Dom(pts=tuple(p for p in self.pts if p[d] in allowed))
+            return Dom(pts=frozenset(p for p in self.pts if p[d] in allowed))
         cur = self.vals[d]
-        if isinstance(allowed, range) and isinstance(cur, range) and cur.step == 1 \
-                and allowed.step == 1:
+        if isinstance(allowed, range) and isinstance(cur, range) and allowed.step == 1:
             new = range(max(cur.start, allowed.start), min(cur.stop, allowed.stop))
-            if len(new) == len(cur):
-                return self
         else:
-            new = tuple(v for v in cur if v in allowed)
-            if len(new) == len(cur):
-                return self
+            new = frozenset(v for v in allowed if v in cur) if len(allowed) < len(cur) \
+                else frozenset(v for v in cur if v in allowed)
+        if len(new) == len(cur):
+            return self
         vals = list(self.vals)
         vals[d] = new
-        excl = frozenset(q for q in self.excl if q[d] in allowed)
+        excl = frozenset(q for q in self.excl if q[d] in allowed) if self.excl else self.excl
         return Dom(vals, excl=excl)
 
     def intersect(self, pts) -> Dom:
-        return Dom(pts=tuple(sorted(p for p in set(pts) if self.contains(p))))
+        return Dom(pts=frozenset(p for p in pts if self.contains(p)))
 
     def meet(self, other: Dom) -> Dom:
         """Intersection with another domain of the same space."""
@@ -110,10 +129,11 @@ class Dom:
             return other.intersect(self.pts)
         vals = []
         for a, b in zip(self.vals, other.vals, strict=True):
-            if isinstance(a, range) and isinstance(b, range) and a.step == b.step == 1:
+            if isinstance(a, range) and isinstance(b, range):
                 vals.append(range(max(a.start, b.start), min(a.stop, b.stop)))
             else:
-                vals.append(tuple(x for x in a if x in b))
+                vals.append(frozenset(x for x in a if x in b) if len(a) <= len(b)
+                            else frozenset(x for x in b if x in a))
         excl = frozenset(p for p in self.excl | other.excl
                          if all(x in v for x, v in zip(p, vals, strict=True)))
         return Dom(vals, excl=excl)
@@ -121,13 +141,18 @@ class Dom:
     def iterate(self, order: Sequence[int] | None = None) -> Iterator[Point]:
         """Points in lexicographic order of the dimensions listed in ``order`` (slowest first,
         the last dimension varying fastest); ``None`` is the natural order."""
-        n = len(self.pts[0]) if self.pts else len(self.vals or ())
+        if self.pts is not None:
+            if not self.pts:
+                return
+            n = len(next(iter(self.pts)))
+        else:
+            n = len(self.vals)
         order = list(range(n)) if order is None else list(order)
         if self.pts is not None:
             yield from sorted(self.pts, key=lambda p: tuple(p[d] for d in order))
             return
         inv = [order.index(d) for d in range(n)]
-        for q in itertools.product(*(self.vals[d] for d in order)):
+        for q in itertools.product(*(_sorted(self.vals[d]) for d in order)):
             p = tuple(q[i] for i in inv)
             if p not in self.excl:
                 yield p
@@ -173,7 +198,7 @@ class Engine:
         if not self.dom[v].contains(p):
             raise Fail(cause)
         self.val[v] = p
-        self.dom[v] = Dom(pts=(p,))
+        self.dom[v] = Dom(pts=frozenset((p,)))
         self._queue.append((v, True))
 
     def narrow(self, v: int, dom: Dom, cause: str) -> None:
