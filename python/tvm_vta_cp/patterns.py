@@ -2,9 +2,10 @@
 
 Offloaded: quantized conv2d (any kernel, stride, padding and dilation; grouped and depthwise
 convs too: the strategy computes them as dense convs with a block-diagonal weight and skips the
-all-zero weight blocks), dense, and the quantized residual add (on the ALU). Each check below is
-named; its docstring is the reason a layer stays on the CPU. Later entries of ``PATTERNS`` have
-lower priority.
+all-zero weight blocks), dense, the quantized residual add (on the ALU) and the transpose conv
+(dilation 1, any groups: stride-1 sub-convolutions whose STOREs interleave the output). Each
+check below is named; its docstring is the reason a layer stays on the CPU. Later entries of
+``PATTERNS`` have lower priority.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tvm_accel.partition import (
     const_value,
     dtype_of,
     qadd_pattern,
+    qdeconv_pattern,
     qlinear_pattern,
     static_shape,
     subbyte_activation_bits,
@@ -23,6 +25,8 @@ from tvm_accel.partition import (
 
 _I8 = ("int8", "uint8")
 _IMM_MAX = (1 << 15) - 1
+#: largest column step of the interleaving STORE (16-bit x_stride)
+MAX_STORE_STRIDE = (1 << 16) - 1
 
 
 def input_is_8bit(m: dict) -> bool:
@@ -65,12 +69,27 @@ def zero_point_fits_int8(m: dict) -> bool:
     return -128 <= zx <= 127
 
 
+def _deconv_phase_sums(m: dict, w: np.ndarray) -> np.ndarray:
+    """Per phase and output channel, the sum of the weights a transpose conv's stride-1
+    sub-convolution multiplies (IOHW weights, per group): shape (phases, K)."""
+    a = m["core"].attrs
+    g, (sh, sw) = int(a.groups), (int(s) for s in a.strides)
+    c, kg = w.shape[:2]
+    sums = [w[:, :, rh::sh, rw::sw].sum(axis=(2, 3)).reshape(g, c // g, kg).sum(axis=1)
+            .reshape(-1) for rh in range(sh) for rw in range(sw)]
+    return np.stack(sums)
+
+
 def bias_fits_int32(m: dict) -> bool:
     """bias with the folded zero-point correction overflows int32"""
     w = const_value(m["weight"]).astype(np.int64)
     zx = int(const_value(m["input_zero_point"])) - (128 if dtype_of(m["data"]) == "uint8" else 0)
-    axes = tuple(range(1, w.ndim)) if m["core"].op.name == "relax.nn.conv2d" else (0,)
-    b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * w.sum(axis=axes)
+    op = m["core"].op.name
+    if op == "relax.nn.conv2d_transpose":
+        sums = _deconv_phase_sums(m, w)
+    else:
+        sums = w.sum(axis=tuple(range(1, w.ndim)) if op == "relax.nn.conv2d" else (0,))
+    b = const_value(m["bias"]).astype(np.int64).reshape(-1) - zx * sums
     return bool(np.abs(b).max() < 2**31)
 
 
@@ -81,6 +100,22 @@ def requant_fits_alu(m: dict) -> bool:
     return (pre.size == 1 and sh.size == 1 and 0 <= int(pre) <= 31 and 0 <= int(sh) <= 31
             and mult.min() >= 1 and mult.max() <= _IMM_MAX
             and all(const_value(m[k]).size == 1 for k in ("zero_point", "qmin", "qmax")))
+
+
+def deconv_nchw(m: dict) -> bool:
+    """layout is not NCHW/IOHW (the transpose conv is planned as NCHW sub-convolutions)"""
+    a = m["core"].attrs
+    return a.data_layout == "NCHW" and a.kernel_layout == "IOHW" and a.out_layout == "NCHW"
+
+
+def deconv_no_dilation(m: dict) -> bool:
+    """dilated transpose conv (its stride-1 sub-convolution decomposition needs dilation 1)"""
+    return all(int(d) == 1 for d in m["core"].attrs.dilation)
+
+
+def deconv_stride_fits(m: dict) -> bool:
+    """transpose conv stride above 65535 (the interleaving STORE's 16-bit x_stride field)"""
+    return all(1 <= int(s) <= MAX_STORE_STRIDE for s in m["core"].attrs.strides)
 
 
 def add_same_shape(m: dict) -> bool:
@@ -128,6 +163,8 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("vta.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
         OffloadPattern("vta.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, output_is_8bit, add_recipe_fits_alu]),
+        OffloadPattern("vta.qdeconv", "conv2d_transpose", *qdeconv_pattern(),
+                       [deconv_nchw, deconv_no_dilation, deconv_stride_fits, *_COMMON]),
     ]
     for p in table:  # sub-8-bit activations stay on the CPU
         p.checks.append(activations_are_8bit)

@@ -38,6 +38,19 @@ chunks; a chunk's (co, ci) block pairs are an explicit micro-op table (the two l
 kh, kw, oh, ow stay the hardware loops), and the buffer checks count the largest chunk a tile
 really loads. The zero-point fold ``bias - zx' * sum w`` sums each channel's own group weights.
 
+Transpose conv (:class:`~tvm_accel.layers.DeconvLayer`, dilation 1, any groups): the ``SH * SW``
+stride-1 sub-convolutions of ``deconv_subconvs`` (phases), planned one after the other in one
+stream by this conv template, each over its output window only (``_ConvGeom.oh0/ow0``; no
+intermediate tensor). The phases' STOREs interleave into the output (``_TG.scatter``). A STORE
+is a 2-D DMA: ``y`` rows of ``x`` contiguous entries, with DRAM row pitch ``x_stride``. Phase rows
+``SH`` apart are therefore one STORE per channel block (pitch ``SH * Wp``). Columns ``SW > 1``
+apart have no column stride, so each phase row becomes one STORE with one entry per DMA row
+(``x = 1``, pitch ``SW``), and a one-column tile is one STORE down its rows. The cost is one DMA
+latency per stored row instead of per tile (the tiling cost model counts it). Between phases
+(``_Emitter.new_phase``) the first load into either half waits for the newest GEMM. A compute
+no-op waits for the last STORE, because the next phase places its tiles and requantize vectors
+differently in ACC. Knobs are per phase (``{"<layer>_sub<rh><rw>": {...}}``).
+
 Virtual threads (``oc_nthread`` or ``h_nthread`` = 2): INP, WGT and ACC are split in two halves;
 tiles alternate between the halves along the flattened tile order (co innermost for
 ``oc_nthread``, h innermost for ``h_nthread``), and the two threads' instructions are interleaved
@@ -77,7 +90,15 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 from tvm_accel.knobs import Knob, KnobSpace
-from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph
+from tvm_accel.layers import (
+    AddLayer,
+    ConvLayer,
+    DeconvLayer,
+    LayerGraph,
+    SubConv,
+    deconv_output_shape,
+    deconv_subconvs,
+)
 from tvm_vta_cp.codegen import (
     ALU_ADD,
     ALU_MAX,
@@ -312,6 +333,12 @@ class _ConvGeom:
     dw: int = 1
     groups: int = 1
     blk: int = 16
+    #: first computed output row / column of the conv (a window of a transpose conv's phase)
+    oh0: int = 0
+    ow0: int = 0
+    #: DRAM row / column step between stored output pixels (a transpose conv's interleave)
+    osh: int = 1
+    osw: int = 1
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -396,7 +423,10 @@ class _ConvGeom:
         return self.tile_blocks(tco, tci)[1] * _gemm_uops([tb, self.KH, self.KW, th, tw])
 
 
-def _conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig) -> _ConvGeom:
+def _conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig, sub: SubConv | None = None,
+               strides: tuple[int, int] = (1, 1)) -> _ConvGeom:
+    """Geometry of a conv/dense layer; with ``sub`` (a phase of a transpose conv with
+    ``strides``) only the phase's output window is computed and stored interleaved."""
     N, C, H, W = _dims4(tuple(in_shape))
     w = np.asarray(layer.weight)
     if w.ndim != 4:
@@ -420,9 +450,46 @@ def _conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig) -> _ConvGeom:
     if Ho < 1 or Wo < 1:
         raise MappingError(f"layer {layer.name}: kernel {KH}x{KW} (dilation {dh}x{dw}) larger "
                            "than the padded input")
-    return _ConvGeom(N, C, H, W, K, KH, KW, sh, sw, pad, Ho, Wo, _cdiv(N, cfg.batch),
-                     _cdiv(C, cfg.block_in), _cdiv(K, cfg.block_out), bool(layer.is_dense),
-                     dh, dw, groups, cfg.block_out)
+    g = _ConvGeom(N, C, H, W, K, KH, KW, sh, sw, pad, Ho, Wo, _cdiv(N, cfg.batch),
+                  _cdiv(C, cfg.block_in), _cdiv(K, cfg.block_out), bool(layer.is_dense),
+                  dh, dw, groups, cfg.block_out)
+    if sub is not None:
+        (qh, qw), (nh, nw) = sub.crop, sub.count
+        if min(qh, qw) < 0 or nh < 1 or nw < 1 or qh + nh > Ho or qw + nw > Wo:
+            raise MappingError(f"layer {layer.name}: phase window rows {qh}+{nh}, cols "
+                               f"{qw}+{nw} outside its {Ho}x{Wo} output")
+        g.oh0, g.ow0, g.Ho, g.Wo = qh, qw, nh, nw
+        g.osh, g.osw = (int(s) for s in strides)
+    return g
+
+
+def _deconv_phases(layer: DeconvLayer, in_shape) -> list[SubConv]:
+    """The stride-1 sub-convolutions (phases) of a transpose conv; MappingError when the
+    decomposition or the interleaving STORE does not apply."""
+    if tuple(int(d) for d in layer.dilation) != (1, 1):
+        raise MappingError(f"layer {layer.name}: dilated transpose conv (dilation "
+                           f"{tuple(layer.dilation)}) has no sub-kernel decomposition on VTA")
+    if not all(1 <= int(s) <= MAX_FIELD16 for s in layer.strides):
+        raise MappingError(f"layer {layer.name}: transpose conv strides {tuple(layer.strides)} "
+                           f"must be 1..{MAX_FIELD16} (the STORE's x_stride field)")
+    shape = _dims4(tuple(in_shape))
+    try:
+        subs = deconv_subconvs(layer, shape)
+    except ValueError as e:
+        raise MappingError(str(e)) from None
+    if not subs:
+        raise MappingError(f"layer {layer.name}: transpose conv has an empty output "
+                           f"{deconv_output_shape(layer, shape)}")
+    return subs
+
+
+def _phase_pad(sc: SubConv, in_shape) -> tuple[int, int, int, int]:
+    """Padding (top, left, bottom, right) the output window of a phase really reads."""
+    _, _, H, W = _dims4(tuple(in_shape))
+    (kh, kw), (pt, pl, _, _) = sc.conv.kernel, sc.conv.padding
+    (qh, qw), (nh, nw) = sc.crop, sc.count
+    return (max(0, pt - qh), max(0, pl - qw), max(0, qh + nh - 1 - pt + kh - H),
+            max(0, qw + nw - 1 - pl + kw - W))
 
 
 def _conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str, cfg: VTAConfig):
@@ -623,6 +690,10 @@ def _conv_cost(g: _ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci,
         alu += lat + nvec * atco * cfg.acc_entry_bytes / bpc
     out_full = ath >= g.Ho
     n_st = atb if out_full else atb * atco
+    if g.osw > 1 and atw > 1:  # interleaved columns: one STORE per row (see _TG.scatter)
+        n_st = atb * atco * ath
+    elif g.osh > 1 or g.osw > 1:
+        n_st = atb * atco
     store = n_st * lat + n * cfg.out_entry_bytes / bpc
     # how often inputs / weights are (re)loaded per (tile, chunk)
     if nCI > 1:
@@ -804,6 +875,29 @@ class _TG:
         return [((b * tc + c) * nr * nx, self.entry(b0 + b, c0 + c, r0, x0), nr, nx, Wp)
                 for b in range(tb) for c in range(tc)]
 
+    def scatter(self, b0, tb, c0, tc, r0, nr, x0, nx, sy, sx):
+        """STOREs ``(sram_offset, dram_entry, y, x, stride)`` of the dense block
+        ``[tb][tc][nr][nx]`` to DRAM rows ``r0 + i * sy`` and columns ``x0 + j * sx``.
+
+        A STORE copies ``y`` rows of ``x`` consecutive entries, row ``i`` to ``dram_entry +
+        i * stride``: rows spaced ``sy`` are one STORE per channel block (stride ``sy * Wp``);
+        columns spaced ``sx > 1`` are one STORE per row, taking each entry as a row of one
+        (``x = 1``, stride ``sx``), or per channel block when the tile is one column wide."""
+        if sy == sx == 1:
+            return self.region(b0, tb, c0, tc, r0, nr, x0, nx)
+        out, Wp = [], self.Wp
+        for b in range(tb):
+            for c in range(tc):
+                so = (b * tc + c) * nr * nx
+                if (sx == 1 or nx == 1) and sy * Wp <= MAX_FIELD16:
+                    out.append((so, self.entry(b0 + b, c0 + c, r0, x0), nr, nx, sy * Wp))
+                    continue
+                for i in range(nr):
+                    de = self.entry(b0 + b, c0 + c, r0 + i * sy, x0)
+                    out.append((so + i * nx, de, 1, nx, nx) if sx == 1 or nx == 1
+                               else (so + i * nx, de, nx, 1, sx))
+        return out
+
 
 # --- instruction emitter with token bookkeeping --------------------------------------------------
 class _UopOverflow(Exception):
@@ -908,6 +1002,24 @@ class _Emitter:
         self.pending_g2s = None
         self.last_store[half] = insns[-1]
         self.final_store = insns[-1]
+
+    def new_phase(self):
+        """Start a sub-program that lays out INP/WGT/ACC differently (the phases of a
+        transpose conv): its first load into either half waits for the newest GEMM of the
+        previous one (the queues run in order, so that covers all older GEMMs), and a compute
+        no-op waits for its last STORE before any ACC write (requantize vectors included)."""
+        if self.last_reader:
+            newest = max(self.last_reader.values(), key=lambda i: self._seq[id(i)])
+            self.last_reader.update({0: newest, 1: newest})
+        st = self.final_store
+        if st is not None and self._seq[id(st)] > self._s2g_done:
+            nop = self.emit(MemInsn(OP_LOAD, MEM_UOP, 0, 0, 0, 0, 0))
+            self._s2g_done = self._seq[id(st)]
+            st.deps.push_prev = True
+            nop.deps.pop_next = True
+            self._link("S2G", st, nop)
+        self.last_store.clear()
+        self.final_store = None
 
     def finish(self) -> bytes:
         if self.final_store is not None:
@@ -1069,6 +1181,13 @@ def _grouped_wgt_runs(g: _ConvGeom, woff: list[int], co0: int, nco: int, ci0: in
     return [(so, de, x) for so, de, x in runs]
 
 
+def _conv_macs(g: _ConvGeom, cfg: VTAConfig) -> tuple[int, int]:
+    """(MACs, MACs incl. the padded lanes and zero weight blocks VTA multiplies) of a conv."""
+    macs = g.N * g.K * (g.C // g.groups) * g.Ho * g.Wo * g.KK
+    nblocks = sum(hi - lo for lo, hi in map(g.ci_range, range(g.KB)))  # (co, ci) blocks
+    return macs, g.NB * cfg.batch * cfg.block_out * nblocks * cfg.block_out * g.Ho * g.Wo * g.KK
+
+
 def _tile_order(order: str, b_s, co_s, h_s, w_s):
     if order == "h_inner":
         return [(b, co, h, w) for co in co_s for b in b_s for w in w_s for h in h_s]
@@ -1095,9 +1214,35 @@ class _Plan:
 
     # -- conv / dense
     def conv(self, layer: ConvLayer, user_knobs: dict | None, use_halo: bool) -> LayerProgram:
+        g, kn, body = self._conv_body(layer, user_knobs, use_halo)
+        insns = _emit_layer(self.cfg, self.isa, self.dram, layer.name, body)
+        macs, padded = _conv_macs(g, self.cfg)
+        if g.dense:
+            shape = f"{g.N}x{g.C} -> {g.N}x{g.K}"
+        else:
+            shape = (f"{g.N}x{g.C}x{g.H}x{g.W} -> {g.N}x{g.K}x{g.Ho}x{g.Wo} k{g.KH}x{g.KW} "
+                     f"s{g.sh}" + (f"x{g.sw}" if g.sw != g.sh else ""))
+            if any(g.pad):
+                shape += " p" + (str(g.pad[0]) if len(set(g.pad)) == 1
+                                 else ",".join(map(str, g.pad)))
+            if (g.dh, g.dw) != (1, 1):
+                shape += f" d{g.dh}" + (f"x{g.dw}" if g.dw != g.dh else "")
+            if g.grouped:
+                shape += f" g{g.groups}"
+        return LayerProgram(layer.name, "dense" if g.dense else "conv2d", insns,
+                            len(insns) // 16, macs, padded, shape, dict(kn))
+
+    def _conv_body(self, layer: ConvLayer, user_knobs: dict | None, use_halo: bool,
+                   output: str | None = None, sub: SubConv | None = None,
+                   strides: tuple[int, int] = (1, 1)):
+        """``(geometry, knobs, body)`` of a conv: ``body(emitter)`` emits its tiles. With
+        ``sub`` (a phase of a transpose conv with ``strides`` writing tensor ``output``) only
+        the phase's window is computed, its pixels stored to every ``strides``-th row/column
+        of ``output`` from the phase's offset."""
         cfg, name = self.cfg, layer.name
-        pin, pout = self.placements[layer.input], self.placements[layer.output]
-        g = _conv_geom(layer, pin.shape, cfg)
+        pin, pout = self.placements[layer.input], self.placements[output or layer.output]
+        g = _conv_geom(layer, pin.shape, cfg, sub, strides)
+        orow, ocol = sub.offset if sub is not None else (0, 0)
         zxp, ops = _conv_numerics(layer, pin.dtype, pout.dtype, cfg)
         space = knob_space(layer, pin.shape, cfg, _ctx=(g, ops))
         kn = _validate_knobs(space, user_knobs, name)
@@ -1146,8 +1291,9 @@ class _Plan:
                 if inp_key.get(half) != ikey:
                     inp_key[half] = ikey
                     R, Cc = g.in_rows(nh), g.in_cols(nw)
-                    out += self._inp_loads(tin, b0, nb, ci0, nci, h0 * g.sh - pt, R, g.rstep,
-                                           w0 * g.sw - pl, Cc, use_halo, half * inp_h)
+                    out += self._inp_loads(tin, b0, nb, ci0, nci, (g.oh0 + h0) * g.sh - pt, R,
+                                           g.rstep, (g.ow0 + w0) * g.sw - pl, Cc, use_halo,
+                                           half * inp_h)
                 wkey = (co0, nco, ci0, nci)
                 if wgt_key.get(half) != wkey:
                     wgt_key[half] = wkey
@@ -1201,29 +1347,56 @@ class _Plan:
                             last = _emit_tail(em, ops, vidx, n, nb, nco, S, abase, vbase) or gm
                             em.compute_done(last)
                             sts = [MemInsn(OP_STORE, MEM_OUT, abase + so, de, y, x, st)
-                                   for so, de, y, x, st in tout.region(
-                                       b0, nb, co0, nco, tout.ht + h0, nh, tout.hl + w0, nw)]
+                                   for so, de, y, x, st in tout.scatter(
+                                       b0, nb, co0, nco, tout.ht + orow + h0 * g.osh, nh,
+                                       tout.hl + ocol + w0 * g.osw, nw, g.osh, g.osw)]
                             em.store_group(half, sts)
 
-        insns = _emit_layer(cfg, self.isa, self.dram, name, body)
-        B = cfg.batch
-        macs = g.N * g.K * (g.C // g.groups) * g.Ho * g.Wo * KK
-        nblocks = sum(hi - lo for lo, hi in map(g.ci_range, range(g.KB)))  # (co, ci) blocks
-        padded = g.NB * B * BLK * nblocks * BLK * g.Ho * g.Wo * KK
-        if g.dense:
-            shape = f"{g.N}x{g.C} -> {g.N}x{g.K}"
-        else:
-            shape = (f"{g.N}x{g.C}x{g.H}x{g.W} -> {g.N}x{g.K}x{g.Ho}x{g.Wo} k{g.KH}x{g.KW} "
-                     f"s{g.sh}" + (f"x{g.sw}" if g.sw != g.sh else ""))
-            if any(g.pad):
-                shape += " p" + (str(g.pad[0]) if len(set(g.pad)) == 1
-                                 else ",".join(map(str, g.pad)))
-            if (g.dh, g.dw) != (1, 1):
-                shape += f" d{g.dh}" + (f"x{g.dw}" if g.dw != g.dh else "")
-            if g.grouped:
-                shape += f" g{g.groups}"
-        return LayerProgram(name, "dense" if g.dense else "conv2d", insns, len(insns) // 16,
-                            macs, padded, shape, dict(kn))
+        return g, kn, body
+
+    # -- transpose conv
+    def deconv(self, layer: DeconvLayer, user_knobs: dict | None,
+               use_halo: bool) -> LayerProgram:
+        """A transpose conv as its ``deconv_subconvs`` phases, one after the other in one
+        stream: each phase is the static conv template on its output window, its STOREs
+        interleave it into the output (:meth:`_TG.scatter`). ``user_knobs`` maps phase names
+        (``<layer>_sub<rh><rw>``) to the conv knobs of that phase."""
+        cfg, pin = self.cfg, self.placements[layer.input]
+        user_knobs = user_knobs or {}
+        subs = _deconv_phases(layer, pin.shape)
+        unknown = sorted(set(user_knobs) - {sc.conv.name for sc in subs})
+        if unknown:
+            raise ValueError(f"layer {layer.name}: knobs are per phase "
+                             f"({', '.join(sc.conv.name for sc in subs)}), not {unknown[0]!r}")
+        strides = tuple(int(s) for s in layer.strides)
+        parts = [self._conv_body(sc.conv, user_knobs.get(sc.conv.name), use_halo, layer.output,
+                                 sc, strides) for sc in subs]
+
+        def body(em: _Emitter):
+            for i, (_, _, phase) in enumerate(parts):
+                if i:
+                    em.new_phase()
+                phase(em)
+
+        insns = _emit_layer(cfg, self.isa, self.dram, layer.name, body)
+        macs, padded = (sum(v) for v in zip(*(_conv_macs(g, cfg) for g, _, _ in parts),
+                                            strict=True))
+        (n, c, h, w), (kh, kw) = _dims4(tuple(pin.shape)), layer.kernel
+        _, k, ho, wo = deconv_output_shape(layer, (n, c, h, w))
+        shape = (f"{n}x{c}x{h}x{w} -> {n}x{k}x{ho}x{wo} k{kh}x{kw} s{strides[0]}"
+                 + (f"x{strides[1]}" if strides[1] != strides[0] else ""))
+        if any(layer.padding):
+            pad = tuple(int(p) for p in layer.padding)
+            shape += " p" + (str(pad[0]) if len(set(pad)) == 1 else ",".join(map(str, pad)))
+        if any(layer.output_padding):
+            shape += " op" + ",".join(str(int(p)) for p in layer.output_padding)
+        if layer.groups > 1:
+            shape += f" g{layer.groups}"
+        shape += f" ({len(subs)} phases)"
+        return LayerProgram(layer.name, "conv2d_transpose", insns, len(insns) // 16, int(macs),
+                            int(padded), shape,
+                            {sc.conv.name: dict(kn) for sc, (_, kn, _) in zip(subs, parts,
+                                                                               strict=True)})
 
     def _inp_loads(self, tg: _TG, b0, tb, c0, tc, rs, R, rstep, cs, Cc, use_halo, sbase):
         """LOAD INP instructions filling the dense block ``[tb][tc][R][Cc]`` with image rows
@@ -1354,14 +1527,19 @@ def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None
     fill: dict[str, int | None] = dict.fromkeys(tensors)
     use_halo: dict[str, bool] = {}
     for layer in graph.layers:
-        if isinstance(layer, ConvLayer):
+        if isinstance(layer, ConvLayer | DeconvLayer):
             if layer.input not in tensors or layer.output not in tensors:
                 raise MappingError(f"layer {layer.name}: unknown input/output tensor")
-            pad = tuple(int(p) for p in layer.padding)
+            if isinstance(layer, DeconvLayer):  # the padding its phases' windows read
+                shape = tuple(tensors[layer.input].shape)
+                pad = tuple(max(p) for p in zip(*(_phase_pad(sc, shape) for sc in
+                                                  _deconv_phases(layer, shape)), strict=True))
+            else:
+                pad = tuple(int(p) for p in layer.padding)
+                if layer.is_dense and any(pad):
+                    raise MappingError(f"layer {layer.name}: a dense layer cannot have padding")
             zxp = int(layer.input_zero_point) + _stored_offset(tensors[layer.input].dtype)
             need = any(pad) and (zxp != 0 or max(pad) > MAX_LOAD_PAD)
-            if layer.is_dense and any(pad):
-                raise MappingError(f"layer {layer.name}: a dense layer cannot have padding")
             use_halo[layer.name] = bool(need)
             if need:
                 t = layer.input
@@ -1393,6 +1571,8 @@ def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None
         user = knobs.get(layer.name)
         if isinstance(layer, ConvLayer):
             layers.append(p.conv(layer, user, use_halo[layer.name]))
+        elif isinstance(layer, DeconvLayer):
+            layers.append(p.deconv(layer, user, use_halo[layer.name]))
         else:
             layers.append(p.add(layer, user))
     size = _cdiv(p.dram.size, p.dram.align) * p.dram.align
