@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VTA hardware config JSON or bundled name (vta_1x16x16, vta_8x8x8)")
     c.add_argument("--target-vta-strategy", choices=["static", "cp", "auto"],
                    help="VTA strategy: TVM's static template, the CP embedding with layout "
-                   "rewrites, or the best of both by simulated time (default static)")
+                   "rewrites, or the best of both by simulated combined time (default auto)")
     c.add_argument("--target-vta-embedding-weights", metavar="MAC,DATA",
                    help="weights of the MAC and data-movement overheads when ranking CP "
                    "embeddings (default 1,1)")

@@ -8,9 +8,9 @@ encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C simulator), ``numerics`
 recipe on the ALU).
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
-(TVM's template, the default for now), ``cp`` (the best of the top-k CP candidates by simulated
-combined time: accelerator cycles plus the modelled host cost of the rewrite) and ``auto``
-(the best of both). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
+(TVM's template), ``cp`` (the best of the top-k CP candidates by simulated combined time:
+accelerator cycles plus the modelled host cost of the rewrite) and ``auto`` (the best of both,
+the default). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
 ``embedding`` (a candidate name such as ``"im2col(h,w)"`` or ``"static"``) forces a candidate.
 
 Importing this package registers the target, its runtime function and the ``vta`` Relax pipeline,
@@ -87,7 +87,7 @@ class VTATarget(AccelTarget):
         """Layout rewrites of the CP strategy (``cp``/``auto``): every conv2d (groups 1) gets
         the layout its decision picks; host ops around it do the rewrite."""
         opts = dict((knobs or {}).get(STRATEGY_KNOB) or {})
-        strat = opts.get("strategy", "static")
+        strat = opts.get("strategy", "auto")
         from tvm_vta_cp.embedding import STRATEGIES, check_weights, choose
 
         if strat not in STRATEGIES:

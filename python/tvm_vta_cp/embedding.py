@@ -41,7 +41,7 @@ from tvm_accel.cp.embedding import IMAGE_DIMS
 from tvm_accel.cp.intrinsic import InstructionDFG, gemm_intrinsic
 from tvm_accel.cp.operator import TensorOp
 from tvm_accel.errors import AccelError
-from tvm_accel.layers import ConvLayer
+from tvm_accel.layers import ConvLayer, conv_output_shape
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.rewrite import LayoutRewrite, host_bytes, rewrite_weight, rewritten_conv_geometry
 
@@ -117,14 +117,20 @@ class Candidate:
     score: float
     host_read: int = 0
     host_written: int = 0
+    pack_bytes: int = 0  # host bytes of the NCHWnc padding + blocking (the runtime's pack)
     cycles: int | None = None  # measured on the simulator (accelerator only)
 
     @property
     def name(self) -> str:
         return self.rewrite.describe() or "static"
 
+    @property
+    def transform_bytes(self) -> int:
+        """Host bytes read plus written around the call: the rewrite and the blocking."""
+        return self.host_read + self.host_written + self.pack_bytes
+
     def host_cycles(self, cfg: VTAConfig) -> float:
-        return (self.host_read + self.host_written) / cfg.HOST_BYTES_PER_CYCLE
+        return self.transform_bytes / cfg.HOST_BYTES_PER_CYCLE
 
     def combined(self, cfg: VTAConfig) -> float | None:
         return None if self.cycles is None else self.cycles + self.host_cycles(cfg)
@@ -145,49 +151,69 @@ def _up(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def _overheads(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op: TensorOp
-               ) -> tuple[int, int, tuple[int, int]]:
-    """(MAC overhead, data-movement overhead in tensor elements, host bytes) of running the
-    layer with rewrite ``rw`` on VTA's padded NCHWnc layout, against the operator's minimum."""
+@dataclass(frozen=True)
+class Footprint:
+    """What running a layer with one rewrite costs beside the operator's minimum (section 4.4):
+    MACs and tensor elements moved on VTA's padded NCHWnc layout, the host bytes of the
+    rewrite (read, written) and of the runtime's padding + blocking, and the DRAM bytes of the
+    packed data tensors and weights (the paper's memory columns)."""
+
+    macs: int
+    data: int
+    host: tuple[int, int]
+    pack: int
+    data_bytes: int
+    weight_bytes: int
+
+
+def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> Footprint:
+    """The :class:`Footprint` of ``layer`` under rewrite ``rw`` (int8 tensors)."""
     n, c, h, w = _dims(in_shape)
     k = int(layer.weight.shape[0])
+    nb, kb = _up(n, cfg.batch), _up(k, cfg.block_out)
     if layer.is_dense:
-        macs = _up(n, cfg.batch) * _up(k, cfg.block_out) * _up(c, cfg.block_in)
-        data = (_up(n, cfg.batch) * _up(c, cfg.block_in) + _up(k, cfg.block_out)
-                * _up(c, cfg.block_in) + _up(n, cfg.batch) * _up(k, cfg.block_out))
-        return macs - op.macs, data - _min_data(op), (0, 0)
+        cb = _up(c, cfg.block_in)
+        pack = n * c + nb * cb + nb * kb + n * k
+        return Footprint(nb * kb * cb, nb * cb + kb * cb + nb * kb, (0, 0), pack,
+                         nb * cb + nb * kb, kb * cb)
     g = int(layer.groups)
     dil = tuple(getattr(layer, "dilation", (1, 1)))
     wshape = tuple(int(s) for s in layer.weight.shape)
     if g > 1:
         kh, kw = layer.kernel
-        ho, wo = op.params["ho"], op.params["wo"]
-        kb = _up(k, cfg.block_out) // cfg.block_out
+        _, _, ho, wo = conv_output_shape(layer, (n, c, h, w))
         # block-diagonal: each output-channel block reads the input blocks of its groups
         cg, kg = c // g, k // g
         ci_blocks = 0
-        for j in range(kb):
+        for j in range(kb // cfg.block_out):
             k0, k1 = j * cfg.block_out, min(k, (j + 1) * cfg.block_out)
             c0, c1 = (k0 // kg) * cg, ((k1 - 1) // kg + 1) * cg
             ci_blocks += (c1 - 1) // cfg.block_in - c0 // cfg.block_in + 1
-        macs = (_up(n, cfg.batch) * ci_blocks * cfg.block_in * cfg.block_out * ho * wo
-                * kh * kw)
-        data = (_up(n, cfg.batch) * _up(c, cfg.block_in) * (h + sum(layer.padding[::2]))
-                * (w + sum(layer.padding[1::2])) + ci_blocks * cfg.block_in * cfg.block_out
-                * kh * kw + _up(n, cfg.batch) * _up(k, cfg.block_out) * ho * wo)
-        return macs - op.macs, data - _min_data(op), (0, 0)
+        macs = nb * ci_blocks * cfg.block_in * cfg.block_out * ho * wo * kh * kw
+        x = nb * _up(c, cfg.block_in) * (h + sum(layer.padding[::2])) * (
+            w + sum(layer.padding[1::2]))
+        wgt, y = ci_blocks * cfg.block_in * cfg.block_out * kh * kw, nb * kb * ho * wo
+        return Footprint(macs, x + wgt + y, (0, 0), n * c * h * w + x + y + n * k * ho * wo,
+                         x + y, wgt)
     geo = rewritten_conv_geometry(rw, (n, c, h, w), wshape, tuple(layer.strides),
                                   tuple(layer.padding), dil)
     n2, c2, h2, w2 = geo.input_shape
     _, _, kh2, kw2 = geo.weight_shape
     _, _, ho2, wo2 = geo.output_shape
     pt, pl, pb, pr = geo.padding
-    nb, kb, cb = _up(n2, cfg.batch), _up(k, cfg.block_out), _up(c2, cfg.block_in)
-    macs = nb * kb * cb * ho2 * wo2 * kh2 * kw2
-    data = (nb * cb * (h2 + pt + pb) * (w2 + pl + pr) + kb * cb * kh2 * kw2
-            + nb * kb * ho2 * wo2)
+    nb, cb = _up(n2, cfg.batch), _up(c2, cfg.block_in)
+    x = nb * cb * (h2 + pt + pb) * (w2 + pl + pr)
+    wgt, y = kb * cb * kh2 * kw2, nb * kb * ho2 * wo2
     hb = host_bytes(rw, (n, c, h, w), wshape, tuple(layer.strides), tuple(layer.padding), dil)
-    return macs - op.macs, data - _min_data(op), hb
+    pack = n2 * c2 * h2 * w2 + x + y + n2 * k * ho2 * wo2
+    return Footprint(nb * kb * cb * ho2 * wo2 * kh2 * kw2, x + wgt + y, hb, pack, x + y, wgt)
+
+
+def _candidate(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op: TensorOp,
+               emb: Embedding | None, weights: tuple[float, float]) -> Candidate:
+    fp = footprint(layer, in_shape, rw, cfg)
+    o_mac, o_data = fp.macs - op.macs, fp.data - _min_data(op)
+    return Candidate(rw, emb, o_mac, o_data, _score(o_mac, o_data, weights), *fp.host, fp.pack)
 
 
 def _min_data(op: TensorOp) -> int:
@@ -247,13 +273,11 @@ def candidates(layer: ConvLayer, in_shape, cfg: VTAConfig, weights=(1.0, 1.0), t
         if rw is None:
             rejected.append((emb.describe(), why))
             continue
-        o_mac, o_data, hb = _overheads(layer, in_shape, rw, cfg, op)
-        cand = Candidate(rw, emb, o_mac, o_data, _score(o_mac, o_data, weights), *hb)
+        cand = _candidate(layer, in_shape, rw, cfg, op, emb, weights)
         if rw not in by_rw or cand.score < by_rw[rw].score:
             by_rw[rw] = cand
     ranked = sorted(by_rw.values(), key=lambda c: (c.score, c.name))[:max(1, top_k)]
-    o_mac, o_data, _ = _overheads(layer, in_shape, IDENTITY, cfg, op)
-    static = Candidate(IDENTITY, None, o_mac, o_data, _score(o_mac, o_data, weights))
+    static = _candidate(layer, in_shape, IDENTITY, cfg, op, None, weights)
     reason = "" if ranked else (reasons[-1] if reasons else "no embedding: no rewrite rule "
                                 "implements the embeddings found")
     return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static)
@@ -307,7 +331,7 @@ def rewritten_layer(layer: ConvLayer, in_shape, rw: LayoutRewrite
 def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
             knobs: dict | None = None) -> int:
     """Simulated cycles of one conv layer on VTA (random data; timing does not depend on it)."""
-    from tvm_accel.layers import LayerGraph, Tensor, conv_output_shape
+    from tvm_accel.layers import LayerGraph, Tensor
     from tvm_vta_cp.runtime import execute_program
     from tvm_vta_cp.strategy import plan
 

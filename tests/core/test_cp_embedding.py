@@ -180,3 +180,18 @@ def test_deepbench_layers_all_get_an_embedding(gemm):
         if res.status != "ok":
             res = find_embedding(op, dfg, Options.relaxed())
         assert res.status == "ok", (row["id"], res.reason)
+
+
+def test_instance_set_order_changes_the_search_not_the_embeddings():
+    dfg = gemm_intrinsic(8, 8, 8)
+    relaxed = Options(dense=False, linear_access=False, max_solutions=10_000)
+    found = {}
+    for layout in ("NCHW", "NHWC", "HWNC"):
+        op = conv2d_op(1, 8, 4, 4, 8, 3, 3, (1, 1), (1, 1, 1, 1), layout=layout)
+        assert op.dims[-1] == ("s" if layout == "NCHW" else "c")
+        res = enumerate_embeddings(op, dfg, relaxed)
+        assert res.status == "ok"
+        found[layout] = {e.key for e in res.embeddings}
+    assert found["NCHW"] == found["NHWC"] == found["HWNC"] and len(found["NCHW"]) > 1
+    with pytest.raises(ValueError, match="layout 'NWCH'"):
+        conv2d_op(1, 16, 6, 6, 16, 3, 3, layout="NWCH")

@@ -56,9 +56,13 @@ def test_depthwise_conv_runs_on_vta_bit_exactly(compare):
     r.assert_bit_exact()
 
 
-def test_resnet20_is_bit_exact(compare, config):
+def test_resnet20_is_bit_exact_under_the_default_auto_strategy(compare, config):
     r = compare(zoo.quantized("resnet20"), config)
     assert len([o for o in r.offloaded if o.op == "conv2d"]) == 21
+    decisions = r.report.layouts
+    assert len(decisions) == 21 and {d.strategy for d in decisions} == {"auto"}
+    if config == "vta_8x8x8":  # batch 1 on BATCH=8: auto picks image packs over padding
+        assert sum(not d.rewrite.is_identity for d in decisions) >= 10
     r.assert_bit_exact()
 
 

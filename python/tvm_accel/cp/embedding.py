@@ -192,7 +192,7 @@ def pad_operator(op: TensorOp, dfg: InstructionDFG, mode: str = "multiple"
     if not pads:
         return op, ()
     new = conv2d_op(n, cg2 * g, p["h"], p["w"], kg2 * g, kh, kw, p["strides"],
-                    (pt, pl, pb, pr), p["dilation"], g)
+                    (pt, pl, pb, pr), p["dilation"], g, p.get("layout", "NCHW"))
     return new, tuple(pads)
 
 

@@ -28,7 +28,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Access", "TensorOp", "conv2d_op", "dense_op"]
+__all__ = ["LAYOUTS", "Access", "TensorOp", "conv2d_op", "dense_op"]
+
+#: conv2d loop-dimension orders by operator layout (spatial dims first, then reduction)
+LAYOUTS = {"NCHW": ("n", "g", "k", "oh", "ow", "c", "r", "s"),
+           "NHWC": ("n", "oh", "ow", "g", "k", "r", "s", "c"),
+           "HWNC": ("oh", "ow", "n", "g", "k", "r", "s", "c")}
 
 
 @dataclass(frozen=True)
@@ -178,10 +183,17 @@ def _op(kind: str, dims: dict[str, int], reduction: set[str], tensors: dict, par
 
 def conv2d_op(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
               strides: tuple[int, int] = (1, 1), padding: tuple[int, int, int, int] = (0,) * 4,
-              dilation: tuple[int, int] = (1, 1), groups: int = 1) -> TensorOp:
+              dilation: tuple[int, int] = (1, 1), groups: int = 1, layout: str = "NCHW"
+              ) -> TensorOp:
     """conv2d (NCHW / OIHW, any kernel, stride, padding, dilation, groups; depthwise when
     ``groups == c``) over the loop dimensions ``n, g, k, oh, ow`` (spatial) and ``c, r, s``
-    (reduction), ``k`` and ``c`` counting channels within a group."""
+    (reduction), ``k`` and ``c`` counting channels within a group.
+
+    ``layout`` (``NCHW``, ``NHWC`` or ``HWNC``) is the order of the instance set's dimensions,
+    i.e. the lexicographic order the search traverses it in (the paper's Fig. 8 study); the
+    tensors' index spaces stay NCHW / OIHW, so embeddings do not depend on it."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"conv2d layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     sh, sw = strides
     dh, dw = dilation
     pt, pl, pb, pr = padding
@@ -192,7 +204,8 @@ def conv2d_op(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
     wo = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
     if ho < 1 or wo < 1:
         raise ValueError("the kernel is larger than the padded input")
-    dims = {"n": n, "g": groups, "k": kg, "oh": ho, "ow": wo, "c": cg, "r": kh, "s": kw}
+    ext = {"n": n, "g": groups, "k": kg, "oh": ho, "ow": wo, "c": cg, "r": kh, "s": kw}
+    dims = {d: ext[d] for d in LAYOUTS[layout]}
     tensors = {
         "in": (("N", "C", "H", "W"), (n, c, h + pt + pb, w + pl + pr),
                [{"n": 1}, {"g": cg, "c": 1}, {"oh": sh, "r": dh}, {"ow": sw, "s": dw}]),
@@ -204,7 +217,8 @@ def conv2d_op(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
     kind = "depthwise_conv2d" if groups > 1 and cg == 1 else (
         "group_conv2d" if groups > 1 else "conv2d")
     params = dict(n=n, c=c, h=h, w=w, k=k, kh=kh, kw=kw, strides=(sh, sw),
-                  padding=tuple(padding), dilation=(dh, dw), groups=groups, ho=ho, wo=wo)
+                  padding=tuple(padding), dilation=(dh, dw), groups=groups, ho=ho, wo=wo,
+                  layout=layout)
     return _op(kind, dims, {"c", "r", "s"}, tensors, params)
 
 
