@@ -41,12 +41,13 @@ from tvm_accel.cp.embedding import IMAGE_DIMS
 from tvm_accel.cp.intrinsic import InstructionDFG, gemm_intrinsic
 from tvm_accel.cp.operator import TensorOp
 from tvm_accel.errors import AccelError
+from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import ConvLayer, conv_output_shape
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.rewrite import LayoutRewrite, host_bytes, rewrite_weight, rewritten_conv_geometry
 
-__all__ = ["Candidate", "CandidateSet", "Decision", "STRATEGIES", "candidates", "choose",
-           "gemm_of", "operator_of", "rewrite_of"]
+__all__ = ["Candidate", "CandidateSet", "Decision", "Footprint", "STRATEGIES", "candidates",
+           "choose", "embedding_space", "footprint", "gemm_of", "operator_of", "rewrite_of"]
 
 STRATEGIES = ("static", "cp", "auto")
 #: what VTA's rewrite rules can implement, posted as lane restrictions so the search never
@@ -390,3 +391,14 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
                         "no candidate could be built; static template used")
     best = min(timed, key=lambda c: (c.combined(cfg), c.name))
     return Decision(layer.name, strategy, best, pool, cs.nodes, cs.seconds)
+
+
+def embedding_space(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
+                    weights=(1.0, 1.0), top_k: int = 5, time_limit: float = 10.0) -> KnobSpace:
+    """The layer's embedding choice as a declared knob space (one knob, ``embedding``): the
+    static template and the top-k CP candidates by name, default the ``auto`` choice. A tuner
+    sets the knob per layer (``knobs={layer: {"embedding": name}}``); the tile knobs of the
+    chosen layout are :func:`tvm_vta_cp.strategy.knob_space` of :func:`rewritten_layer`."""
+    dec = choose(layer, in_shape, in_dtype, out_dtype, cfg, "auto", weights, top_k, time_limit)
+    names = tuple(dict.fromkeys(["static", *(c.name for c in dec.options)]))
+    return KnobSpace([Knob("embedding", names, dec.chosen.name)], name=layer.name)

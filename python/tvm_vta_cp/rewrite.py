@@ -331,6 +331,11 @@ def _users(func: relax.Function) -> dict[relax.Var, set]:
 
 
 def _find_convs(fname: str, func: relax.Function) -> list[_Match]:
+    """The canonical convs of ``func`` that VTA offloads (a conv failing a check of VTA's
+    pattern table stays on the CPU, so rewriting its layout would only cost host time)."""
+    from tvm_vta_cp.patterns import pattern_table
+
+    checks = next(p for p in pattern_table() if p.op == "conv2d")
     pattern, ann_pats = qlinear_pattern("conv2d")
     var2val = relax.analysis.get_var2val(func)
     bound = {val.__chandle__(): var for var, val in var2val.items()}
@@ -344,7 +349,8 @@ def _find_convs(fname: str, func: relax.Function) -> list[_Match]:
             if m is None:
                 continue
             ann = {k: m[p] for k, p in ann_pats.items() if p in m}
-            found.append(_match(fname, b, ann, bound, users, var2val))
+            if not checks.failed_checks(ann):
+                found.append(_match(fname, b, ann, bound, users, var2val))
     return [f for f in found if f is not None]
 
 

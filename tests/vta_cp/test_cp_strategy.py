@@ -61,3 +61,27 @@ def test_bad_strategy_options_are_one_clear_error():
     with pytest.raises(AccelError, match="not a candidate"):
         choose(_layer(16, 16, 3, 3, 1, 1), (1, 16, 8, 8), "int8", "int8",
                tvm_vta_cp.load_config(None), "cp", embedding="im2col(q)")
+
+
+def test_embedding_is_a_declared_knob_whose_options_each_force_that_layout():
+    from tvm_vta_cp.embedding import embedding_space
+
+    cfg = tvm_vta_cp.load_config("vta_8x8x8")
+    layer = _layer(16, 16, 3, 3, 1, 1)
+    space = embedding_space(layer, (1, 16, 8, 8), "int8", "int8", cfg)
+    knob = space["embedding"]
+    assert "static" in knob.options and any(o.startswith("pack") for o in knob.options)
+    auto = choose(layer, (1, 16, 8, 8), "int8", "int8", cfg, "auto")
+    assert knob.default == auto.chosen.name
+    for name in knob.options:
+        forced = choose(layer, (1, 16, 8, 8), "int8", "int8", cfg, "auto", embedding=name)
+        assert forced.chosen.name == name
+        assert forced.chosen.combined(cfg) >= auto.chosen.combined(cfg)
+
+
+def test_image_pack_search_yields_only_ordered_covering_packs():
+    cfg = tvm_vta_cp.load_config("vta_8x8x8")
+    cs = candidates(_layer(16, 16, 3, 3, 1, 1), (1, 16, 7, 7), cfg, top_k=50)
+    packs = [e for e in cs.embeddings if any(d in ("oh", "ow") for d in e.dims("x"))]
+    assert packs and not [why for _, why in cs.rejected if "adjacent" in why]
+    assert {c.rewrite.pack for c in cs.candidates} >= {(8, 1), (1, 8), (2, 4), (4, 2)}

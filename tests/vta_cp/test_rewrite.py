@@ -262,13 +262,13 @@ def test_convs_of_a_network_are_rewritten_offloaded_and_bit_exact():
     np.testing.assert_array_equal(run(tvm.compile(lowered, target="llvm"), inputs), ref)
 
 
-def _hand_built_conv(dataflow: bool, leak: bool = False):
+def _hand_built_conv(dataflow: bool, leak: bool = False, wmax: int = 20):
     """A canonical conv written with the canonicalizer's emitters, optionally outside a
     dataflow block or with its accumulator also returned (a leaking intermediate)."""
     from tvm_accel import numerics
     from tvm_accel.layers import Requant
 
-    w = np.random.default_rng(0).integers(-20, 20, (4, 3, 3, 3)).astype(np.int32)
+    w = np.random.default_rng(0).integers(-wmax, wmax, (4, 3, 3, 3)).astype(np.int32)
     rq = Requant(0, np.full(4, 3), np.full(4, 128), 8, 2, -128, 127)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 3, 6, 7), "int8"))
@@ -300,5 +300,11 @@ def test_conv_outside_a_dataflow_block_is_rewritten():
 
 def test_conv_with_a_leaking_intermediate_is_left_alone():
     mod = _hand_built_conv(dataflow=True, leak=True)
+    new, records = apply_layout_rewrites(mod, lambda info: LayoutRewrite(("h", "w")))
+    assert records == [] and new.same_as(mod)
+
+
+def test_conv_vta_does_not_offload_is_not_rewritten():
+    mod = _hand_built_conv(dataflow=True, wmax=300)  # weights beyond int8: stays on the CPU
     new, records = apply_layout_rewrites(mod, lambda info: LayoutRewrite(("h", "w")))
     assert records == [] and new.same_as(mod)

@@ -18,6 +18,8 @@
 - :class:`FixedAxes`: the points of a tensor may not move along axes whose access is not one
   iterator with a constant stride (linear memory access); the same propagator keeps a lane axis
   on the operator dimensions a backend can implement.
+- :class:`ImagePackLanes`: image-pack lanes (a backend restriction) are ordered and cover the
+  image.
 """
 
 from __future__ import annotations
@@ -110,6 +112,39 @@ class AccessEdge(Propagator):
         elif v == op and eng.dom[op].pts is not None:
             eng.narrow(data, eng.dom[data].intersect(map(self.acc.fn, eng.dom[op].pts)),
                        self.name)
+
+
+class ImagePackLanes(Propagator):
+    """Image-pack lanes of one intrinsic axis (backend restriction, ``adjacent_pixels=False``).
+
+    Symmetry breaking: the rewrite numbers the pieces itself, so any permutation of the lanes is
+    the same program; only the one whose output points increase lexicographically is kept.
+    Cover: a lane walk over an output image axis steps by the piece size ``P`` and must reach
+    every piece, i.e. ``last - first + P >= extent`` (four lanes 1 apart on an 8-row image are a
+    per-lane stencil copy, not a pack)."""
+
+    name = "image pack"
+
+    def __init__(self, lanes: list[int], image_axes: dict[int, int]):
+        self.vars = tuple(lanes)
+        self.image_axes = image_axes  # output tensor axis -> extent
+
+    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
+        if not assigned:
+            return
+        lanes, val = self.vars, eng.val
+        i = lanes.index(v)
+        p = val[v]
+        if i and val[lanes[i - 1]] is not None and not val[lanes[i - 1]] < p:
+            raise Fail(self.name)
+        if i + 1 < len(lanes) and val[lanes[i + 1]] is not None and not p < val[lanes[i + 1]]:
+            raise Fail(self.name)
+        if any(val[u] is None for u in lanes):
+            return
+        for a, extent in self.image_axes.items():
+            coords = sorted({val[u][a] for u in lanes})
+            if len(coords) > 1 and coords[-1] - coords[0] + coords[1] - coords[0] < extent:
+                raise Fail(self.name)
 
 
 class SameInstance(Propagator):

@@ -39,6 +39,7 @@ from tvm_accel.cp.constraints import (
     AllDifferent,
     FixedAxes,
     HyperRectangle,
+    ImagePackLanes,
     Parallel,
     ReductionStep,
     SameInstance,
@@ -73,7 +74,8 @@ class Options:
     max_solutions: int = 400
     #: backend restrictions: ``(axis, dims)`` pairs, lane axis ``axis`` walks only ``dims``
     lane_dims: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    #: a lane axis may walk adjacent output pixels (False: only image-pack strides)
+    #: a lane axis may walk adjacent output pixels (False: only image-pack strides, and the x
+    #: lanes are ordered and cover the image, :class:`~tvm_accel.cp.constraints.ImagePackLanes`)
     adjacent_pixels: bool = True
 
     @staticmethod
@@ -283,6 +285,11 @@ class _Model:
             fixed = tuple(d for d, name in enumerate(op.dims) if name not in dims)
             if len(lanes[axis]) > 1 and fixed:
                 props.append(FixedAxes(lanes[axis], fixed, f"{axis} lanes on {'/'.join(dims)}"))
+        if not opts.adjacent_pixels and X > 1 and any(d in op.dims for d in IMAGE_DIMS):
+            acc = op.access["out"]
+            image = {a: op.shapes["out"][a] for a in range(len(op.shapes["out"]))
+                     if any(op.dims[d] in IMAGE_DIMS for d in acc.iterators(a))}
+            props.append(ImagePackLanes([v["out", (bb, 0)] for bb in range(X)], image))
         self.props = props
         self.fixed = []
         if opts.fixed_origin:
