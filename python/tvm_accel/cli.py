@@ -86,8 +86,9 @@ def cmd_compile(args) -> int:
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
     blobs = {f.name: f.blob for f in report.functions} if report else {}
-    save_package(args.output, ex, PackageMetadata(accel or "", host, config, inputs, outputs,
-                                                  offloads), blobs)
+    save_package(args.output, ex, PackageMetadata(
+        accel or "", host, config, inputs, outputs, offloads,
+        host_functions=list(report.host_functions) if report else []), blobs)
     n_acc = sum(1 for r in offloads if r["placement"] != "cpu")
     print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
           f"{accel or 'cpu'}, {len(offloads) - n_acc} on the cpu -> {args.output}")
@@ -172,14 +173,16 @@ def cmd_run(args) -> int:
     import tvm
 
     from tvm_accel.package import load_package, outputs_to_numpy
-    from tvm_accel.profiler import profiling
+    from tvm_accel.profiler import profiling, time_host_functions
 
     pkg = load_package(args.package)
     vm = pkg.vm()
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
     if args.profile or args.trace:
         with profiling(args.trace) as prof:
-            result = vm["main"](*inputs)
+            timed = pkg.vm()
+            time_host_functions(timed, pkg.meta.host_functions, prof)
+            result = timed["main"](*inputs)
         if args.profile:
             print(prof.table())
         if args.trace:

@@ -38,6 +38,7 @@ class PackageMetadata:
     outputs: list[TensorSpec]
     offloads: list[dict] = field(default_factory=list)
     format: int = PACKAGE_FORMAT
+    host_functions: list[dict] = field(default_factory=list)
 
 
 def save_package(path: str, executable, meta: PackageMetadata,

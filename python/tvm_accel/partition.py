@@ -283,13 +283,26 @@ def subbyte_activation_bits(m: dict) -> int | None:
 
 
 # --- running the table --------------------------------------------------------------------------
+#: attribute of a host function a target added around its calls (e.g. VTA's layout rewrites):
+#: it holds no offloadable layer
+HOST_FUNCTION_ATTR = "accel_host_function"
+
+
 def partition(mod: tvm.IRModule, patterns: list[OffloadPattern]) -> tvm.IRModule:
-    """Group matched layers into ``Codegen`` functions (neighbours merged)."""
+    """Group matched layers into ``Codegen`` functions (neighbours merged). Host functions
+    (:data:`HOST_FUNCTION_ATTR`) come in without dataflow blocks (``MergeCompositeFunctions``
+    only groups dataflow blocks of the functions it partitions) and get them afterwards, so
+    ``FuseOps`` fuses their ops."""
     bits = module_layer_bits(mod)
     entries = [p.as_fusion_entry(bits) for p in patterns]
     mod = relax.transform.FuseOpsByPattern(entries, bind_constants=True,
                                            annotate_codegen=False)(mod)
-    return relax.transform.MergeCompositeFunctions()(mod)
+    mod = relax.transform.MergeCompositeFunctions()(mod)
+    for gv, f in list(mod.functions_items()):
+        if isinstance(f, relax.Function) and f.attrs is not None \
+                and HOST_FUNCTION_ATTR in f.attrs:
+            mod[gv] = relax.transform.ConvertToDataflow()(tvm.IRModule({gv: f}))[gv]
+    return mod
 
 
 @dataclass

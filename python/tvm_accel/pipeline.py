@@ -29,6 +29,9 @@ class CompileReport:
     functions: list[LoweredFunction] = field(default_factory=list)
     #: per-layer layout decisions of the target (objects with ``layer`` and ``summary()``)
     layouts: list = field(default_factory=list)
+    #: host functions the target put around its calls (dicts: symbol, layer, op, read,
+    #: written, cycles), timed by ``tvmc run --profile``
+    host_functions: list = field(default_factory=list)
 
 
 def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: CompileReport | None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,9 +36,23 @@ class LayerRecord:
 
 
 @dataclass
+class HostRecord:
+    """One host function a target put around its calls (VTA's layout rewrites): the bytes and
+    cycles of the target's host model beside the wall time measured on this machine."""
+
+    symbol: str
+    layer: str
+    op: str
+    bytes_moved: int
+    model_cycles: float
+    time_us: float
+
+
+@dataclass
 class Profiler:
     trace_path: str | None = None
     records: list[LayerRecord] = field(default_factory=list)
+    host: list[HostRecord] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     time_us: float = 0.0
 
@@ -88,6 +103,15 @@ class Profiler:
                   for r in self.records if "energy_uj" in r.extra and "vdd" in r.extra}
         for vdd, mhz, abb in sorted(points):
             text += f"\nenergy at {vdd} V, {mhz:.0f} MHz{' with ABB' if abb else ''}"
+        if self.host:
+            rows = [(h.layer, h.op, h.bytes_moved, f"{h.model_cycles:,.0f}", f"{h.time_us:.1f}")
+                    for h in self.host]
+            rows.append(("TOTAL", "", sum(h.bytes_moved for h in self.host),
+                         f"{sum(h.model_cycles for h in self.host):,.0f}",
+                         f"{sum(h.time_us for h in self.host):.1f}"))
+            text += "\n\nhost layout rewrites (modelled on the target's host; time measured " \
+                    "here):\n" + format_table(["layer", "op", "bytes", "model cycles",
+                                                "measured (us)"], rows, align="llrrr")
         return text
 
     def write_trace(self) -> None:
@@ -109,6 +133,30 @@ def record(rec: LayerRecord) -> None:
     if p is not None:
         p.records.append(rec)
         p.time_us += rec.time_us
+
+
+def time_host_functions(vm, functions: list[dict], prof: Profiler) -> None:
+    """Time the calls of the host functions ``functions`` (``symbol``, ``layer``, ``op``,
+    ``read``, ``written``, ``cycles`` as in the package metadata) on ``vm`` into ``prof``."""
+    known = {f["symbol"]: f for f in functions}
+    if not known:
+        return
+    started: dict[str, float] = {}
+
+    def instrument(func, symbol, before, ret, *args) -> int:
+        f = known.get(symbol)
+        if f is not None:
+            now = time.perf_counter()
+            if before:
+                started[symbol] = now
+            else:
+                prof.host.append(HostRecord(symbol, f["layer"], f["op"],
+                                            int(f["read"]) + int(f["written"]),
+                                            float(f["cycles"]),
+                                            (now - started.pop(symbol, now)) * 1e6))
+        return 0
+
+    vm.set_instrument(instrument)
 
 
 @contextmanager

@@ -120,9 +120,13 @@ class VTATarget(AccelTarget):
                              config, strat, weights, top_k, limit, forced.get(info.name))
                 _DECISIONS[key] = dec
             if report is not None:
-                from dataclasses import replace
+                from dataclasses import asdict, replace
 
                 report.layouts.append(replace(dec, layer=info.name))
+                if not dec.rewrite.is_identity:
+                    report.host_functions += [
+                        dict(asdict(h), cycles=(h.read + h.written) / config.HOST_BYTES_PER_CYCLE)
+                        for h in info.host_functions(dec.rewrite)]
             return None if dec.rewrite.is_identity else dec.rewrite
 
         mod, _ = apply_layout_rewrites(mod, decide)

@@ -32,9 +32,12 @@ Both rules are separable: each spatial axis of the rewritten input is a gather f
 axis of ``x``. The host builds it with at most ``nn.pad`` (one ``zx`` element appended to an
 axis that needs padding), one ``take`` per axis that is not the identity (a 1-D index constant
 of length taps x pieces x extent) and a reshape / permute_dims / reshape into the new batch and
-channel order; the unpack is reshape / permute_dims / reshape / strided_slice. Host op names:
-``<layer>_im2col`` (unroll only) or ``<layer>_pack`` (pack, with or without unroll) for the
-rewritten input, ``<layer>_unpack`` for the output; intermediate steps get a suffix.
+channel order; the unpack is reshape / permute_dims / reshape / strided_slice. Each runs as its
+own host function (``vta_host_<layer>_im2col`` for an unroll only, ``vta_host_<layer>_pack``
+with a pack, ``vta_host_<layer>_unpack`` for the output) called from the caller, whose result
+is bound to ``<layer>_im2col`` / ``_pack`` / ``_unpack``: a function call is what the VM can
+time (``tvmc run --profile`` shows the measured time beside the modelled cost), and TVM still
+fuses the ops inside it.
 
 Host cost (:func:`host_bytes`) counts an ideal single-pass copy: every element of a tensor the
 host produces is written once; an element copied from the source costs one read, one filled with
@@ -55,12 +58,21 @@ import tvm
 from tvm import relax
 
 from tvm_accel.layers import ConvLayer
-from tvm_accel.partition import dtype_of, layer_name, qlinear_pattern, static_shape
+from tvm_accel.partition import (
+    HOST_FUNCTION_ATTR,
+    dtype_of,
+    layer_name,
+    qlinear_pattern,
+    static_shape,
+)
 
 R = relax.op
+#: prefix of the host functions holding the rewrites (what ``tvmc run --profile`` times)
+HOST_PREFIX = "vta_host_"
 _AXES = ("h", "w")
 
-__all__ = ["ConvGeometry", "ConvInfo", "LayoutRewrite", "apply_layout_rewrites", "host_bytes",
+__all__ = ["HOST_PREFIX", "ConvGeometry", "ConvInfo", "HostFunction", "LayoutRewrite",
+           "apply_layout_rewrites", "host_bytes", "host_parts", "host_symbol",
            "layout_rewrite_pass", "rewrite_weight", "rewritten_conv_geometry"]
 
 
@@ -227,6 +239,29 @@ def rewritten_conv_geometry(spec: LayoutRewrite, input_shape: tuple[int, int, in
     return _layout(spec, input_shape, weight_shape, strides, padding, dilation).geometry
 
 
+def host_parts(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
+               weight_shape: tuple[int, int, int, int], strides: tuple[int, int] = (1, 1),
+               padding: tuple[int, int, int, int] = (0, 0, 0, 0),
+               dilation: tuple[int, int] = (1, 1), input_itemsize: int = 1,
+               output_itemsize: int = 1) -> dict[str, tuple[int, int]]:
+    """``{host op: (read, written)}`` bytes of each host function of the rewrite: the input
+    rewrite (``im2col`` or ``pack``) and the output ``unpack`` (counting rule in the module
+    docstring); empty for the identity."""
+    lay = _layout(spec, input_shape, weight_shape, strides, padding, dilation)
+    geo = lay.geometry
+    parts = {}
+    if not lay.input_is_identity:
+        n, c = int(input_shape[0]), int(input_shape[1])
+        copied = n * c * int(np.count_nonzero(lay.index_h >= 0)) * int(
+            np.count_nonzero(lay.index_w >= 0))
+        parts["pack" if lay.packed else "im2col"] = (
+            copied * input_itemsize, int(np.prod(geo.input_shape)) * input_itemsize)
+    if lay.packed:
+        out = int(np.prod(geo.final_shape)) * output_itemsize
+        parts["unpack"] = (out, out)
+    return parts
+
+
 def host_bytes(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
                weight_shape: tuple[int, int, int, int], strides: tuple[int, int] = (1, 1),
                padding: tuple[int, int, int, int] = (0, 0, 0, 0),
@@ -234,20 +269,9 @@ def host_bytes(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
                output_itemsize: int = 1) -> tuple[int, int]:
     """``(read, written)`` host bytes of the input rewrite plus the output unpack (the counting
     rule is in the module docstring); ``(0, 0)`` for the identity."""
-    lay = _layout(spec, input_shape, weight_shape, strides, padding, dilation)
-    geo = lay.geometry
-    read = written = 0
-    if not lay.input_is_identity:
-        n, c = int(input_shape[0]), int(input_shape[1])
-        copied = n * c * int(np.count_nonzero(lay.index_h >= 0)) * int(
-            np.count_nonzero(lay.index_w >= 0))
-        read += copied * input_itemsize
-        written += int(np.prod(geo.input_shape)) * input_itemsize
-    if lay.packed:
-        out = int(np.prod(geo.final_shape)) * output_itemsize
-        read += out
-        written += out
-    return read, written
+    parts = host_parts(spec, input_shape, weight_shape, strides, padding, dilation,
+                       input_itemsize, output_itemsize).values()
+    return sum(r for r, _ in parts), sum(w for _, w in parts)
 
 
 def rewrite_weight(spec: LayoutRewrite, weight: np.ndarray) -> np.ndarray:
@@ -286,6 +310,31 @@ class ConvInfo:
                           self.padding, self.dilation,
                           np.dtype(self.input_dtype).itemsize,
                           np.dtype(self.output_dtype).itemsize)
+
+    def host_functions(self, spec: LayoutRewrite) -> list[HostFunction]:
+        """The host functions ``spec`` adds around this conv, with their bytes."""
+        parts = host_parts(spec, self.input_shape, self.weight_shape, self.strides,
+                           self.padding, self.dilation, np.dtype(self.input_dtype).itemsize,
+                           np.dtype(self.output_dtype).itemsize)
+        return [HostFunction(host_symbol(self.name, op), self.name, op, r, w)
+                for op, (r, w) in parts.items()]
+
+
+@dataclass(frozen=True)
+class HostFunction:
+    """One host function of a layout rewrite (a private Relax function called around the
+    accelerator call, so the VM can time it): its symbol, layer, op and modelled bytes."""
+
+    symbol: str
+    layer: str
+    op: str        # im2col, pack or unpack
+    read: int
+    written: int
+
+
+def host_symbol(layer: str, op: str) -> str:
+    """Global name of the host function doing ``op`` for ``layer``."""
+    return f"{HOST_PREFIX}{layer}_{op}"
 
 
 @dataclass
@@ -440,12 +489,20 @@ def _unpack_steps(lay: _Layout) -> list[tuple[str, Callable]]:
     return steps
 
 
-def _emit_steps(bb: relax.BlockBuilder, t, steps, base: str, output: bool = False):
-    for i, (suffix, make) in enumerate(steps):
-        last = i == len(steps) - 1
-        expr, name = make(t), base if last else f"{base}_{suffix}"
-        t = bb.emit_output(expr, name) if last and output else bb.emit(expr, name)
-    return t
+def _host_call(bb: relax.BlockBuilder, t, steps, layer: str, op: str, output: bool = False):
+    """Emit ``steps`` as the host function :func:`host_symbol` ``(layer, op)`` (intermediate
+    steps named by their suffix) and bind its call to ``<layer>_<op>``."""
+    symbol = host_symbol(layer, op)
+    fb = relax.BlockBuilder()
+    x = relax.Var("x", t.ty)
+    with fb.function(symbol, [x], attrs={HOST_FUNCTION_ATTR: 1}):
+        u = x
+        for suffix, make in steps:
+            u = fb.emit(make(u), suffix)
+        fb.emit_func_output(u)
+    gv = bb.add_func(fb.get()[symbol], symbol)
+    call, name = relax.Call(gv, [t]), f"{layer}_{op}"
+    return bb.emit_output(call, name) if output else bb.emit(call, name)
 
 
 class _Edit:
@@ -462,9 +519,8 @@ class _Edit:
         geo = lay.geometry
         t = look(self.match.data)
         if not lay.input_is_identity:
-            kind = "pack" if lay.packed else "im2col"
-            t = _emit_steps(bb, t, _input_steps(lay, info.input_shape, info.input_zero_point),
-                            f"{info.name}_{kind}")
+            t = _host_call(bb, t, _input_steps(lay, info.input_shape, info.input_zero_point),
+                           info.name, "pack" if lay.packed else "im2col")
         chain = self.match.chain
         for i, (var, call) in enumerate(chain):
             args = [t] + [look(a) for a in call.args[1:]]
@@ -482,7 +538,7 @@ class _Edit:
             last = i == len(chain) - 1 and not lay.packed
             t = bb.emit_output(expr, var.name) if last and output else bb.emit(expr, var.name)
         if lay.packed:
-            t = _emit_steps(bb, t, _unpack_steps(lay), f"{info.name}_unpack", output)
+            t = _host_call(bb, t, _unpack_steps(lay), info.name, "unpack", output)
         return t
 
 
@@ -537,8 +593,10 @@ def apply_layout_rewrites(mod: tvm.IRModule, decide: Decide
 
 
 def _replace(mod: tvm.IRModule, gv, func, edits, drop) -> tvm.IRModule:
-    new = _Mutator(mod, edits, drop).visit_expr(func)
-    out = tvm.IRModule({g: f for g, f in mod.functions_items() if not g.same_as(gv)},
+    mutator = _Mutator(mod, edits, drop)
+    new = mutator.visit_expr(func)
+    built = mutator.builder_.get()  # the module with the added host functions
+    out = tvm.IRModule({g: f for g, f in built.functions_items() if not g.same_as(gv)},
                        attrs=mod.attrs)
     out[gv] = new
     return out

@@ -114,6 +114,27 @@ def test_cli_compile_run_and_disassemble_round_trip(tmp_path):
     assert main(["disassemble", str(pkg), "--limit", "5"]) == 0
 
 
+def test_profile_shows_host_rewrites_modelled_and_measured(tmp_path, capsys):
+    from tvm_accel.cli import main
+
+    model = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    pkg = tmp_path / "m.tar"
+    assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(pkg),
+                 "--target-vta-config", "vta_8x8x8", "--dump-offloads"]) == 0
+    assert "pack" in capsys.readouterr().out  # batch 1 on BATCH=8: auto picks an image pack
+    assert main(["run", str(pkg), "--fill-mode", "random", "--profile"]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("host layout rewrites"):].replace(",", "").splitlines()[3:]
+    rows = {r.split()[1]: r.split() for r in lines[:lines.index(next(
+        r for r in lines if r.startswith("TOTAL")))]}
+    assert set(rows) == {"pack", "unpack"}
+    for _, _, nbytes, cycles, measured in rows.values():  # HOST_BYTES_PER_CYCLE is 1
+        assert int(nbytes) > 0 and float(cycles) == int(nbytes) and float(measured) > 0
+
+
 def test_unknown_config_is_one_error_line(tmp_path, capsys):
     from tvm_accel.cli import main
 
