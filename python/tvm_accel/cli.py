@@ -80,8 +80,16 @@ def cmd_compile(args) -> int:
     else:
         target = get_target(accel)
         cfg = target.load_config(getattr(args, f"target_{accel}_config", None))
-        ex, report = compile_model(mod, target, cfg, _target_knobs(accel, args), host,
-                                   precision=precision)
+        records = getattr(args, "tuning_records", None)
+        if records:
+            from tvm_accel.tuning.records import ApplyHistoryBest
+
+            with ApplyHistoryBest(records):
+                ex, report = compile_model(mod, target, cfg, _target_knobs(accel, args), host,
+                                           precision=precision)
+        else:
+            ex, report = compile_model(mod, target, cfg, _target_knobs(accel, args), host,
+                                       precision=precision)
         config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
@@ -103,6 +111,11 @@ def cmd_compile(args) -> int:
                          f"{e.max_rel_error:.2e}" if e is not None else "-",
                          wio if bits else "-", r.reason))
         heads = ["layer", "op", "shape", "placement", "scale err", "W/I/O", "reason"]
+        if getattr(args, "tuning_records", None):
+            tuned = {ly: cfg_ for f in report.functions for ly, cfg_ in f.tuned.items()}
+            rows = [(*r[:-1], "record" if r[0] in tuned else "-" if r[3] == "cpu" else
+                     "default", r[-1]) for r in rows]
+            heads = [*heads[:-1], "knobs", "reason"]
         if report.layouts:  # the VTA CP strategy: the embedding chosen per layer
             lay = {d.layer: d.summary() for d in report.layouts}
             rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
@@ -221,13 +234,8 @@ def cmd_disassemble(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tvmc", description="Compile and run quantized models on "
-                                "accelerator simulators through Apache TVM.")
-    sub = p.add_subparsers(dest="verb", required=True)
-    c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
-    c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
-    c.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
+def add_target_options(c: argparse.ArgumentParser) -> None:
+    """The ``--target-<kind>-<option>`` flags (shared by compile and tune)."""
     c.add_argument("--target-vta-config", metavar="FILE",
                    help="VTA hardware config JSON or bundled name (vta_1x16x16, vta_8x8x8)")
     c.add_argument("--target-vta-strategy", choices=["static", "cp", "auto"],
@@ -248,13 +256,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MARSELLUS clock (default: the maximum at the voltage)")
     c.add_argument("--target-marsellus-abb", action="store_true",
                    help="MARSELLUS adaptive body biasing on")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tvmc", description="Compile and run quantized models on "
+                                "accelerator simulators through Apache TVM.")
+    sub = p.add_subparsers(dest="verb", required=True)
+    c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
+    c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
+    c.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
+    add_target_options(c)
     c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
     c.add_argument("--precision-config", metavar="FILE",
                    help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
                    '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
     c.add_argument("--dump-offloads", action="store_true",
                    help="list every layer, where it runs and why")
+    c.add_argument("--tuning-records", metavar="FILE",
+                   help="apply the best configuration per workload from 'tvmc tune' records")
     c.set_defaults(func=cmd_compile)
+    from tvm_accel.tuning.autotuner import add_tune_parser
+
+    add_tune_parser(sub, add_target_options)
     r = sub.add_parser("run", help="run a compiled package on the simulator")
     r.add_argument("package")
     r.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz)")

@@ -38,6 +38,7 @@ from tvm_accel.partition import (
 )
 from tvm_accel.precision import range_bits, signed_bits
 from tvm_accel.target import AccelTarget
+from tvm_accel.tuning.apply import apply_history
 
 
 @dataclass
@@ -49,6 +50,8 @@ class LoweredFunction:
     blob: bytes
     compile_seconds: float
     layers: list[str] = field(default_factory=list)
+    #: layer -> the tuning record's configuration it was compiled with
+    tuned: dict = field(default_factory=dict)
 
 
 def _scalar(expr) -> int:
@@ -335,12 +338,13 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
         graph = graphs[gv] if gv in graphs else extract_layer_graph(f, patterns, layer_bits)
         first = graph.layers[0].name if graph.layers else "empty"
         name = f"{target.name}_{i}_{first}"
-        data = target.compile_function(graph, config, knobs, name=name)
+        fn_knobs, tuned = apply_history(target, graph, config, knobs)
+        data = target.compile_function(graph, config, fn_knobs, name=name)
         blobs[gv] = relax.const(np.frombuffer(data, dtype=np.uint8), "uint8")
         if report is not None:
             report.append(LoweredFunction(name, graph, data,
                                           time.perf_counter() - t0,
-                                          [ly.name for ly in graph.layers]))
+                                          [ly.name for ly in graph.layers], tuned))
 
     @relax.expr_functor.mutator
     class _Rewrite(relax.PyExprMutator):

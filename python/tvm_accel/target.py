@@ -59,6 +59,13 @@ class AccelTarget(ABC):
         The default changes nothing."""
         return mod
 
+    def tuning_tasks(self, graph: LayerGraph, config: Any) -> list:
+        """The tunable workloads of one offloaded function's layer graph, as
+        :class:`tvm_accel.tuning.Task` objects (one per layer or group, in program order). A
+        task's best configuration is applied as ``knobs[layer] = config`` for each of its
+        layers. The default: nothing to tune."""
+        return []
+
     @abstractmethod
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         """Readable assembly of a blob, one instruction per line with its dependency flags."""

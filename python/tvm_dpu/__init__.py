@@ -68,6 +68,11 @@ class DPUTarget(AccelTarget):
 
         return codegen.build_blob(strategy.plan(graph, config, knobs), config, name)
 
+    def tuning_tasks(self, graph: LayerGraph, config) -> list:
+        from tvm_dpu.tuning import tuning_tasks
+
+        return tuning_tasks(graph, config)
+
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         from tvm_dpu.codegen import ISA, load_blob
 

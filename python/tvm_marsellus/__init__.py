@@ -76,6 +76,11 @@ class MarsellusTarget(AccelTarget):
             ly.meta["op"] = [op.vdd, op.freq_mhz, bool(op.abb)]
         return codegen.build_blob(program, config, name)
 
+    def tuning_tasks(self, graph: LayerGraph, config) -> list:
+        from tvm_marsellus.tuning import tuning_tasks
+
+        return tuning_tasks(graph, config)
+
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         from tvm_marsellus.codegen import format_cmd, load_blob
 

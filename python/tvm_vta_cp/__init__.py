@@ -132,6 +132,11 @@ class VTATarget(AccelTarget):
         mod, _ = apply_layout_rewrites(mod, decide)
         return mod
 
+    def tuning_tasks(self, graph: LayerGraph, config: VTAConfig) -> list:
+        from tvm_vta_cp.tuning import tuning_tasks
+
+        return tuning_tasks(graph, config)
+
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
         from tvm_vta_cp.codegen import ISA, load_blob
 

@@ -1,0 +1,177 @@
+"""``tvmc tune``: extract a model's tasks for one target, tune each on the simulator, append
+every measurement to a records file (AutoTVM's 0.2 JSON lines).
+
+As upstream tvmc: ``tvmc tune model.onnx --target "vta, llvm" -o records.json [--tuner
+xgb|ga|random|gridsearch] [--trials N] [--early-stopping N] [--parallel N] [--timeout S]
+[--tuning-records previous.json]`` plus the target's ``--target-<kind>-*`` options.
+
+Resuming: points already in ``-o`` (an interrupted job) or in ``--tuning-records`` for the same
+workload and hardware config are not measured again; they seed the tuner. Transfer learning:
+the XGBoost tuner of each task also learns from the measurements of the tasks tuned before it
+in the same job (their features include the loop structure, so a model carries over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from tvm_accel.errors import AccelError
+from tvm_accel.tuning.task import Task
+
+__all__ = ["TUNERS", "add_tune_parser", "cmd_tune", "make_tuner"]
+
+TUNERS = ("xgb", "ga", "random", "gridsearch")
+
+
+def make_tuner(kind: str, task: Task, seed: int = 0):
+    """A tuner by its tvmc name."""
+    from tvm_accel.tuning.tuners import GATuner, GridSearchTuner, RandomTuner
+    from tvm_accel.tuning.xgb import XGBTuner
+
+    classes = {"xgb": XGBTuner, "ga": GATuner, "random": RandomTuner,
+               "gridsearch": GridSearchTuner}
+    if kind not in classes:
+        raise AccelError(f"--tuner: unknown tuner {kind!r} (choose from {', '.join(TUNERS)})")
+    if kind == "gridsearch":
+        return classes[kind](task)
+    return classes[kind](task, seed=seed)
+
+
+class Progress:
+    """Per-task progress line on stderr: trials done, best cycles so far, errors, time."""
+
+    def __init__(self, index: int, total: int, task: Task, n_trial: int, stream=None):
+        self.index, self.total, self.task, self.n_trial = index, total, task, n_trial
+        self.stream = stream or sys.stderr
+        self.done = self.errors = 0
+        self.best: int | None = None
+        self.default: int | None = None
+        self.t0 = time.perf_counter()
+        self.default_config = task.space.default()
+
+    def see(self, inputs, results) -> None:
+        for inp, res in zip(inputs, results, strict=True):
+            self.done += 1
+            if not res.ok:
+                self.errors += 1
+                continue
+            if self.best is None or res.cycles < self.best:
+                self.best = res.cycles
+            if self.default is None and inp.config == self.default_config:
+                self.default = res.cycles
+
+    def __call__(self, tuner, inputs, results) -> None:
+        self.see(inputs, results)
+        self.line()
+
+    def line(self, end: str = "") -> None:
+        """Redraw the line in place on a terminal; elsewhere (logs, CI) print it once, at the
+        end of the task."""
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        if not end and not tty:
+            return
+        best = f"{self.best:,}" if self.best is not None else "-"
+        head = self.task.layers[0] + (f" +{len(self.task.layers) - 1}"
+                                      if len(self.task.layers) > 1 else "")
+        print(f"{chr(13) if tty else ''}[{self.index:>3}/{self.total}] {self.task.name} {head}: "
+              f"{self.done}/{self.n_trial} trials, best {best} cycles, {self.errors} errors, "
+              f"{time.perf_counter() - self.t0:.1f} s", end=end, file=self.stream, flush=True)
+
+
+def add_tune_parser(sub, add_target_options) -> None:
+    t = sub.add_parser("tune", help="tune the offloaded layers' knobs on the simulator")
+    t.add_argument("model", help="ONNX model (float or QDQ-quantized)")
+    t.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
+    add_target_options(t)
+    t.add_argument("-o", "--output", required=True,
+                   help="tuning records (JSON lines, appended; an existing file resumes)")
+    t.add_argument("--tuner", default="xgb", help=f"search ({', '.join(TUNERS)}; default xgb)")
+    t.add_argument("--trials", type=int, default=64, help="trials per task (default 64)")
+    t.add_argument("--early-stopping", type=int, metavar="N",
+                   help="stop a task after N trials without improvement")
+    t.add_argument("--parallel", type=int, metavar="N",
+                   help="measurement worker processes (default: all cores)")
+    t.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="seconds per measurement before it counts as an error (default 30)")
+    t.add_argument("--tuning-records", metavar="FILE",
+                   help="earlier records: their points are not measured again")
+    t.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    t.add_argument("--precision-config", metavar="FILE", help="as for tvmc compile")
+    t.set_defaults(func=cmd_tune)
+
+
+def _check_flags(args) -> None:
+    if args.trials < 1:
+        raise AccelError(f"--trials must be >= 1, got {args.trials}")
+    if args.early_stopping is not None and args.early_stopping < 1:
+        raise AccelError(f"--early-stopping must be >= 1, got {args.early_stopping}")
+    if args.parallel is not None and args.parallel < 1:
+        raise AccelError(f"--parallel must be >= 1, got {args.parallel}")
+    if not args.timeout > 0:
+        raise AccelError(f"--timeout must be > 0, got {args.timeout}")
+    if args.tuner not in TUNERS:
+        raise AccelError(f"--tuner: unknown tuner {args.tuner!r} (choose from "
+                         f"{', '.join(TUNERS)})")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tvm_accel.cli import _target_knobs, parse_target
+    from tvm_accel.frontend import load_onnx
+    from tvm_accel.report import format_table
+    from tvm_accel.target import get_target
+    from tvm_accel.tuning.extract import extract_tasks
+    from tvm_accel.tuning.measure import Measurer, measure_option
+    from tvm_accel.tuning.records import load_records, log_to_file, measured_pairs
+
+    _check_flags(args)
+    accel, host = parse_target(args.target)
+    if accel is None:
+        raise AccelError('--target: tune needs an accelerator before the host, e.g. '
+                         '"vta, llvm"')
+    precision = None
+    if args.precision_config:
+        from tvm_accel.precision import load_precision
+
+        precision = load_precision(args.precision_config)
+    target = get_target(accel)
+    cfg = target.load_config(getattr(args, f"target_{accel}_config", None))
+    known = load_records(args.tuning_records) if args.tuning_records else []
+    if os.path.exists(args.output):
+        known += load_records(args.output)
+    mod, _ = load_onnx(args.model)
+    tasks = extract_tasks(mod, target, cfg, _target_knobs(accel, args), host, precision)
+    if not tasks:
+        print(f"no tunable layers for {accel} in {args.model}")
+        return 0
+    print(f"tuning {len(tasks)} task(s) for {accel} ({cfg.name}) with {args.tuner}, "
+          f"{args.trials} trials each -> {args.output}")
+    rows, earlier = [], []
+    option = measure_option(timeout=args.timeout, n_parallel=args.parallel)
+    with Measurer(option) as measurer:
+        for i, task in enumerate(tasks, 1):
+            n_trial = min(args.trials, task.space.size)
+            progress = Progress(i, len(tasks), task, n_trial)
+            tuner = make_tuner(args.tuner, task, args.seed)
+            resumed = measured_pairs(known, task)
+            progress.see([p[0] for p in resumed], [p[1] for p in resumed])
+            tuner.load_history(earlier + resumed)
+            if progress.done < n_trial:
+                tuner.tune(n_trial=n_trial - progress.done,
+                           early_stopping=args.early_stopping, measure_option=option,
+                           callbacks=(log_to_file(args.output), progress), measurer=measurer)
+            progress.line(end="\n")
+            earlier += resumed + list(getattr(tuner, "history", []))
+            if progress.best is None:
+                rows.append((task.name, ", ".join(task.layers), progress.done, "-", "-", "-",
+                             f"no valid configuration ({progress.errors} errors)"))
+                continue
+            default = progress.default
+            rows.append((task.name, ", ".join(task.layers), progress.done,
+                         f"{default:,}" if default else "-", f"{progress.best:,}",
+                         f"{default / progress.best:.2f}x" if default else "-", ""))
+    print(format_table(["task", "layers", "trials", "default cycles", "tuned cycles",
+                        "speedup", "note"], rows))
+    return 0
