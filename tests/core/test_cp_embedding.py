@@ -68,7 +68,8 @@ def test_relaxing_linear_access_admits_stencil_embeddings():
     assert strict.status == "none"
     relaxed = enumerate_embeddings(op, dfg, Options(linear_access=False))
     found = {e.describe() for e in relaxed.embeddings}
-    assert {"x=1 y=k16 z=r16", "x=1 y=k16 z=r4*s4"} <= found
+    assert "x=1 y=k16 z=r16" in found  # the r4*s4 window, up to the order of the z lanes:
+    assert found & {"x=1 y=k16 z=r4*s4", "x=1 y=k16 z=s4*r4"}
 
 
 def test_dense_batch_one_embeds_with_padding():

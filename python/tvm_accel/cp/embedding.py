@@ -344,7 +344,8 @@ class _Model:
 
     def assets(self) -> list[tuple[int, ...]]:
         """Formula (12): one dimension order per ordered choice of ``k_s`` spatial and ``k_r``
-        reduction dimensions placed innermost (the natural order otherwise)."""
+        reduction dimensions placed innermost (the natural order otherwise), after the
+        workload's own order."""
         op, dfg = self.op, self.dfg
         nat = tuple(range(op.rank))
         if not self.opts.portfolio:
@@ -353,12 +354,14 @@ class _Model:
         red = [op.index(d) for d in op.reduction_dims]
         ks = min(len(sp), sum(1 for a in (dfg.x, dfg.y) if a > 1))
         kr = min(len(red), 1 if dfg.z > 1 else 0)
-        out = []
+        out = [nat]  # the workload's own order first: it is often already a good one
         for s in itertools.permutations(sp, ks):
             for r in itertools.permutations(red, kr):
                 inner = (*s, *r)
-                out.append(tuple(d for d in nat if d not in inner) + inner)
-        return out or [nat]
+                order = tuple(d for d in nat if d not in inner) + inner
+                if order not in out:
+                    out.append(order)
+        return out
 
     def embedding(self, vals, padded) -> Embedding:
         """Read the lane axes off a solution (from the instance points of the add nodes)."""
@@ -436,18 +439,14 @@ def find_embedding(op: TensorOp, dfg: InstructionDFG, opts: Options = Options())
         solvers.append(s)
         if root is None:
             break
-        gens.append((s, s.solutions(root.copy(), deadline, opts.max_nodes)))
+        gens.append((s, s.solutions(root.copy(), deadline, opts.max_nodes, tick=64)))
     status, found = "none", None
     try:
         while gens and found is None:
             alive = []
-            for s, g in gens:
-                budget = s.nodes + 64
+            for s, g in gens:  # one slice of at most 64 nodes per asset and round
                 try:
-                    while s.nodes < budget:
-                        eng = next(g)
-                        found = eng
-                        break
+                    found = next(g)
                 except StopIteration:
                     continue
                 if found is not None:

@@ -265,11 +265,18 @@ class Solver:
             return None
         return eng
 
-    def solutions(self, eng: Engine, deadline: float, max_nodes: int) -> Iterator[Engine]:
+    def solutions(self, eng: Engine, deadline: float, max_nodes: int, tick: int = 0
+                  ) -> Iterator[Engine | None]:
         """All solutions below ``eng``, depth first (a generator: the caller can interleave
-        several searches, which is how the portfolio runs its assets concurrently)."""
+        several searches, which is how the portfolio runs its assets concurrently). With
+        ``tick`` > 0 it also yields ``None`` every ``tick`` search nodes, so a caller can
+        switch searches even while one finds nothing."""
         stack: list[Iterator[Engine]] = [iter([eng])]
+        mark = self.nodes
         while stack:
+            if tick and self.nodes - mark >= tick:
+                mark = self.nodes
+                yield None
             try:
                 node = next(stack[-1])
             except StopIteration:
