@@ -3,10 +3,10 @@
 For each of the first ``--tasks`` tasks of a zoo model, every tuner (``--tuners``) runs
 ``--trials`` trials for each of ``--seeds`` seeds on one shared pool of measurement workers.
 Printed per task: space size, default cycles, best cycles found by any run (speedup over the
-default), and for each tuner the number of trials it needed to reach 95% of that best (the
-median over seeds; ``>T`` when it never did); then the medians over tasks and the XGBoost /
-random ratio. With ``--transfer`` the XGBoost tuner of each task also learns from the points
-measured for the tasks before it (one extra column).
+default), and for each tuner the number of trials it needed to reach 95% (``--goal``) of that
+best (the median over seeds; ``>T`` when it never did); then the medians over tasks and the
+XGBoost / random ratio. With ``--transfer`` the XGBoost tuner of each task also learns from
+the points measured for the tasks before it (one extra column).
 
     python benchmarks/tuning.py [--target vta] [--config vta_1x16x16] [--model resnet20]
                                 [--tasks 10] [--trials 48] [--seeds 3] [--parallel 2]
@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tuners", default="xgb,ga,random")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--transfer", action="store_true")
+    ap.add_argument("--goal", type=float, default=0.95,
+                    help="fraction of the best speed a tuner must reach (default 0.95)")
     args = ap.parse_args(argv)
 
     from tvm_accel import zoo
@@ -95,14 +97,14 @@ def main(argv=None) -> int:
             row = [task.layers[0], task.space.size, f"{default:,}", f"{best:,}",
                    f"{default / best:.2f}x" if default else "-"]
             for k in need:
-                hits = [trials_to_reach(c, best / 0.95) or args.trials + 1 for c in curves[k]]
+                hits = [trials_to_reach(c, best / args.goal) or args.trials + 1 for c in curves[k]]
                 med = statistics.median(hits)
                 need[k].append(med)
                 row.append(f">{args.trials}" if med > args.trials else f"{med:g}")
             rows.append(row)
             print(f"  {task.layers[0]}: done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     print(f"\n== {args.target} tasks of {args.model} ({len(tasks)} tasks, {args.trials} trials, "
-          f"{args.seeds} seeds): trials to reach 95% of the best found by any tuner")
+          f"{args.seeds} seeds): trials to reach {args.goal:.0%} of the best found by any tuner")
     print(format_table(["task", "space", "default cycles", "best cycles", "speedup",
                         *need], rows))
     med = {k: statistics.median(v) for k, v in need.items()}
