@@ -39,7 +39,7 @@ def run(task, kind: str, seed: int, trials: int, measurer, option, history=()
     from tvm_accel.tuning.autotuner import make_tuner
 
     curve: list[int] = []
-    tuner = make_tuner(kind, task, seed)
+    tuner = make_tuner(kind, task, seed, min(trials, task.space.size))
     if history:
         tuner.load_history(list(history))
 

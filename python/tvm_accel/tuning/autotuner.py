@@ -26,8 +26,10 @@ __all__ = ["TUNERS", "add_tune_parser", "cmd_tune", "make_tuner"]
 TUNERS = ("xgb", "ga", "random", "gridsearch")
 
 
-def make_tuner(kind: str, task: Task, seed: int = 0):
-    """A tuner by its tvmc name."""
+def make_tuner(kind: str, task: Task, seed: int = 0, n_trial: int | None = None):
+    """A tuner by its tvmc name. The XGBoost tuner retrains every ``plan_size`` measurements:
+    AutoTVM's 64 for long jobs, a quarter of ``n_trial`` (at least 8) for short ones, so a
+    64-trial task gets a model after 16 points instead of staying random."""
     from tvm_accel.tuning.tuners import GATuner, GridSearchTuner, RandomTuner
     from tvm_accel.tuning.xgb import XGBTuner
 
@@ -37,6 +39,8 @@ def make_tuner(kind: str, task: Task, seed: int = 0):
         raise AccelError(f"--tuner: unknown tuner {kind!r} (choose from {', '.join(TUNERS)})")
     if kind == "gridsearch":
         return classes[kind](task)
+    if kind == "xgb" and n_trial is not None:
+        return classes[kind](task, seed=seed, plan_size=max(8, min(64, n_trial // 4)))
     return classes[kind](task, seed=seed)
 
 
@@ -154,7 +158,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for i, task in enumerate(tasks, 1):
             n_trial = min(args.trials, task.space.size)
             progress = Progress(i, len(tasks), task, n_trial)
-            tuner = make_tuner(args.tuner, task, args.seed)
+            tuner = make_tuner(args.tuner, task, args.seed, n_trial)
             resumed = measured_pairs(known, task)
             progress.see([p[0] for p in resumed], [p[1] for p in resumed])
             tuner.load_history(earlier + resumed)
