@@ -34,8 +34,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tvm_accel.cp import Embedding, Options, conv2d_op, dense_op, enumerate_embeddings
 from tvm_accel.cp.embedding import IMAGE_DIMS
 from tvm_accel.cp.intrinsic import InstructionDFG, gemm_intrinsic
@@ -333,8 +331,7 @@ def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAC
             knobs: dict | None = None) -> int:
     """Simulated cycles of one conv layer on VTA (random data; timing does not depend on it)."""
     from tvm_accel.layers import LayerGraph, Tensor
-    from tvm_vta_cp.runtime import execute_program
-    from tvm_vta_cp.strategy import plan
+    from tvm_accel.tuning.layer_tasks import measure_layer
 
     shape = tuple(int(s) for s in in_shape)
     out = conv_output_shape(layer, shape)
@@ -343,11 +340,7 @@ def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAC
     graph = LayerGraph({layer.input: Tensor(layer.input, shape, in_dtype),
                         layer.output: Tensor(layer.output, tuple(out), out_dtype)},
                        [layer], [layer.input], [layer.output])
-    lo, hi = (0, 255) if in_dtype == "uint8" else (-128, 127)
-    x = np.random.default_rng(0).integers(lo, hi + 1, size=shape).astype(in_dtype)
-    prog = plan(graph, cfg, {layer.name: knobs} if knobs else None)
-    _, stats = execute_program(prog, {layer.input: x}, cfg)
-    return int(sum(st.cycles for _, st in stats))
+    return measure_layer(("tvm_vta_cp", graph, cfg), knobs or {})[0]
 
 
 def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
@@ -359,10 +352,12 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     if strategy not in STRATEGIES:
         raise AccelError(f"unknown VTA strategy {strategy!r} (choose from "
                          f"{', '.join(STRATEGIES)})")
+    if strategy == "static" and embedding is None:  # no search: the template as it is
+        static = _candidate(layer, in_shape, IDENTITY, cfg, operator_of(layer, in_shape), None,
+                            check_weights(weights))
+        return Decision(layer.name, strategy, static, [static])
     cs = candidates(layer, in_shape, cfg, weights, top_k, time_limit)
     static = cs.static
-    if strategy == "static" and embedding is None:
-        return Decision(layer.name, strategy, static, [static], cs.nodes, cs.seconds)
     pool = list(cs.candidates)
     if strategy == "auto" and all(c.rewrite != IDENTITY for c in pool):
         pool.append(static)

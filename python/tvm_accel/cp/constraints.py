@@ -4,7 +4,6 @@
   operator (``inp -> mul``, ``wgt -> mul``, ``add -> out``): functional from the operation to
   the data element (assigns it), a preimage from the data element back to the operation
   (Fig. 2b: fixes what the relation determines, prunes the rest by support).
-- :class:`SameInstance`: ``mul -> add`` of one instruction lane is one instance (``R1``).
 - :class:`ReductionStep`: ``add[i] -> add[i+1]`` keeps the output point; strict order steps to
   the lexicographic successor of the reduction point, commutative order only needs another one
   (``R2``; AllDiff keeps the points distinct).
@@ -145,21 +144,6 @@ class ImagePackLanes(Propagator):
             coords = sorted({val[u][a] for u in lanes})
             if len(coords) > 1 and coords[-1] - coords[0] + coords[1] - coords[0] < extent:
                 raise Fail(self.name)
-
-
-class SameInstance(Propagator):
-    name = "subgraph isomorphism"
-
-    def __init__(self, a: int, b: int):
-        self.vars = (a, b)
-
-    def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
-        a, b = self.vars
-        other = b if v == a else a
-        if assigned:
-            eng.assign(other, eng.val[v], self.name)
-        else:
-            eng.narrow(other, eng.dom[other].meet(eng.dom[v]), self.name)
 
 
 class ReductionStep(Propagator):

@@ -42,7 +42,6 @@ from tvm_accel.cp.constraints import (
     ImagePackLanes,
     Parallel,
     ReductionStep,
-    SameInstance,
 )
 from tvm_accel.cp.intrinsic import InstructionDFG
 from tvm_accel.cp.operator import TensorOp, conv2d_op, dense_op
@@ -211,9 +210,9 @@ class _Model:
             if node.kind != "mul":
                 self.var[node.kind, node.index] = len(kinds)
                 kinds.append(node)
-        for node in dfg.nodes:
-            if node.kind == "mul":
-                self.var[node.kind, node.index] = self.var["add", node.index]
+        for e in dfg.edges:  # the mul of an R1 ("same") edge is its add's variable
+            if e.relation == "same":
+                self.var[e.src.kind, e.src.index] = self.var[e.dst.kind, e.dst.index]
         self.nodes = kinds
         b = opts.bound_b or max(X, Y, Z)
         spatial_strides = self._out_strides()
@@ -244,9 +243,6 @@ class _Model:
                 props.append(AccessEdge(t, s, op.access["in"]))
             elif e.relation == "access:wgt":
                 props.append(AccessEdge(t, s, op.access["wgt"]))
-            elif e.relation == "same":
-                if s != t:
-                    props.append(SameInstance(s, t))
             elif e.relation == "reduce":
                 props.append(ReductionStep(s, t, sp, red, op.extents, not opts.commutative))
             elif e.relation == "output":

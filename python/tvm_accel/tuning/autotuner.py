@@ -167,7 +167,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            early_stopping=args.early_stopping, measure_option=option,
                            callbacks=(log_to_file(args.output), progress), measurer=measurer)
             progress.line(end="\n")
-            earlier += resumed + list(getattr(tuner, "history", []))
+            earlier += tuner.history  # this task's points, the resumed ones included
             if progress.best is None:
                 rows.append((task.name, ", ".join(task.layers), progress.done, "-", "-", "-",
                              f"no valid configuration ({progress.errors} errors)"))

@@ -21,6 +21,7 @@ A failed measurement reports ``costs == (FAILED_COST,)``, as AutoTVM's records d
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -172,10 +173,8 @@ class _Worker:
         self.conn.close()
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the worker may already be gone
             self.conn.send(("stop",))
-        except OSError:
-            pass
         self.proc.join(timeout=1)
         self.kill()
 
@@ -218,10 +217,8 @@ class Measurer:
 
     def __del__(self):
         if not getattr(self, "_closed", True):
-            try:
+            with contextlib.suppress(Exception):  # interpreter shutdown
                 self.close()
-            except Exception:  # interpreter shutdown
-                pass
 
     def close(self) -> None:
         """Stop every worker."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
@@ -36,7 +37,7 @@ def same_task(a: Task, b: Task) -> bool:
     return a.target == b.target and a.key == b.key
 
 
-class Tuner:
+class Tuner(ABC):
     """Base of all tuners: bookkeeping, history and the measure loop.
 
     ``trials`` counts the measurements this tuner made (loaded history is not counted);
@@ -127,9 +128,21 @@ class Tuner:
                     self._proposed.add(idx)
         return [self.space.point(i) for i in out]
 
+    @abstractmethod
     def _propose(self, n: int) -> list[int]:
-        """Subclass hook: up to ``n`` flat indices, preferably :meth:`available` ones."""
-        raise NotImplementedError
+        """Up to ``n`` flat indices, preferably :meth:`available` ones (each tuner's search)."""
+
+    def _from_queue(self, queue: deque, n: int, refill: Callable[[], bool]) -> list[int]:
+        """Up to ``n`` available indices popped from ``queue``; ``refill`` queues more when it
+        runs dry and returns False when it cannot (a generation, a model's plan)."""
+        out: list[int] = []
+        while len(out) < n:
+            if not queue and not refill():
+                break
+            idx = queue.popleft()
+            if self.available(idx):
+                out.append(idx)
+        return out
 
     def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
         """Take in measured results (of this task) and count them as trials."""
@@ -156,8 +169,8 @@ class Tuner:
             self.best_cycles = res.cycles
             self.best_result = res
 
-    def _on_update(self, pairs: list[tuple[MeasureInput, MeasureResult]]) -> None:
-        """Subclass hook after new measurements of this task."""
+    def _on_update(self, pairs: list[tuple[MeasureInput, MeasureResult]]) -> None:  # noqa: B027
+        """Optional subclass hook after new measurements of this task (default: nothing)."""
 
     def load_history(self, pairs: Iterable[tuple[MeasureInput, MeasureResult]]) -> int:
         """Resume from earlier measurements: points of this task are marked measured (never
@@ -179,9 +192,9 @@ class Tuner:
         self._on_history(own, other)
         return len(own)
 
-    def _on_history(self, own: list[tuple[MeasureInput, MeasureResult]],
+    def _on_history(self, own: list[tuple[MeasureInput, MeasureResult]],  # noqa: B027
                     other: list[tuple[MeasureInput, MeasureResult]]) -> None:
-        """Subclass hook after :meth:`load_history`."""
+        """Optional subclass hook after :meth:`load_history` (default: nothing)."""
 
     # --- the loop ----------------------------------------------------------------------------
     def tune(self, n_trial: int, early_stopping: int | None = None,
@@ -280,14 +293,7 @@ class GATuner(Tuner):
         self._on_update(own)
 
     def _propose(self, n: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < n:
-            if not self._pending and not self._breed():
-                break
-            idx = self._pending.popleft()
-            if self.available(idx):
-                out.append(idx)
-        return out
+        return self._from_queue(self._pending, n, self._breed)
 
     def _breed(self) -> bool:
         """Queue the next generation (the first one is random unless history gave enough

@@ -134,23 +134,20 @@ class XGBTuner(Tuner):
 
     # --- proposing ---------------------------------------------------------------------------
     def _propose(self, n: int) -> list[int]:
-        out: list[int] = []
         replanned = False
-        while len(out) < n:
-            if not self._plan:
-                if replanned:
-                    break
-                if self._since_fit > 0:
-                    self._fit()
-                    self._since_fit = 0
-                self._make_plan()
-                replanned = True
-                if not self._plan:
-                    break
-            idx = self._plan.popleft()
-            if self.available(idx):
-                out.append(idx)
-        return out
+
+        def replan() -> bool:  # at most once per batch: retrain on what is new, then plan
+            nonlocal replanned
+            if replanned:
+                return False
+            replanned = True
+            if self._since_fit > 0:
+                self._fit()
+                self._since_fit = 0
+            self._make_plan()
+            return bool(self._plan)
+
+        return self._from_queue(self._plan, n, replan)
 
     def _make_plan(self) -> None:
         model = self.model or self.base_model
@@ -158,7 +155,7 @@ class XGBTuner(Tuner):
         if model is not None:
             n_random = int(round(self.epsilon * self.plan_size))
             top = self._anneal(model.predict, self.plan_size - n_random)
-        self._plan = deque(top + self.random_available(self.plan_size - len(top), exclude=top))
+        self._plan.extend(top + self.random_available(self.plan_size - len(top), exclude=top))
 
     def _anneal(self, score: Callable[[np.ndarray], np.ndarray], k: int) -> list[int]:
         """Simulated annealing over option-index vectors: ``sa_chains`` chains start at the
