@@ -54,8 +54,9 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
     parted = partition(mod, patterns)
     if report is not None:
         report.offloads = explain(mod, patterns, target.name, parted, report.numerics)
-    return lower_offloads(parted, target, config, knobs,
-                          report.functions if report is not None else None)
+    lowered = lower_offloads(parted, target, config, knobs,
+                             report.functions if report is not None else None)
+    return target.finish_offload(lowered, config, report)
 
 
 def target_pipeline(target: AccelTarget, config: Any = None, knobs: dict | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tvm_ffi
@@ -36,18 +37,22 @@ class BlobCache:
         return hit
 
 
-def check_inputs(program, inputs: list[np.ndarray], target: str, name: str) -> dict:
-    """Inputs by tensor name, after checking count, shape and dtype against the blob."""
+def check_inputs(program, inputs: list[np.ndarray], target: str, name: str,
+                 io: Callable[[Any], tuple[tuple[int, ...], str]] | None = None) -> dict:
+    """Inputs by tensor name, after checking count, shape and dtype against the blob. ``io``
+    gives the ``(shape, dtype)`` a placement expects at the call when that is not its logical
+    shape and dtype (VTA's host-blocked tensors)."""
     if len(inputs) != len(program.inputs):
         raise BlobError(f"{target} function {name} takes {len(program.inputs)} inputs, got "
                         f"{len(inputs)}")
     feed = {}
     for tname, arr in zip(program.inputs, inputs, strict=True):
         p = program.tensors[tname]
-        if tuple(arr.shape) != tuple(p.shape) or str(arr.dtype) != p.dtype:
+        shape, dtype = io(p) if io is not None else (tuple(p.shape), p.dtype)
+        if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
             raise BlobError(f"{target} function {name}: input {tname} is "
                             f"{arr.dtype}{list(arr.shape)}, the blob expects "
-                            f"{p.dtype}{list(p.shape)}")
+                            f"{dtype}{list(shape)}")
         feed[tname] = arr
     return feed
 

@@ -59,6 +59,12 @@ class AccelTarget(ABC):
         The default changes nothing."""
         return mod
 
+    def finish_offload(self, mod, config: Any, report=None):
+        """Target-specific rewrites of the module after its offloaded functions are lowered to
+        runtime calls (VTA folds its NCHWnc blocking into the layout-rewrite host functions);
+        the default changes nothing."""
+        return mod
+
     def tuning_tasks(self, graph: LayerGraph, config: Any) -> list:
         """The tunable workloads of one offloaded function's layer graph, as
         :class:`tvm_accel.tuning.Task` objects (one per layer or group, in program order). A

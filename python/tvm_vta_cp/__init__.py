@@ -132,6 +132,27 @@ class VTATarget(AccelTarget):
         mod, _ = apply_layout_rewrites(mod, decide)
         return mod
 
+    def finish_offload(self, mod, config, report=None):
+        """The runtime's NCHWnc blocking of a rewritten conv's input (and of a packed conv's
+        output) moves into its layout-rewrite host function: one host pass per direction
+        (:func:`tvm_vta_cp.rewrite.fuse_blocking`). The report's blobs and the host functions'
+        modelled bytes follow (the input rewrite now writes the blocked tensor)."""
+        from tvm_vta_cp.rewrite import fuse_blocking
+
+        mod, fused, blobs = fuse_blocking(mod, self.runtime_func)
+        if report is not None and fused:
+            for fn in report.functions:
+                if fn.name in blobs:
+                    fn.blob = blobs[fn.name]
+            written = {b.symbol: b.nbytes for b in fused}
+            for h in report.host_functions:
+                if h["symbol"] in written:
+                    h["blocked"] = True
+                    if h["op"] != "unpack":
+                        h["written"] = written[h["symbol"]]
+                    h["cycles"] = (h["read"] + h["written"]) / config.HOST_BYTES_PER_CYCLE
+        return mod
+
     def tuning_tasks(self, graph: LayerGraph, config: VTAConfig) -> list:
         from tvm_vta_cp.tuning import tuning_tasks
 

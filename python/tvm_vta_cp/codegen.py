@@ -330,7 +330,8 @@ def build_blob(program, cfg: VTAConfig, name: str = "") -> bytes:
         const_parts.append(bytes(data))
         coff += len(data)
     tensors = {t.name: {"shape": list(t.shape), "dtype": t.dtype, "offset": t.offset,
-                        "halo": list(t.halo), "fill": t.fill, "nbytes": t.nbytes}
+                        "halo": list(t.halo), "fill": t.fill, "nbytes": t.nbytes,
+                        "blocked": t.blocked}
                for t in program.tensors.values()}
     meta = {"name": name, "dram_size": program.dram_size, "inputs": program.inputs,
             "outputs": program.outputs, "tensors": tensors, "layers": layers, "const": consts}
@@ -376,7 +377,9 @@ def load_blob(data: bytes, expect_config: VTAConfig | None = None):
             p = TensorPlacement(name=tname, shape=tuple(int(s) for s in t["shape"]),
                                 dtype=str(t["dtype"]), offset=int(t["offset"]),
                                 halo=tuple(int(h) for h in t["halo"]), fill=int(t["fill"]),
-                                nbytes=int(t["nbytes"]))
+                                nbytes=int(t["nbytes"]), blocked=t.get("blocked", False))
+            if not isinstance(p.blocked, bool):
+                raise BlobError(f"vta blob: tensor {tname} has a non-boolean 'blocked' flag")
             if p.dtype not in ("int8", "uint8"):
                 raise BlobError(f"vta blob: tensor {tname} has unsupported dtype {p.dtype}")
             if (len(p.shape) not in (2, 4) or min(p.shape) < 1 or len(p.halo) != 4

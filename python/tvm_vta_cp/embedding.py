@@ -23,9 +23,12 @@ Rewrite rules (which embedding features VTA's codegen can implement):
 - everything else (``x`` on adjacent pixels, ``y`` on pixels, mixed batch and pixel lanes)
   has no rule: the embedding is reported but not implemented.
 
-The NCHWnc packing of the static template is the *split* / *reorder* of Table 2 and runs in
-VTA's DMA (no host cost); the unroll and pack run on the host as Relax ops
-(:mod:`tvm_vta_cp.rewrite`), costed by ``HOST_BYTES_PER_CYCLE``.
+The NCHWnc blocking (*split* / *reorder* of Table 2: batch and channels padded to the GEMM
+block, the halo added) is one host pass each way: the runtime's pack / unpack for the static
+template, folded into the rewrite's own host functions for a rewritten layer
+(:func:`tvm_vta_cp.rewrite.fuse_blocking`), so a rewrite never costs an extra pass over the
+blocked tensor. The unroll and pack run on the host as Relax ops (:mod:`tvm_vta_cp.rewrite`);
+all host passes are costed by ``HOST_BYTES_PER_CYCLE``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from tvm_accel.errors import AccelError
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import ConvLayer, conv_output_shape
 from tvm_vta_cp.hw_config import VTAConfig
-from tvm_vta_cp.rewrite import LayoutRewrite, host_bytes, rewrite_weight, rewritten_conv_geometry
+from tvm_vta_cp.rewrite import LayoutRewrite, host_parts, rewrite_weight, rewritten_conv_geometry
 
 __all__ = ["Candidate", "CandidateSet", "Decision", "Footprint", "STRATEGIES", "candidates",
            "choose", "embedding_space", "footprint", "gemm_of", "operator_of", "rewrite_of"]
@@ -153,9 +156,10 @@ def _up(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class Footprint:
     """What running a layer with one rewrite costs beside the operator's minimum (section 4.4):
-    MACs and tensor elements moved on VTA's padded NCHWnc layout, the host bytes of the
-    rewrite (read, written) and of the runtime's padding + blocking, and the DRAM bytes of the
-    packed data tensors and weights (the paper's memory columns)."""
+    MACs and tensor elements moved on VTA's padded NCHWnc layout, the host bytes (read,
+    written) of the rewrite's host functions (which write / read the blocked tensors), the
+    bytes of the runtime's padding + blocking of the tensors they do not cover, and the DRAM
+    bytes of the packed data tensors and weights (the paper's memory columns)."""
 
     macs: int
     data: int
@@ -203,9 +207,21 @@ def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> 
     nb, cb = _up(n2, cfg.batch), _up(c2, cfg.block_in)
     x = nb * cb * (h2 + pt + pb) * (w2 + pl + pr)
     wgt, y = kb * cb * kh2 * kw2, nb * kb * ho2 * wo2
-    hb = host_bytes(rw, (n, c, h, w), wshape, tuple(layer.strides), tuple(layer.padding), dil)
-    pack = n2 * c2 * h2 * w2 + x + y + n2 * k * ho2 * wo2
-    return Footprint(nb * kb * cb * ho2 * wo2 * kh2 * kw2, x + wgt + y, hb, pack, x + y, wgt)
+    parts = host_parts(rw, (n, c, h, w), wshape, tuple(layer.strides), tuple(layer.padding),
+                       dil)
+    rewrite_in = parts.get("im2col") or parts.get("pack")
+    unpack = parts.get("unpack")
+    read = written = pack = 0
+    if rewrite_in:  # one pass: the rewrite writes the blocked tensor (fuse_blocking)
+        read, written = rewrite_in[0], x
+    else:           # the runtime blocks the input
+        pack += n2 * c2 * h2 * w2 + x
+    if unpack:      # one pass: the unpack reads the blocked output
+        read, written = read + unpack[0], written + unpack[1]
+    else:
+        pack += y + n2 * k * ho2 * wo2
+    return Footprint(nb * kb * cb * ho2 * wo2 * kh2 * kw2, x + wgt + y, (read, written), pack,
+                     x + y, wgt)
 
 
 def _candidate(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op: TensorOp,

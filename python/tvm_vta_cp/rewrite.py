@@ -46,10 +46,19 @@ that come from ``x``. Output unpack (pack only): reads = writes = ``N * K * Ho *
 cropped-away outputs are never read). Bytes = elements x element size (1 for int8/uint8). A
 rewrite whose gather is the identity (e.g. unrolling a 1x1 stride-1 kernel) emits no host op
 and costs 0.
+
+After lowering, :func:`fuse_blocking` folds the runtime's NCHWnc blocking into these host
+functions: the input rewrite then writes the VTA call's DRAM form ``(NB, CB, H', W', BATCH,
+BLOCK)`` int8 (lanes padded and halo filled with the tensor's fill value, uint8 stored as
+value-128) and the unpack starts from the blocked output, so the rewrite and the blocking are
+one pass; its written bytes become those of the blocked tensor. Each host function carries its
+recipe (:data:`RECIPE_ATTR`) so it can be rebuilt with the blocking steps.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -71,8 +80,9 @@ R = relax.op
 HOST_PREFIX = "vta_host_"
 _AXES = ("h", "w")
 
-__all__ = ["HOST_PREFIX", "ConvGeometry", "ConvInfo", "HostFunction", "LayoutRewrite",
-           "apply_layout_rewrites", "host_bytes", "host_parts", "host_symbol",
+__all__ = ["HOST_PREFIX", "RECIPE_ATTR", "BlockedTensor", "ConvGeometry", "ConvInfo",
+           "HostFunction", "LayoutRewrite", "apply_layout_rewrites", "fuse_blocking",
+           "host_bytes", "host_parts", "host_symbol",
            "layout_rewrite_pass", "rewrite_weight", "rewritten_conv_geometry"]
 
 
@@ -489,18 +499,25 @@ def _unpack_steps(lay: _Layout) -> list[tuple[str, Callable]]:
     return steps
 
 
-def _host_call(bb: relax.BlockBuilder, t, steps, layer: str, op: str, output: bool = False):
-    """Emit ``steps`` as the host function :func:`host_symbol` ``(layer, op)`` (intermediate
-    steps named by their suffix) and bind its call to ``<layer>_<op>``."""
-    symbol = host_symbol(layer, op)
+def _host_function(symbol: str, param_ty, steps, recipe: str) -> relax.Function:
+    """A host function of one parameter applying ``steps`` (intermediates named by their
+    suffix); ``recipe`` (:data:`RECIPE_ATTR`) says which rewrite it is, so it can be rebuilt."""
     fb = relax.BlockBuilder()
-    x = relax.Var("x", t.ty)
-    with fb.function(symbol, [x], attrs={HOST_FUNCTION_ATTR: 1}):
+    x = relax.Var("x", param_ty)
+    with fb.function(symbol, [x], attrs={HOST_FUNCTION_ATTR: 1, RECIPE_ATTR: recipe}):
         u = x
         for suffix, make in steps:
             u = fb.emit(make(u), suffix)
         fb.emit_func_output(u)
-    gv = bb.add_func(fb.get()[symbol], symbol)
+    return fb.get()[symbol]
+
+
+def _host_call(bb: relax.BlockBuilder, t, steps, layer: str, op: str, recipe: str,
+               output: bool = False):
+    """Emit ``steps`` as the host function :func:`host_symbol` ``(layer, op)`` and bind its
+    call to ``<layer>_<op>``."""
+    symbol = host_symbol(layer, op)
+    gv = bb.add_func(_host_function(symbol, t.ty, steps, recipe), symbol)
     call, name = relax.Call(gv, [t]), f"{layer}_{op}"
     return bb.emit_output(call, name) if output else bb.emit(call, name)
 
@@ -517,10 +534,11 @@ class _Edit:
     def emit(self, bb: relax.BlockBuilder, look: Callable, output: bool):
         info, lay = self.match.info, self.layout
         geo = lay.geometry
+        recipe = _recipe(info, self.spec)
         t = look(self.match.data)
         if not lay.input_is_identity:
             t = _host_call(bb, t, _input_steps(lay, info.input_shape, info.input_zero_point),
-                           info.name, "pack" if lay.packed else "im2col")
+                           info.name, "pack" if lay.packed else "im2col", recipe)
         chain = self.match.chain
         for i, (var, call) in enumerate(chain):
             args = [t] + [look(a) for a in call.args[1:]]
@@ -538,7 +556,7 @@ class _Edit:
             last = i == len(chain) - 1 and not lay.packed
             t = bb.emit_output(expr, var.name) if last and output else bb.emit(expr, var.name)
         if lay.packed:
-            t = _host_call(bb, t, _unpack_steps(lay), info.name, "unpack", output)
+            t = _host_call(bb, t, _unpack_steps(lay), info.name, "unpack", recipe, output)
         return t
 
 
@@ -614,3 +632,202 @@ def layout_rewrite_pass(decide: Decide, records: list | None = None) -> tvm.tran
         return mod
 
     return _pass
+
+
+# --- the runtime's NCHWnc blocking fused into the host functions ---------------------------------
+#: attribute of a host function naming the rewrite it performs (JSON: the rule and the conv)
+RECIPE_ATTR = "vta_layout_rewrite"
+
+
+def _recipe(info: ConvInfo, spec: LayoutRewrite) -> str:
+    return json.dumps({"unroll": list(spec.unroll), "pack": list(spec.pack),
+                       "input_shape": list(info.input_shape),
+                       "weight_shape": list(info.weight_shape), "strides": list(info.strides),
+                       "padding": list(info.padding), "dilation": list(info.dilation),
+                       "zero_point": info.input_zero_point})
+
+
+def _from_recipe(recipe: str) -> tuple[_Layout, tuple[int, ...], int]:
+    """(layout, source input shape, input zero point) of a host function's recipe."""
+    r = json.loads(recipe)
+    spec = LayoutRewrite(tuple(r["unroll"]), tuple(r["pack"]))
+    return (_layout(spec, r["input_shape"], r["weight_shape"], r["strides"], r["padding"],
+                    r["dilation"]), tuple(r["input_shape"]), int(r["zero_point"]))
+
+
+def _block_steps(p, cfg) -> list[tuple[str, Callable]]:
+    """(N, C, H, W) of ``p.dtype`` -> ``p``'s DRAM form: stored int8 (uint8 as value-128),
+    batch and channels padded to the GEMM block and the halo added, both with ``p.fill``, and
+    ``(NB, CB, H', W', BATCH, BLOCK)`` order (what :func:`~tvm_vta_cp.strategy.pack_tensor`
+    does in the runtime)."""
+    from tvm_vta_cp.strategy import packed_shape
+
+    nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
+    n, c, _, _ = p.shape
+    ht, hl, hb, hr = p.halo
+    steps: list[tuple[str, Callable]] = []
+    if p.dtype == "uint8":
+        steps.append(("stored", lambda t: R.astype(
+            R.subtract(R.astype(t, "int16"), relax.const(128, "int16")), "int8")))
+    widths = [0, nb * b - n, 0, cb * blk - c, ht, hb, hl, hr]
+    if any(widths):
+        steps.append(("blockpad", lambda t: R.nn.pad(t, widths, pad_value=float(p.fill))))
+    steps += [("lanes", lambda t: R.reshape(t, [nb, b, cb, blk, hp, wp])),
+              ("blocked", lambda t: R.permute_dims(t, [0, 2, 4, 5, 1, 3]))]
+    return steps
+
+
+def _unblock_steps(p, cfg) -> list[tuple[str, Callable]]:
+    """``p``'s DRAM form -> (N, C, H, W) of ``p.dtype`` (the runtime's unpack)."""
+    from tvm_vta_cp.strategy import packed_shape
+
+    nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
+    n, c, h, w = p.shape
+    ht, hl, _, _ = p.halo
+    steps: list[tuple[str, Callable]] = [
+        ("lanes", lambda t: R.permute_dims(t, [0, 4, 1, 5, 2, 3])),
+        ("nchw", lambda t: R.reshape(t, [nb * b, cb * blk, hp, wp]))]
+    if (nb * b, cb * blk, hp, wp) != (n, c, h, w):
+        steps.append(("interior", lambda t: R.strided_slice(
+            t, [0, 1, 2, 3], [0, 0, ht, hl], [n, c, ht + h, hl + w])))
+    if p.dtype == "uint8":
+        steps.append(("value", lambda t: R.astype(
+            R.add(R.astype(t, "int16"), relax.const(128, "int16")), "uint8")))
+    return steps
+
+
+@dataclass(frozen=True)
+class BlockedTensor:
+    """A VTA call input or output whose NCHWnc blocking a host function does."""
+
+    function: str   # blob (offloaded function) name
+    tensor: str     # the program tensor
+    symbol: str     # the host function
+    nbytes: int     # bytes of the blocked form
+
+
+def _host_of(var2val: dict, hosts: dict, var, ops: tuple[str, ...]) -> str | None:
+    """The host function (one of ``ops``) whose call ``var`` is bound to, if any."""
+    v = var2val.get(var)
+    if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar) \
+            and v.op.name_hint in hosts and v.op.name_hint.rsplit("_", 1)[-1] in ops:
+        return v.op.name_hint
+    return None
+
+
+def _is_run_call(v, runtime_func: str) -> bool:
+    return (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+            and v.op.name == "relax.call_dps_packed"
+            and isinstance(v.args[0], relax.ExternFunc)
+            and v.args[0].global_symbol == runtime_func)
+
+
+def fuse_blocking(mod: tvm.IRModule, runtime_func: str = "tvm_vta_cp.run"
+                  ) -> tuple[tvm.IRModule, list[BlockedTensor], dict[str, bytes]]:
+    """Fold the runtime's NCHWnc blocking into the layout-rewrite host functions: where a VTA
+    call's input comes only from a rewrite (``im2col``/``pack``) and where its single output
+    goes only to an ``unpack``, the host function is rebuilt to write (read) the tensor's DRAM
+    form, the blob marks the tensor ``blocked`` and the call passes the blocked array, so each
+    direction is one host pass (TVM fuses the ops of a host function into one loop nest)
+    instead of a rewrite pass plus the runtime's pack. Returns the module, the blocked
+    tensors and the re-encoded blob of each function that changed, by name."""
+    from tvm_vta_cp.codegen import build_blob, load_blob
+
+    hosts = {gv.name_hint: (gv, f) for gv, f in mod.functions_items()
+             if isinstance(f, relax.Function) and f.attrs is not None and RECIPE_ATTR in f.attrs}
+    if not hosts:
+        return mod, [], {}
+    new_funcs: dict[str, relax.Function] = {}
+    calls: dict = {}  # call_dps_packed binding var -> (new blob, new out type)
+    fused: list[BlockedTensor] = []
+    blobs: dict[str, bytes] = {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or (func.attrs is not None and (
+                HOST_FUNCTION_ATTR in func.attrs or "Codegen" in func.attrs)):
+            continue
+        var2val, users = relax.analysis.get_var2val(func), _users(func)
+        host_of = functools.partial(_host_of, var2val, hosts)
+
+        for block in func.body.blocks:
+            for b in block.bindings:
+                if not _is_run_call(b.value, runtime_func):
+                    continue
+                blob, *args = b.value.args[1].fields
+                program, cfg, name = load_blob(blob.value.numpy().tobytes())
+                changed = []
+                for tname, a in zip(program.inputs, args, strict=True):
+                    sym = host_of(a, ("im2col", "pack")) if isinstance(a, relax.Var) else None
+                    if sym is None or users.get(a) != {b.var} or sym in new_funcs:
+                        continue
+                    p = program.tensors[tname]
+                    lay, x_shape, zx = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
+                    p.blocked = True
+                    new_funcs[sym] = _host_function(
+                        sym, hosts[sym][1].params[0].ty,
+                        _input_steps(lay, x_shape, zx) + _block_steps(p, cfg),
+                        hosts[sym][1].attrs[RECIPE_ATTR])
+                    changed.append(BlockedTensor(name, tname, sym, p.nbytes))
+                out_ty = b.value.ty_args[0]
+                outs = users.get(b.var, set())
+                if len(program.outputs) == 1 and len(outs) == 1:
+                    (u,) = outs
+                    sym = host_of(u, ("unpack",)) if u != "return" else None
+                    if sym is not None and sym not in new_funcs:
+                        p = program.tensors[program.outputs[0]]
+                        lay, _, _ = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
+                        p.blocked = True
+                        out_ty = relax.TensorType(p.io_shape(cfg), "int8")
+                        new_funcs[sym] = _host_function(
+                            sym, out_ty, _unblock_steps(p, cfg) + _unpack_steps(lay),
+                            hosts[sym][1].attrs[RECIPE_ATTR])
+                        changed.append(BlockedTensor(name, p.name, sym, p.nbytes))
+                if changed:
+                    data = build_blob(program, cfg, name)
+                    calls[b.var] = (relax.const(np.frombuffer(data, dtype=np.uint8), "uint8"),
+                                    out_ty)
+                    blobs[name] = data
+                    fused += changed
+    if not fused:
+        return mod, [], {}
+    base = tvm.IRModule({g: f for g, f in mod.functions_items() if g.name_hint not in new_funcs},
+                        attrs=mod.attrs)
+    bb = relax.BlockBuilder(base)
+    remap = {sym: bb.add_func(relax.transform.ConvertToDataflow()(
+        tvm.IRModule({hosts[sym][0]: f}))[hosts[sym][0]], sym) for sym, f in new_funcs.items()}
+    out = bb.get()
+    callers = [gv for gv, f in out.functions_items()
+               if isinstance(f, relax.Function) and gv.name_hint not in hosts
+               and (f.attrs is None or "Codegen" not in f.attrs)]
+    for gv in callers:
+        mutator = _Recall(out, calls, remap, runtime_func)
+        new = mutator.visit_expr(out[gv])
+        out = mutator.builder_.get()
+        out[gv] = new
+    relax.analysis.well_formed(out)
+    return out, fused, blobs
+
+
+@relax.expr_functor.mutator
+class _Recall(relax.PyExprMutator):
+    """Calls the rebuilt host functions and passes the re-encoded blobs and blocked types."""
+
+    def __init__(self, mod: tvm.IRModule, calls: dict, remap: dict, runtime_func: str):
+        super().__init__(mod)
+        self.calls, self.remap, self.runtime_func = calls, remap, runtime_func
+
+    def visit_call_(self, call):
+        if isinstance(call.op, tvm.ir.GlobalVar) and call.op.name_hint in self.remap:
+            return relax.Call(self.remap[call.op.name_hint],
+                              [self.visit_expr(a) for a in call.args])
+        return super().visit_call_(call)
+
+    def visit_var_binding_(self, binding):
+        if binding.var not in self.calls:
+            return super().visit_var_binding_(binding)
+        blob, ty = self.calls[binding.var]
+        args = [self.visit_expr(a) for a in binding.value.args[1].fields[1:]]
+        call = relax.call_dps_packed(self.runtime_func, [blob, *args], ty)
+        output = (not isinstance(binding.var, relax.DataflowVar)
+                  and self.builder_.current_block_is_dataflow())
+        emit = self.builder_.emit_output if output else self.builder_.emit
+        self.set_var_remap(binding.var, emit(call, binding.var.name))

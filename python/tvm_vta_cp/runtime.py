@@ -36,7 +36,9 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
     for off, data in program.const_image:
         dram[off:off + len(data)] = np.frombuffer(bytes(data), dtype=np.uint8)
     for name, p in program.tensors.items():
-        if name in program.inputs:
+        if name in program.inputs and p.blocked:  # the host wrote the DRAM form already
+            dram[p.offset:p.offset + p.nbytes] = _blocked_bytes(inputs[name], p, cfg)
+        elif name in program.inputs:
             dram[p.offset:p.offset + p.nbytes] = pack_tensor(inputs[name], p, cfg)
         elif p.fill != 0 and any(p.halo):
             # the producer's STORE writes only the interior; the halo keeps this value
@@ -48,9 +50,22 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
                       trace_append=i > 0)
         offset_us += st.cycles / cfg.CLOCK_MHZ
         stats.append((ly.name, st))
-    outputs = {n: unpack_tensor(dram[program.tensors[n].offset:], program.tensors[n], cfg)
-               for n in program.outputs}
+    outputs = {}
+    for n in program.outputs:
+        p = program.tensors[n]
+        region = dram[p.offset:p.offset + p.nbytes]
+        outputs[n] = (region.view(np.int8).reshape(p.io_shape(cfg)).copy() if p.blocked
+                      else unpack_tensor(region, p, cfg))
     return outputs, stats
+
+
+def _blocked_bytes(x: np.ndarray, p, cfg: VTAConfig) -> np.ndarray:
+    """The bytes of a host-blocked input (checked: int8 in the placement's DRAM shape)."""
+    x = np.asarray(x)
+    if x.dtype != np.int8 or tuple(x.shape) != p.io_shape(cfg):
+        raise ValueError(f"tensor {p.name}: expected the blocked int8{list(p.io_shape(cfg))}, "
+                         f"got {x.dtype}{list(x.shape)}")
+    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
 
 
 # --- TVM-facing runtime: the packed function behind call_dps_packed ------------------------------
@@ -75,7 +90,7 @@ def decode_blob(data: np.ndarray):
 def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run one offloaded function on the simulator; records per-layer stats when profiling."""
     program, cfg, name = decode_blob(blob)
-    feed = check_inputs(program, inputs, "vta", name)
+    feed = check_inputs(program, inputs, "vta", name, lambda p: (p.io_shape(cfg), p.io_dtype))
     prof = profiler.active()
     trace = prof.trace_file() if prof is not None else None
     outputs, stats = execute_program(program, feed, cfg, trace_path=trace)

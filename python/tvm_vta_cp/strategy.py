@@ -142,7 +142,11 @@ class MappingError(AccelError):
 @dataclass
 class TensorPlacement:
     """Where an activation lives in DRAM, packed ``(ceil(N/BATCH), ceil(C/BLOCK), H + halo_t +
-    halo_b, W + halo_l + halo_r, BATCH, BLOCK)`` int8; uint8 tensors are stored as value-128."""
+    halo_b, W + halo_l + halo_r, BATCH, BLOCK)`` int8; uint8 tensors are stored as value-128.
+
+    A ``blocked`` function input or output crosses the call in that DRAM form (int8, halo and
+    padded lanes included): a host function around the call writes (reads) the blocked layout in
+    the same pass as its layout rewrite, so the runtime only copies the bytes."""
 
     name: str
     shape: tuple[int, ...]
@@ -151,6 +155,15 @@ class TensorPlacement:
     halo: tuple[int, int, int, int]
     fill: int
     nbytes: int
+    blocked: bool = False
+
+    def io_shape(self, cfg: VTAConfig) -> tuple[int, ...]:
+        """Shape of the array that crosses the call for this tensor."""
+        return tuple(packed_shape(self, cfg)) if self.blocked else tuple(self.shape)
+
+    @property
+    def io_dtype(self) -> str:
+        return "int8" if self.blocked else self.dtype
 
 
 @dataclass

@@ -8,6 +8,7 @@ import tvm_vta_cp
 from tvm_accel import zoo
 from tvm_accel.errors import AccelError
 from tvm_accel.layers import ConvLayer, Requant
+from tvm_vta_cp.codegen import load_blob
 from tvm_vta_cp.embedding import candidates, check_weights, choose
 
 
@@ -49,6 +50,12 @@ def test_forced_image_pack_on_8x8x8_is_bit_exact(compare):
     r = compare(model, "vta_8x8x8", knobs=knobs)
     assert r.report.layouts[0].chosen.name == "pack 8x1"
     assert [o.op for o in r.offloaded] == ["conv2d"]
+    # the blocking is fused into both host functions: the pack writes the blocked tensor
+    program, _, _ = load_blob(r.report.functions[0].blob)
+    p_in = program.tensors[program.inputs[0]]
+    host = {h["op"]: h for h in r.report.host_functions}
+    assert host["pack"]["blocked"] and host["unpack"]["blocked"]
+    assert host["pack"]["written"] == p_in.nbytes
     r.assert_bit_exact()
 
 
