@@ -2,20 +2,29 @@
 
 Follows upstream tvmc's flags: ``--target "vta, llvm"`` (accelerators first, host last),
 ``--target-<kind>-<option>``, ``-o``, ``--dump-offloads``, ``--inputs``, ``--outputs``,
-``--fill-mode``, ``--print-time``, ``--profile``. User errors print one line, no traceback.
+``--fill-mode``, ``--print-time``, ``--profile``.
+
+Errors: every error a user can cause (model, config, precision file, knobs, package, inputs,
+flags) prints one line on stderr, ``tvmc <verb>: error: <what, where, how to fix>``, and exits
+with 2, whether it was raised here, inside a TVM pass or inside the VM (the project's
+exceptions cross TVM's FFI as themselves, see :mod:`tvm_accel.errors`). Anything else is a bug:
+one ``internal error`` line and exit 1. ``-v/--verbose`` adds the traceback for a bug report.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+import traceback
+import zipfile
 from dataclasses import asdict
 
 import numpy as np
 
-from tvm_accel.errors import AccelError
+from tvm_accel.errors import AccelError, BlobError
 
 ACCEL_TARGETS = ("vta", "dpu", "marsellus")
 HOSTS = ("llvm",)
@@ -66,6 +75,7 @@ def cmd_compile(args) -> int:
     from tvm_accel.target import get_target
 
     accel, host = parse_target(args.target)
+    _check_output_path(args.output)
     precision = None
     if getattr(args, "precision_config", None):
         from tvm_accel.precision import load_precision
@@ -79,17 +89,25 @@ def cmd_compile(args) -> int:
         report, config = None, ""
     else:
         target = get_target(accel)
-        cfg = target.load_config(getattr(args, f"target_{accel}_config", None))
+        given = getattr(args, f"target_{accel}_config", None)
+        cfg = target.load_config(given)
+        knobs = _target_knobs(accel, args)
         records = getattr(args, "tuning_records", None)
-        if records:
-            from tvm_accel.tuning.records import ApplyHistoryBest
+        try:
+            if records:
+                from tvm_accel.tuning.records import ApplyHistoryBest
 
-            with ApplyHistoryBest(records):
-                ex, report = compile_model(mod, target, cfg, _target_knobs(accel, args), host,
-                                           precision=precision)
-        else:
-            ex, report = compile_model(mod, target, cfg, _target_knobs(accel, args), host,
-                                       precision=precision)
+                with ApplyHistoryBest(records):
+                    ex, report = compile_model(mod, target, cfg, knobs, host,
+                                               precision=precision)
+            else:
+                ex, report = compile_model(mod, target, cfg, knobs, host, precision=precision)
+        except AccelError as e:  # each target's strategy raises its own MappingError class
+            if type(e).__name__ != "MappingError":
+                raise
+            raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
+                             f"config: use one with more memory, or --target-{accel}-config "
+                             "of another instance)") from e
         config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
@@ -124,6 +142,16 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _check_output_path(path: str) -> None:
+    """Refuse an ``-o`` the package cannot be written to before spending time compiling."""
+    if os.path.isdir(path):
+        raise AccelError(f"-o {path}: is a directory; give the package file name, e.g. "
+                         f"{os.path.join(path, 'module.tar')}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise AccelError(f"-o {path}: directory {parent} does not exist")
+
+
 def _target_knobs(accel: str, args) -> dict | None:
     """Compile-time options of a target beyond its config (VTA: strategy; MARSELLUS: operating
     point)."""
@@ -151,27 +179,52 @@ def _target_knobs(accel: str, args) -> dict | None:
     return {OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
 
 
+def _read_inputs(path: str) -> dict[str, np.ndarray]:
+    """Arrays of an ``--inputs`` .npz by name, read eagerly so a bad member (object arrays,
+    which would need pickle) fails here with the file named."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise AccelError(f"{path}: cannot read inputs: {e.strerror or e}") from None
+    if head == b"\x93NUMPY":
+        raise AccelError(f"{path}: is a single .npy array; --inputs wants a .npz with one array "
+                         "per model input, e.g. np.savez('inputs.npz', <input name>=array)")
+    if head[:2] != b"PK":
+        raise AccelError(f"{path}: not a .npz file; write the inputs with np.savez('inputs.npz',"
+                         " <input name>=array)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise AccelError(f"{path}: cannot read inputs: {e} (save plain numeric arrays with "
+                         "np.savez)") from None
+
+
+def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
+    """``arr`` as the model input ``spec`` describes: same shape, real numbers, finite."""
+    if arr.dtype.kind not in "biuf":
+        raise AccelError(f"{path}: input '{spec.name}' has dtype {arr.dtype}, the model expects "
+                         f"{spec.dtype} numbers")
+    if list(arr.shape) != list(spec.shape):
+        raise AccelError(f"{path}: input '{spec.name}' has shape {list(arr.shape)}, the model "
+                         f"expects {spec.shape}")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise AccelError(f"{path}: input '{spec.name}' contains NaN or infinity")
+    return arr.astype(spec.dtype)
+
+
 def _make_inputs(meta, args) -> list[np.ndarray]:
-    if args.inputs:
-        try:
-            data = np.load(args.inputs)
-        except (OSError, ValueError) as e:
-            raise AccelError(f"{args.inputs}: cannot read inputs (.npz expected): {e}") from None
-    else:
-        data = {}
+    data = _read_inputs(args.inputs) if args.inputs else {}
     rng = np.random.default_rng(0)
     out = []
     for spec in meta.inputs:
         if spec.name in data:
-            arr = np.asarray(data[spec.name])
-            if list(arr.shape) != list(spec.shape):
-                raise AccelError(f"{args.inputs}: input '{spec.name}' has shape "
-                                 f"{list(arr.shape)}, the model expects {spec.shape}")
-            out.append(arr.astype(spec.dtype))
+            out.append(_check_input(args.inputs, np.asarray(data[spec.name]), spec))
             continue
         if args.inputs and args.fill_mode is None:
             raise AccelError(f"{args.inputs}: no array named '{spec.name}' (have: "
-                             f"{', '.join(data.keys())}); or pass --fill-mode")
+                             f"{', '.join(data.keys()) or 'none'}); or pass --fill-mode")
         mode = args.fill_mode or "random"
         if mode == "zeros":
             out.append(np.zeros(spec.shape, spec.dtype))
@@ -185,12 +238,39 @@ def _make_inputs(meta, args) -> list[np.ndarray]:
 def cmd_run(args) -> int:
     import tvm
 
-    from tvm_accel.package import load_package, outputs_to_numpy
+    from tvm_accel.package import load_package
+
+    if args.repeat < 1:
+        raise AccelError(f"--repeat {args.repeat}: give at least 1 run to time")
+    pkg = load_package(args.package)
+    inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
+    try:
+        outs = _execute(pkg, inputs, args)
+    except Exception as e:
+        translated = _run_error(args.package, e)
+        if translated is None:
+            raise
+        raise translated from e
+    names = [o.name for o in pkg.meta.outputs]
+    names += [f"output_{i}" for i in range(len(names), len(outs))]
+    if args.outputs:
+        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))
+        print(f"outputs written to {args.outputs}")
+    else:
+        for n, o in zip(names, outs, strict=False):
+            flat = o.reshape(-1)
+            print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
+    return 0
+
+
+def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
+    """Run ``main`` once (profiled and traced when asked), then time it for --print-time."""
+    import tvm
+
+    from tvm_accel.package import outputs_to_numpy
     from tvm_accel.profiler import profiling, time_host_functions
 
-    pkg = load_package(args.package)
     vm = pkg.vm()
-    inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
     if args.profile or args.trace:
         with profiling(args.trace) as prof:
             timed = pkg.vm()
@@ -207,16 +287,31 @@ def cmd_run(args) -> int:
         t = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=args.repeat)(*inputs)
         print(f"wall time per run (host + simulator): mean {t.mean * 1e3:.2f} ms, "
               f"std {t.std * 1e3:.2f} ms over {args.repeat} runs")
-    names = [o.name for o in pkg.meta.outputs]
-    names += [f"output_{i}" for i in range(len(names), len(outs))]
-    if args.outputs:
-        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))
-        print(f"outputs written to {args.outputs}")
-    else:
-        for n, o in zip(names, outs, strict=False):
-            flat = o.reshape(-1)
-            print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
-    return 0
+    return outs
+
+
+#: how the VM reports an argument of ``main`` that does not match the compiled signature
+_VM_ARG_MISMATCH = re.compile(r"ErrorContext\(fn=main, loc=param\[\d+\], param=([^,]+), "
+                              r"annotation=(.*?)\)\s\s")
+
+
+def _run_error(package: str, exc: Exception) -> AccelError | None:
+    """The user error behind a failed VM call, or None for a bug. The project's own errors (a
+    blob or the simulator refusing the program) get the package named; the VM refusing inputs
+    that match metadata.json means metadata.json and mod.so disagree."""
+    if isinstance(exc, AccelError):
+        msg = _one_line(str(exc))
+        if isinstance(exc, BlobError) and "recompile" not in msg:
+            msg += "; recompile the model with 'tvmc compile'"
+        return AccelError(f"{package}: {msg}")
+    m = _VM_ARG_MISMATCH.search(str(exc))
+    if m:
+        from tvm_accel.errors import PackageError
+
+        return PackageError(f"{package}: mod.so expects input '{m[1]}' as {m[2]}, not as "
+                            "metadata.json describes it (the package was edited after compile);"
+                            " recompile the model with 'tvmc compile'")
+    return None
 
 
 def cmd_disassemble(args) -> int:
@@ -258,9 +353,18 @@ def add_target_options(c: argparse.ArgumentParser) -> None:
                    help="MARSELLUS adaptive body biasing on")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error convention: one line, exit 2 (no usage block)."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tvmc", description="Compile and run quantized models on "
-                                "accelerator simulators through Apache TVM.")
+    p = _Parser(prog="tvmc", description="Compile and run quantized models on accelerator "
+                "simulators through Apache TVM.")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="on an error, also print the traceback (for a bug report)")
     sub = p.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
     c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
@@ -295,22 +399,43 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--layer", help="only this layer")
     d.add_argument("--limit", type=int, default=0, help="at most N instructions per layer")
     d.set_defaults(func=cmd_disassemble)
+    for verb in sub.choices.values():  # -v also after the verb, as users type it
+        verb.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                          help=argparse.SUPPRESS)
     return p
 
 
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """Exit code and the one stderr line (after ``tvmc <verb>: ``) for an exception: 2 and the
+    message for a user error, 1 and ``internal error`` for anything else (a bug)."""
+    if isinstance(exc, AccelError):
+        return 2, f"error: {_one_line(str(exc))}"
+    if isinstance(exc, OSError) and exc.filename is not None:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror
+        return 2, f"error: {exc.filename}: {why}"
+    return 1, (f"internal error: {type(exc).__name__}: {_one_line(str(exc))} (a bug; rerun "
+               "with -v and report the traceback)")
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(t.strip() for t in text.strip().splitlines() if t.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``tvmc``; returns the exit code (0 ok, 2 user error, 1 internal error)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except AccelError as e:
-        print(f"tvmc {args.verb}: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"tvmc {args.verb}: error: {e.filename}: no such file", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, like other tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:
+        code, line = describe_error(e)
+        if args.verbose:
+            traceback.print_exc()
+        sys.stdout.flush()
+        print(f"tvmc {args.verb}: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

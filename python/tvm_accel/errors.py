@@ -3,11 +3,37 @@
 Every error a user can cause (bad model, bad config, corrupt blob, simulator fault) is raised as an
 ``AccelError`` subclass whose message is one line: what went wrong, where, and how to fix it. The
 ``tvmc`` command prints that line instead of a traceback.
+
+Errors raised inside a TVM pass or inside a packed function the VM calls (``tvm_<target>.run``)
+cross TVM's FFI, which rebuilds a Python exception on the other side from a registered *kind*
+name and falls back to ``RuntimeError`` for unknown kinds. Every ``AccelError`` class is
+therefore registered with the FFI under its qualified name when it is defined, so it comes back
+as the same class with the same message and the CLI's one-line handler still recognises it.
 """
+
+from __future__ import annotations
+
+try:
+    import tvm_ffi
+except ImportError:  # the error types stay usable without TVM (e.g. reading configs)
+    tvm_ffi = None
+
+
+def _register_with_ffi(cls: type) -> None:
+    """Let ``cls`` survive a round trip through TVM's FFI (see the module docstring)."""
+    if tvm_ffi is not None:
+        tvm_ffi.register_error(f"{cls.__module__}.{cls.__qualname__}", cls)
 
 
 class AccelError(Exception):
     """Base class of all user-facing errors of the toolchain."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        _register_with_ffi(cls)
+
+
+_register_with_ffi(AccelError)
 
 
 class ConfigError(AccelError):
@@ -24,3 +50,7 @@ class BlobError(AccelError):
 
 class SimulatorError(AccelError):
     """The C simulator rejected a program (bad field, out-of-range address, deadlock, budget)."""
+
+
+class PackageError(AccelError):
+    """A compiled package is missing, truncated, damaged, or was not written by ``tvmc compile``."""

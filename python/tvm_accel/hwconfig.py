@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,10 +33,7 @@ def parse_fields(d: dict, int_fields: tuple[str, ...], float_fields: tuple[str, 
     for f in float_fields:
         if f not in d:
             raise ConfigError(f"{where}: missing field {f}")
-        v = d[f]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{where}: field {f}: expected a number, got {v!r}")
-        kw[f] = float(v)
+        kw[f] = finite_float(d[f], f, where)
     for f, default in optional.items():
         kw[f] = str(d.get(f, default))
     known = set(int_fields) | set(float_fields) | set(optional)
@@ -44,6 +42,22 @@ def parse_fields(d: dict, int_fields: tuple[str, ...], float_fields: tuple[str, 
         raise ConfigError(f"{where}: unknown field {unknown[0]} "
                           f"(known: {', '.join(sorted(known))})")
     return kw
+
+
+def finite_float(v: object, field: str, where: str) -> float:
+    """``v`` as a finite float; NaN, Infinity (JSON accepts both) and integers too large for a
+    double are refused naming the field, since every float of a config reaches a ``double``
+    of the simulator or a cycle/time formula."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{where}: field {field}: expected a number, got {v!r}")
+    try:
+        x = float(v)
+    except OverflowError:
+        raise ConfigError(f"{where}: field {field}: an integer of {len(str(v))} digits is too "
+                          "large for a double") from None
+    if not math.isfinite(x):
+        raise ConfigError(f"{where}: field {field}: {v!r} is not a finite number")
+    return x
 
 
 def read_config_json(path_or_name: str | Path, config_dir: Path) -> tuple[dict, Path]:

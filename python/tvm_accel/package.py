@@ -1,25 +1,34 @@
 """Compiled-model package: a ``.tar`` holding ``mod.so`` (the exported TVM library, blobs inside)
 and ``metadata.json`` (target, config, input/output signature, offload list), like tvmc's
 package. Loading needs only this file and the installed toolchain.
+
+``metadata.json`` records the size and sha256 of every other file of the package and a digest of
+itself. :func:`load_package` checks them all before the shared library is loaded: ``dlopen`` of a
+truncated ``mod.so`` dies with SIGBUS, and a hand-edited metadata (another target, another input
+shape) only fails deep inside the VM. A damaged, truncated or foreign package is one
+:class:`~tvm_accel.errors.PackageError` line instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import json
 import os
 import tarfile
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_accel.errors import AccelError
+from tvm_accel.errors import AccelError, PackageError
 
-PACKAGE_FORMAT = 1
+#: 2: ``files`` (size + sha256 of mod.so and the blobs) and ``digest`` (of the metadata itself)
+PACKAGE_FORMAT = 2
+RECOMPILE = "recompile the model with 'tvmc compile'"
 
 
 @dataclass
@@ -39,24 +48,55 @@ class PackageMetadata:
     offloads: list[dict] = field(default_factory=list)
     format: int = PACKAGE_FORMAT
     host_functions: list[dict] = field(default_factory=list)
+    #: archive name -> {"size": bytes, "sha256": hex digest} of every file but metadata.json
+    files: dict[str, dict] = field(default_factory=dict)
+    #: sha256 of the metadata without this field (see :func:`metadata_digest`)
+    digest: str = ""
+
+
+def file_record(data: bytes) -> dict:
+    """``{"size", "sha256"}`` of one package file, as stored in ``metadata.json``."""
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def metadata_digest(raw: dict) -> str:
+    """sha256 of the metadata dict without its ``digest`` entry (keys sorted), so any edit of
+    ``metadata.json`` after compile is detected."""
+    body = {k: v for k, v in raw.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def save_package(path: str, executable, meta: PackageMetadata,
-                 blobs: dict[str, bytes] | None = None) -> None:
-    """Export ``executable`` and write the package to ``path`` (``blobs`` kept for inspection)."""
+                 blobs: dict[str, bytes] | None = None) -> PackageMetadata:
+    """Export ``executable`` and write the package to ``path`` (``blobs`` kept for inspection).
+
+    The sizes and checksums of the files and the metadata digest are filled in here; the
+    metadata as written is returned. The package is written next to ``path`` and renamed into
+    place, so a failed write never leaves a truncated package behind."""
     with tempfile.TemporaryDirectory() as tmp:
         lib = os.path.join(tmp, "mod.so")
         executable.export_library(lib)
-        data = json.dumps(asdict(meta), indent=1).encode()
-        with tarfile.open(path, "w") as tar:
-            tar.add(lib, arcname="mod.so")
-            info = tarfile.TarInfo("metadata.json")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-            for name, blob in (blobs or {}).items():
-                info = tarfile.TarInfo(f"blobs/{name}.bin")
-                info.size = len(blob)
-                tar.addfile(info, io.BytesIO(blob))
+        with open(lib, "rb") as f:
+            members = {"mod.so": f.read()}
+        members.update({f"blobs/{name}.bin": bytes(b) for name, b in (blobs or {}).items()})
+        meta = replace(meta, format=PACKAGE_FORMAT,
+                       files={n: file_record(d) for n, d in members.items()}, digest="")
+        meta.digest = metadata_digest(json.loads(json.dumps(asdict(meta))))
+        members = {"metadata.json": json.dumps(asdict(meta), indent=1).encode(), **members}
+        partial = f"{path}.partial"
+        try:
+            with tarfile.open(partial, "w") as tar:
+                for name, data in members.items():
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    info.mode = 0o755 if name == "mod.so" else 0o644
+                    tar.addfile(info, io.BytesIO(data))
+            os.replace(partial, path)
+        except OSError as e:
+            if os.path.exists(partial):
+                os.unlink(partial)
+            raise PackageError(f"{path}: cannot write the package: {e.strerror or e}") from None
+    return meta
 
 
 @dataclass
@@ -69,36 +109,102 @@ class LoadedPackage:
         return relax.VirtualMachine(self.module, device or tvm.cpu())
 
 
-def load_package(path: str) -> LoadedPackage:
-    """Open a package written by :func:`save_package`, importing its target's runtime."""
+def _read_members(path: str) -> dict[str, bytes]:
+    """Every regular file of the package by archive name; a missing, unreadable, truncated or
+    non-tar file is a :class:`PackageError`."""
     if not os.path.exists(path):
-        raise AccelError(f"{path}: no such file")
+        raise PackageError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise PackageError(f"{path}: is a directory, not a compiled package (.tar from "
+                           "'tvmc compile')")
     try:
-        tar = tarfile.open(path, "r")
-    except tarfile.TarError as e:
-        raise AccelError(f"{path}: not a compiled package (.tar from 'tvmc compile'): "
-                         f"{e}") from None
-    tmp = tempfile.TemporaryDirectory(prefix="tvm_accel_pkg_")
-    with tar:
-        names = tar.getnames()
-        if "mod.so" not in names or "metadata.json" not in names:
-            raise AccelError(f"{path}: package lacks mod.so or metadata.json; recompile with "
-                             "'tvmc compile'")
-        tar.extractall(tmp.name, members=[tar.getmember("mod.so"), tar.getmember("metadata.json")],
-                       filter="data")
+        with tarfile.open(path, "r") as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    except (tarfile.TarError, EOFError) as e:
+        truncated = isinstance(e, EOFError) or "unexpected end" in str(e)
+        raise PackageError(f"{path}: not a compiled package ("
+                           f"{'truncated' if truncated else 'not a tar archive'}); "
+                           f"{RECOMPILE}") from None
+    except OSError as e:
+        raise PackageError(f"{path}: cannot read the package: {e.strerror or e}") from None
+
+
+def _parse_metadata(path: str, data: bytes) -> PackageMetadata:
+    """The checked metadata: valid JSON of this format whose digest matches its content."""
     try:
-        raw = json.loads(open(os.path.join(tmp.name, "metadata.json")).read())
-        meta = PackageMetadata(**{**raw, "inputs": [TensorSpec(**t) for t in raw["inputs"]],
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackageError(f"{path}: metadata.json is not valid JSON ({e}); {RECOMPILE}") from None
+    if not isinstance(raw, dict):
+        raise PackageError(f"{path}: metadata.json is not a JSON object; {RECOMPILE}")
+    fmt = raw.get("format")
+    if fmt != PACKAGE_FORMAT:
+        raise PackageError(f"{path}: package format {fmt} is not supported (this tvmc reads "
+                           f"format {PACKAGE_FORMAT}); {RECOMPILE}")
+    if raw.get("digest") != metadata_digest(raw):
+        raise PackageError(f"{path}: metadata.json does not match its checksum (edited or "
+                           f"damaged after compile); {RECOMPILE}")
+    try:
+        return PackageMetadata(**{**raw, "inputs": [TensorSpec(**t) for t in raw["inputs"]],
                                   "outputs": [TensorSpec(**t) for t in raw["outputs"]]})
-    except (json.JSONDecodeError, TypeError, KeyError) as e:
-        raise AccelError(f"{path}: corrupt metadata.json ({e}); recompile the model") from None
-    if meta.format != PACKAGE_FORMAT:
-        raise AccelError(f"{path}: package format {meta.format} is not supported; recompile")
+    except (TypeError, KeyError) as e:
+        raise PackageError(f"{path}: corrupt metadata.json ({e}); {RECOMPILE}") from None
+
+
+def _check_files(path: str, meta: PackageMetadata, members: dict[str, bytes]) -> None:
+    """Every file recorded in the metadata is present with its size and sha256, mod.so among
+    them, and every program blob is for the target the metadata names."""
+    from tvm_accel.blob import unpack_blob
+
+    if "mod.so" not in meta.files:
+        raise PackageError(f"{path}: metadata.json records no checksum of mod.so; {RECOMPILE}")
+    for name, rec in meta.files.items():
+        if name not in members:
+            raise PackageError(f"{path}: {name} is missing from the package; {RECOMPILE}")
+        data = members[name]
+        if not isinstance(rec, dict) or len(data) != rec.get("size"):
+            raise PackageError(f"{path}: {name} has {len(data)} bytes, metadata.json records "
+                               f"{rec.get('size') if isinstance(rec, dict) else rec} (truncated "
+                               f"or damaged); {RECOMPILE}")
+        if hashlib.sha256(data).hexdigest() != rec.get("sha256"):
+            raise PackageError(f"{path}: {name} is damaged (its sha256 differs from the one in "
+                               f"metadata.json); {RECOMPILE}")
+        if name.startswith("blobs/"):
+            try:
+                target = unpack_blob(data).target
+            except AccelError as e:
+                raise PackageError(f"{path}: {name}: {e}") from None
+            if target != meta.target:
+                raise PackageError(f"{path}: metadata.json names target '{meta.target or 'cpu'}'"
+                                   f" but {name} is a {target} program; {RECOMPILE}")
+
+
+def load_package(path: str) -> LoadedPackage:
+    """Open a package written by :func:`save_package`, importing its target's runtime.
+
+    The metadata digest and the size and sha256 of every file are checked before ``mod.so`` is
+    loaded, so a damaged or foreign package is a :class:`PackageError`, never a crash."""
+    members = _read_members(path)
+    missing = [n for n in ("metadata.json", "mod.so") if n not in members]
+    if missing:
+        raise PackageError(f"{path}: package lacks {' and '.join(missing)} (not written by "
+                           f"'tvmc compile'); {RECOMPILE}")
+    meta = _parse_metadata(path, members["metadata.json"])
+    _check_files(path, meta, members)
     if meta.target:
         from tvm_accel.target import get_target
 
         importlib.import_module(get_target(meta.target).package)
-    module = tvm.runtime.load_module(os.path.join(tmp.name, "mod.so"))
+    tmp = tempfile.TemporaryDirectory(prefix="tvm_accel_pkg_")
+    lib = os.path.join(tmp.name, "mod.so")
+    with open(lib, "wb") as f:
+        f.write(members["mod.so"])
+    try:
+        module = tvm.runtime.load_module(lib)
+    except Exception as e:  # dlopen or TVM refused the library: another host or TVM version
+        first = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise PackageError(f"{path}: cannot load mod.so ({first}); the package was built for "
+                           f"another host or TVM version: {RECOMPILE}") from None
     return LoadedPackage(meta, module, tmp)
 
 
@@ -107,7 +213,7 @@ def read_blobs(path: str) -> dict[str, bytes]:
     from tvm_accel.blob import MAGIC
 
     if not os.path.exists(path):
-        raise AccelError(f"{path}: no such file")
+        raise PackageError(f"{path}: no such file")
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) == MAGIC:
             f.seek(0)
@@ -116,8 +222,9 @@ def read_blobs(path: str) -> dict[str, bytes]:
         with tarfile.open(path, "r") as tar:
             return {m.name[len("blobs/"):-len(".bin")]: tar.extractfile(m).read()
                     for m in tar.getmembers() if m.name.startswith("blobs/") and m.isfile()}
-    except tarfile.TarError as e:
-        raise AccelError(f"{path}: neither a program blob nor a compiled package: {e}") from None
+    except (tarfile.TarError, EOFError) as e:
+        raise PackageError(f"{path}: neither a program blob nor a compiled package, or a "
+                           f"truncated one: {e}") from None
 
 
 def outputs_to_numpy(result) -> list[np.ndarray]:

@@ -21,11 +21,12 @@ Timing parameters (our addition; the public VTA simulator has no cycle model):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
-from tvm_accel.hwconfig import HardwareConfig, parse_fields, read_config_json
+from tvm_accel.hwconfig import HardwareConfig, finite_float, parse_fields, read_config_json
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "vta_1x16x16"
@@ -37,6 +38,13 @@ _INT_FIELDS = (
 )
 _FLOAT_FIELDS = ("CLOCK_MHZ", "DRAM_BYTES_PER_CYCLE")
 _OPTIONAL = {"TARGET": "sim", "HW_VER": "0.0.2"}
+#: largest value of the C ``int32_t`` fields the simulator binding fills from this config
+#: (``tvm_vta_cp.simulator._Config``); ctypes would silently truncate anything wider
+INT32_MAX = 2**31 - 1
+#: timing fields passed to the simulator as ``int32_t``, with their smallest legal value (the
+#: LOG_* fields it also receives are bounded far more tightly by the ISA checks below)
+_C_INT32_TIMING = {"DRAM_LATENCY_CYCLES": 0, "PIPELINE_LATENCY_CYCLES": 0,
+                   "GEMM_CYCLES_PER_UOP": 1, "ALU_CYCLES_PER_UOP": 1}
 
 
 @dataclass(frozen=True)
@@ -166,28 +174,24 @@ class VTAConfig(HardwareConfig):
             raise bad("LOG_*_BUFF_SIZE", "GEMM factor fields would exceed 64 bits")
         if 2 * self.log_acc_depth + 2 * self.log_inp_depth + 20 > 64:
             raise bad("LOG_*_BUFF_SIZE", "ALU factor fields would exceed 64 bits")
-        if self.CLOCK_MHZ <= 0:
-            raise bad("CLOCK_MHZ", "must be positive")
-        if self.DRAM_BYTES_PER_CYCLE <= 0:
-            raise bad("DRAM_BYTES_PER_CYCLE", "must be positive")
-        if not self.HOST_BYTES_PER_CYCLE > 0 or self.HOST_BYTES_PER_CYCLE == float("inf"):
-            raise bad("HOST_BYTES_PER_CYCLE", "must be a positive finite number")
-        for f in ("DRAM_LATENCY_CYCLES", "PIPELINE_LATENCY_CYCLES"):
-            if getattr(self, f) < 0:
-                raise bad(f, "must be >= 0")
-        for f in ("GEMM_CYCLES_PER_UOP", "ALU_CYCLES_PER_UOP"):
-            if getattr(self, f) < 1:
-                raise bad(f, "must be >= 1")
+        for f in ("CLOCK_MHZ", "DRAM_BYTES_PER_CYCLE", "HOST_BYTES_PER_CYCLE"):
+            v = getattr(self, f)
+            if not (math.isfinite(v) and v > 0):
+                raise bad(f, f"{v} must be a positive finite number")
+        for f, lo in _C_INT32_TIMING.items():
+            v = getattr(self, f)
+            if not lo <= v <= INT32_MAX:
+                raise bad(f, f"{v} is outside {lo}..{INT32_MAX} (a 32-bit field of the "
+                          "simulator)")
 
 
 def config_from_dict(d: dict, where: str = "config", name: str = "custom") -> VTAConfig:
     """Build and validate a config from parsed JSON, naming any bad or missing field."""
     d = dict(d) if isinstance(d, dict) else d
     host = d.pop("HOST_BYTES_PER_CYCLE", 1.0) if isinstance(d, dict) else 1.0
-    if isinstance(host, bool) or not isinstance(host, (int, float)):
-        raise ConfigError(f"{where}: field HOST_BYTES_PER_CYCLE: expected a number, got {host!r}")
+    host = finite_float(host, "HOST_BYTES_PER_CYCLE", where)
     kw = parse_fields(d, _INT_FIELDS, _FLOAT_FIELDS, _OPTIONAL, where, "VTA")
-    cfg = VTAConfig(**kw, HOST_BYTES_PER_CYCLE=float(host), name=name)
+    cfg = VTAConfig(**kw, HOST_BYTES_PER_CYCLE=host, name=name)
     cfg.validate(where)
     return cfg
 

@@ -35,6 +35,11 @@ def _write(tmp_path, **changes):
     ({"DRAM_BYTES_PER_CYCLE": 0}, "DRAM_BYTES_PER_CYCLE"),
     ({"LOG_BATCH": "two"}, "LOG_BATCH"),
     ({"LOG_BLOK_IN": 4}, "LOG_BLOK_IN"),
+    ({"DRAM_LATENCY_CYCLES": 2**31}, "DRAM_LATENCY_CYCLES"),
+    ({"GEMM_CYCLES_PER_UOP": 2**32 + 1}, "GEMM_CYCLES_PER_UOP"),
+    ({"CLOCK_MHZ": float("nan")}, "CLOCK_MHZ"),
+    ({"DRAM_BYTES_PER_CYCLE": float("inf")}, "DRAM_BYTES_PER_CYCLE"),
+    ({"HOST_BYTES_PER_CYCLE": 10**400}, "HOST_BYTES_PER_CYCLE"),
 ])
 def test_inconsistent_config_names_the_file_and_field(tmp_path, changes, field):
     p = _write(tmp_path, **changes)
@@ -58,3 +63,11 @@ def test_missing_field_and_bad_json_are_reported(tmp_path):
 def test_unknown_config_name_lists_bundled_configs():
     with pytest.raises(ConfigError, match="vta_8x8x8"):
         load_config("vta_4x4x4")
+
+
+def test_timing_fields_reach_the_int32_limit_of_the_simulator_binding(tmp_path):
+    """2^31 - 1 is the widest value the ctypes int32 fields carry unchanged; it is accepted."""
+    top = 2**31 - 1
+    cfg = load_config(_write(tmp_path, DRAM_LATENCY_CYCLES=top, PIPELINE_LATENCY_CYCLES=top,
+                             GEMM_CYCLES_PER_UOP=top, ALU_CYCLES_PER_UOP=top))
+    assert cfg.DRAM_LATENCY_CYCLES == top
