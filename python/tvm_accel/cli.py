@@ -24,7 +24,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from tvm_accel.errors import AccelError, BlobError
+from tvm_accel.errors import AccelError, BlobError, MappingError
 
 ACCEL_TARGETS = ("vta", "dpu", "marsellus")
 HOSTS = ("llvm",)
@@ -102,9 +102,7 @@ def cmd_compile(args) -> int:
                                                precision=precision)
             else:
                 ex, report = compile_model(mod, target, cfg, knobs, host, precision=precision)
-        except AccelError as e:  # each target's strategy raises its own MappingError class
-            if type(e).__name__ != "MappingError":
-                raise
+        except MappingError as e:  # not one layer (those fall back): the whole config
             raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
                              f"config: use one with more memory, or --target-{accel}-config "
                              "of another instance)") from e

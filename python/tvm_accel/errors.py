@@ -52,5 +52,11 @@ class SimulatorError(AccelError):
     """The C simulator rejected a program (bad field, out-of-range address, deadlock, budget)."""
 
 
+class MappingError(AccelError):
+    """A layer (or fused group) the target cannot map under its config or the user's knobs;
+    each target's strategy raises its own subclass naming the layer. Lowering turns it into a
+    CPU fallback of that layer with this message as the reason, never a failed compile."""
+
+
 class PackageError(AccelError):
     """A compiled package is missing, truncated, damaged, or was not written by ``tvmc compile``."""

@@ -17,7 +17,7 @@ import tvm
 from tvm import relax
 
 from tvm_accel.canonicalize import _AUTO_NAME
-from tvm_accel.errors import AccelError
+from tvm_accel.errors import AccelError, MappingError
 from tvm_accel.layers import (
     AddLayer,
     ConcatLayer,
@@ -322,9 +322,41 @@ def _offload_input_bits(mod: tvm.IRModule, offloaded: dict, patterns, layer_bits
     return result
 
 
+class UnmappableLayers(MappingError):
+    """Offloaded layers the target could not compile under the config (``reasons``: layer ->
+    the target's message); :func:`tvm_accel.pipeline.offload` partitions again without them,
+    so they fall back to the CPU."""
+
+    def __init__(self, reasons: dict[str, str]):
+        self.reasons = dict(reasons)
+        super().__init__("; ".join(f"{k}: {v}" for k, v in self.reasons.items()))
+
+
+def _unmappable_layers(target: AccelTarget, graph: LayerGraph, config, knobs: dict | None,
+                       error: MappingError) -> dict[str, str]:
+    """The layers of a function that failed to compile, with the reason: each layer that does
+    not compile alone; when every layer does (the function as a whole does not fit), the one
+    the error names, else the last, so the next partition splits the function there."""
+    from tvm_accel.tuning.layer_tasks import single_layer_graph
+
+    if len(graph.layers) == 1:
+        return {graph.layers[0].name: str(error)}
+    out = {}
+    for layer in graph.layers:
+        try:
+            target.compile_function(single_layer_graph(layer, graph), config, knobs)
+        except MappingError as e:
+            out[layer.name] = str(e)
+    if out:
+        return out
+    named = [ly.name for ly in graph.layers if f"{ly.name}:" in str(error)]
+    return {(named or [graph.layers[-1].name])[0]: f"{error} (with the layers around it)"}
+
+
 def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict | None = None,
                    report: list[LoweredFunction] | None = None) -> tvm.IRModule:
-    """Compile every ``Codegen`` function of ``target`` and call its blob from ``main``."""
+    """Compile every ``Codegen`` function of ``target`` and call its blob from ``main``. Raises
+    :class:`UnmappableLayers` naming every layer the target could not map."""
     patterns = target.pattern_table()
     offloaded = {gv: f for gv, f in mod.functions_items()
                  if isinstance(f, relax.Function) and f.attrs
@@ -333,18 +365,26 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
     graphs: dict = {}
     _offload_input_bits(mod, offloaded, patterns, layer_bits, graphs)
     blobs = {}
+    unmapped: dict[str, str] = {}
     for i, (gv, f) in enumerate(offloaded.items()):
         t0 = time.perf_counter()
         graph = graphs[gv] if gv in graphs else extract_layer_graph(f, patterns, layer_bits)
         first = graph.layers[0].name if graph.layers else "empty"
         name = f"{target.name}_{i}_{first}"
         fn_knobs, tuned = apply_history(target, graph, config, knobs)
-        data = target.compile_function(graph, config, fn_knobs, name=name)
+        try:
+            data = target.compile_function(graph, config, fn_knobs, name=name)
+        except MappingError as e:
+            unmapped.update(_unmappable_layers(target, graph, config, fn_knobs, e))
+            continue
         blobs[gv] = relax.const(np.frombuffer(data, dtype=np.uint8), "uint8")
         if report is not None:
             report.append(LoweredFunction(name, graph, data,
                                           time.perf_counter() - t0,
                                           [ly.name for ly in graph.layers], tuned))
+
+    if unmapped:
+        raise UnmappableLayers(unmapped)
 
     @relax.expr_functor.mutator
     class _Rewrite(relax.PyExprMutator):

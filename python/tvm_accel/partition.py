@@ -10,7 +10,7 @@ whose docstring is the reason shown to the user when it fails and the layer stay
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,19 +51,24 @@ class OffloadPattern:
                 failed.append(check_reason(chk))
         return failed
 
-    def as_fusion_entry(self, layer_bits: dict | None = None) -> tuple:
+    def as_fusion_entry(self, layer_bits: dict | None = None,
+                        excluded: Mapping[str, str] | None = None) -> tuple:
         """``FuseOpsByPattern`` entry; ``layer_bits`` (layer name -> W/I/O bits, see
         :data:`tvm_accel.precision.LAYER_BITS_ATTR`) is offered to the checks as
-        ``m["precision"]``."""
+        ``m["precision"]``; a layer named in ``excluded`` (lowering could not map it) is not
+        matched."""
         def check(ctx: relax.transform.PatternCheckContext) -> bool:
             if has_leaking_intermediate_variables(ctx):
                 return False
             annotated = dict(ctx.annotated_expr)
-            if layer_bits:
+            if layer_bits or excluded:
                 core = annotated.get("core", annotated.get("root"))
                 var = ctx.value_to_bound_var.get(core) if core is not None else None
-                annotated["precision"] = layer_bits.get(layer_name(var.name), {}) \
-                    if var is not None else {}
+                name = layer_name(var.name) if var is not None else None
+                if excluded and name in excluded:
+                    return False
+                if layer_bits:
+                    annotated["precision"] = layer_bits.get(name, {}) if name else {}
             return not self.failed_checks(annotated)
 
         return (self.name, self.pattern, self.annotations, check)
@@ -288,13 +293,14 @@ def subbyte_activation_bits(m: dict) -> int | None:
 HOST_FUNCTION_ATTR = "accel_host_function"
 
 
-def partition(mod: tvm.IRModule, patterns: list[OffloadPattern]) -> tvm.IRModule:
-    """Group matched layers into ``Codegen`` functions (neighbours merged). Host functions
-    (:data:`HOST_FUNCTION_ATTR`) come in without dataflow blocks (``MergeCompositeFunctions``
-    only groups dataflow blocks of the functions it partitions) and get them afterwards, so
-    ``FuseOps`` fuses their ops."""
+def partition(mod: tvm.IRModule, patterns: list[OffloadPattern],
+              excluded: Mapping[str, str] | None = None) -> tvm.IRModule:
+    """Group matched layers into ``Codegen`` functions (neighbours merged), leaving the layers
+    of ``excluded`` (name -> reason) on the host. Host functions (:data:`HOST_FUNCTION_ATTR`)
+    come in without dataflow blocks (``MergeCompositeFunctions`` only groups dataflow blocks of
+    the functions it partitions) and get them afterwards, so ``FuseOps`` fuses their ops."""
     bits = module_layer_bits(mod)
-    entries = [p.as_fusion_entry(bits) for p in patterns]
+    entries = [p.as_fusion_entry(bits, excluded) for p in patterns]
     mod = relax.transform.FuseOpsByPattern(entries, bind_constants=True,
                                            annotate_codegen=False)(mod)
     mod = relax.transform.MergeCompositeFunctions()(mod)
@@ -348,7 +354,8 @@ def _float_reasons(numerics) -> dict[str, Any]:
 
 def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             partitioned: tvm.IRModule | None = None,
-            numerics: list | None = None) -> list[OffloadRecord]:
+            numerics: list | None = None,
+            excluded: Mapping[str, str] | None = None) -> list[OffloadRecord]:
     """Candidate layers of ``main`` in order, with placement and reason.
 
     A layer matched by a pattern whose checks pass is offloaded (confirmed against the partitioned
@@ -356,7 +363,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     other anchor ops (pooling, reshape, quantize, ...) are listed as host ops. ``numerics`` (the
     canonicalize report, :class:`tvm_accel.canonicalize.LayerRecord` list) names the layers that
     canonicalize left float and gives its reason (e.g. a scale the target's recipe cannot
-    represent) instead of "no pattern".
+    represent) instead of "no pattern". ``excluded`` gives the reason of each layer lowering
+    could not map (it stayed on the CPU).
     """
     func = mod["main"]
     var2val = relax.analysis.get_var2val(func)
@@ -386,6 +394,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 shape = _shape_str(binding.var)
                 if failed:
                     rec = OffloadRecord(name, pat.op, shape, "cpu", "; ".join(failed))
+                elif excluded and name in excluded:
+                    rec = OffloadRecord(name, pat.op, shape, "cpu", excluded[name])
                 elif host is not None and core_name in host:
                     rec = OffloadRecord(name, pat.op, shape, "cpu",
                                         "an intermediate value is used outside the layer")

@@ -13,7 +13,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from tvm_accel.lower import LoweredFunction, lower_offloads
+from tvm_accel.lower import LoweredFunction, UnmappableLayers, lower_offloads
 from tvm_accel.partition import OffloadRecord, explain, partition
 from tvm_accel.target import AccelTarget
 
@@ -51,11 +51,20 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
     """Partition a canonical module and lower the offloaded functions (host ops untouched)."""
     mod = target.prepare_offload(mod, config, knobs, report)
     patterns = target.pattern_table()
-    parted = partition(mod, patterns)
+    excluded: dict[str, str] = {}  # layers the target could not map -> reason (CPU fallback)
+    while True:
+        parted = partition(mod, patterns, excluded)
+        functions: list[LoweredFunction] = []
+        try:
+            lowered = lower_offloads(parted, target, config, knobs, functions)
+            break
+        except UnmappableLayers as e:
+            if not set(e.reasons) - set(excluded):  # no progress: not a layer we can drop
+                raise
+            excluded.update(e.reasons)
     if report is not None:
-        report.offloads = explain(mod, patterns, target.name, parted, report.numerics)
-    lowered = lower_offloads(parted, target, config, knobs,
-                             report.functions if report is not None else None)
+        report.offloads = explain(mod, patterns, target.name, parted, report.numerics, excluded)
+        report.functions += functions
     return target.finish_offload(lowered, config, report)
 
 

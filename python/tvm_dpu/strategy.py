@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tvm_accel.errors import AccelError
+from tvm_accel import errors
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import (
     AddLayer,
@@ -74,7 +74,7 @@ from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
 from tvm_dpu.xgraph import XGraphError, fold_add, fold_conv
 
 
-class MappingError(AccelError):
+class MappingError(errors.MappingError):
     """A layer cannot be mapped onto the DPU (should have been rejected by a pattern check)."""
 
 

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tvm_accel.errors import AccelError
+from tvm_accel import errors
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
 from tvm_marsellus import codegen as cg
@@ -72,7 +72,7 @@ ALIGN = 8
 CLUSTER_WINS = 0.5
 
 
-class MappingError(AccelError):
+class MappingError(errors.MappingError):
     """A layer graph (or a user knob) the MARSELLUS strategy cannot map, with the reason."""
 
 

@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tvm_accel.errors import AccelError
+from tvm_accel import errors
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import (
     AddLayer,
@@ -134,7 +134,7 @@ MAX_ITER = (1 << LOOP_ITER_BITS) - 1
 MAX_LOAD_PAD = 15
 
 
-class MappingError(AccelError):
+class MappingError(errors.MappingError):
     """A layer the static VTA strategy cannot map (the message names the layer)."""
 
 

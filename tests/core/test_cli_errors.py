@@ -223,10 +223,6 @@ CASES = [
     ("mars-speedup-10^400", config("marsellus", "m5.json", CL_4B_SPEEDUP=10**400),
      ["CL_4B_SPEEDUP"]),
     # raised inside the compile pass, back through TVM's FFI
-    ("dpu-pm-1024", config("dpu", "pm.json", PM_BYTES=1024), ["pm.json", "layer conv", "PM"]),
-    ("mars-l1-1024", config("marsellus", "l1.json", L1_BYTES=1024),
-     ["l1.json", "layer conv", "L1"]),
-    ("mars-l2-1024", config("marsellus", "l2.json", L2_BYTES=1024), ["l2.json", "L2"]),
     ("precision-unknown-layer", lambda w: compile_("vta", "--precision-config", w.file(
         "p1.json", '{"layers": {"nope": {"w": 4}}}'))(w), ["p1.json", "layers.nope"]),
     ("precision-missing", compile_("vta", "--precision-config", "/nonexistent/p.json"),
@@ -321,6 +317,21 @@ def test_user_error_is_one_line_with_exit_code_2(ws, capsys, argv, needles):
     assert err[0].startswith(f"tvmc {args[0]}: error: "), err[0]
     for word in needles:
         assert word in err[0], (word, err[0])
+
+
+@pytest.mark.parametrize("target, field, word", [
+    ("dpu", "PM_BYTES", "PM"), ("marsellus", "L1_BYTES", "L1"), ("marsellus", "L2_BYTES", "L2"),
+])
+def test_layers_that_do_not_fit_a_small_config_fall_back_to_the_cpu(ws, capsys, target, field,
+                                                                     word):
+    """A valid config too small for a layer: the compile succeeds and the layer runs on the CPU
+    with the target's reason in --dump-offloads, never a failed compile."""
+    argv = config(target, f"small_{field}.json", **{field: 1024})(ws) + ["--dump-offloads"]
+    assert _tvmc(argv) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.split()[:1] == ["conv"]]
+    assert rows and "cpu" in rows[0] and word in rows[0], out
+    assert _tvmc(["run", argv[argv.index("-o") + 1]]) == 0
 
 
 def test_truncated_mod_so_is_one_line_in_a_fresh_process(ws):
