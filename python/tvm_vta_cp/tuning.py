@@ -3,9 +3,12 @@ an offloaded function over the static template's declared tile and thread knobs
 (:func:`tvm_vta_cp.strategy.knob_space`), measured as that one layer on the simulator
 (:mod:`tvm_accel.tuning.layer_tasks`).
 
-Not tasks yet: transposed convs (their knobs are per sub-convolution phase) and the CP
-embedding choice (:func:`tvm_vta_cp.embedding.embedding_space`), which is decided before
-partitioning.
+A conv the CP strategy rewrote is tuned as the conv VTA runs (the rewritten shapes), so its
+tiles are tuned for the embedding ``auto`` chose. The embedding choice itself
+(:func:`tvm_vta_cp.embedding.embedding_space`, decided before partitioning) is not a task:
+``auto`` already measures every one of its options (the static template and the top-k
+candidates) on the simulator. Transposed convs are not tasks (their knobs are per
+sub-convolution phase).
 """
 
 from __future__ import annotations
