@@ -107,6 +107,7 @@ from tvm_vta_cp.codegen import (
     ALU_SHR,
     ISA,
     LOOP_ITER_BITS,
+    MAX_DRAM_BYTES,
     MEM_ACC,
     MEM_ACC_8BIT,
     MEM_INP,
@@ -1579,6 +1580,7 @@ def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None
         off = p.dram.alloc(nbytes)
         p.placements[tname] = TensorPlacement(tname, tuple(int(s) for s in t.shape), t.dtype, off,
                                               (ht, hl, hb, hr), int(fill[tname] or 0), nbytes)
+    _check_dram(p.dram.size, "its activations")
     layers = []
     for layer in graph.layers:
         user = knobs.get(layer.name)
@@ -1589,9 +1591,18 @@ def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None
         else:
             layers.append(p.add(layer, user))
     size = _cdiv(p.dram.size, p.dram.align) * p.dram.align
+    _check_dram(size, "its activations, weights and micro-ops")
     return VTAProgram(dram_size=max(size, p.dram.align), const_image=p.dram.const_image,
                       tensors=p.placements, inputs=list(graph.inputs),
                       outputs=list(graph.outputs), layers=layers)
+
+
+def _check_dram(nbytes: int, what: str) -> None:
+    """VTA addresses 4 GiB of DRAM (32-bit physical addresses): a program needing more cannot
+    run, so it is refused at compile time (the layers fall back to the CPU)."""
+    if nbytes > MAX_DRAM_BYTES:
+        raise MappingError(f"the function needs {nbytes:,} bytes of DRAM for {what}; VTA "
+                           f"addresses {MAX_DRAM_BYTES:,}")
 
 
 # --- packing ------------------------------------------------------------------------------------
@@ -1610,11 +1621,14 @@ def pack_tensor(x: np.ndarray, p: TensorPlacement, cfg: VTAConfig) -> np.ndarray
     N, C, H, W = _dims4(p.shape)
     NB, CB, Hp, Wp, B, BLK = packed_shape(p, cfg)
     ht, hl, _, _ = p.halo
-    lo, hi = (0, 255) if p.dtype == "uint8" else (-128, 127)
-    xi = x.astype(np.int64)
-    if xi.size and (xi.min() < lo or xi.max() > hi):
-        raise ValueError(f"tensor {p.name}: values outside the {p.dtype} range")
-    xs = (xi + _stored_offset(p.dtype)).astype(np.int8).reshape(N, C, H, W)
+    if x.dtype == np.dtype(p.dtype):  # the usual case: no range check, no wide copy
+        xs = (x ^ np.uint8(0x80)).view(np.int8) if p.dtype == "uint8" else x
+    else:
+        lo, hi = (0, 255) if p.dtype == "uint8" else (-128, 127)
+        if x.size and (x.min() < lo or x.max() > hi):
+            raise ValueError(f"tensor {p.name}: values outside the {p.dtype} range")
+        xs = (x.astype(np.int16) + _stored_offset(p.dtype)).astype(np.int8)
+    xs = xs.reshape(N, C, H, W)
     full = np.full((NB * B, CB * BLK, H, W), p.fill, dtype=np.int8)
     full[:N, :C] = xs
     packed = np.full((NB, CB, Hp, Wp, B, BLK), p.fill, dtype=np.int8)

@@ -373,3 +373,16 @@ def test_micro_op_kernels_that_do_not_fit_together_are_loaded_on_demand():
     uop_loads = [i for i in ISA(cfg).decode_stream(prog.layers[0].insns)
                  if isinstance(i, MemInsn) and i.opcode == 0 and i.memory_type == 0 and i.x_size]
     assert len(uop_loads) > 1
+
+
+def test_a_program_beyond_vtas_4_gib_of_dram_is_refused_at_compile_time():
+    """A 1x64x8192x8192 conv needs 8 GiB of activations: a mapping error (the compile falls
+    back to the CPU), before any instruction is generated."""
+    from tvm_vta_cp.strategy import MappingError
+
+    layer = conv_layer(np.random.default_rng(0), "conv", "x", "y", 64, 64, 3, 1, 1)
+    shape = (1, 64, 8192, 8192)
+    graph = LayerGraph({"x": Tensor("x", shape, "int8"), "y": Tensor("y", shape, "int8")},
+                       [layer], ["x"], ["y"])
+    with pytest.raises(MappingError, match="bytes of DRAM"):
+        plan(graph, load_config("vta_1x16x16"))
