@@ -33,6 +33,17 @@ class LayerRecord:
     bytes_moved: int
     time_us: float
     extra: dict = field(default_factory=dict)
+    bound: str = ""  # what limits the layer (:func:`bound_label`), "" when not modelled
+
+
+def bound_label(busy: dict[str, float]) -> str:
+    """What bounds a layer, the paper's Fig. 18 labels: ``busy`` maps ``"off-chip"`` (the DMA
+    to external memory), ``"on-chip"`` (the DMA between on-chip memories) and ``"compute"``
+    (the engines) to their busy cycles (the larger of the units of a class); the label is the
+    class that is busy longest (ties go to compute: the memory work hides behind it)."""
+    order = {"compute": 0, "on-chip": 1, "off-chip": 2}
+    kind = max(busy.items(), key=lambda kv: (kv[1], -order.get(kv[0], 3)))[0] if busy else ""
+    return f"{kind} bound" if kind else ""
 
 
 @dataclass
@@ -85,20 +96,23 @@ class Profiler:
         """Per-layer table; with an energy column when a target reports energy (MARSELLUS:
         ``extra["energy_uj"]`` at the compile-time operating point, named below the table)."""
         energy = any("energy_uj" in r.extra for r in self.records)
+        bound = any(r.bound for r in self.records)
         rows = [(r.layer, r.op, r.engine, r.shape, r.macs, r.cycles, f"{100 * r.utilization:.1f}%",
                  r.bytes_moved, r.time_us,
                  *([f"{r.extra['energy_uj']:.3f}" if "energy_uj" in r.extra else ""]
-                   if energy else [])) for r in self.records]
+                   if energy else []), *([r.bound] if bound else [])) for r in self.records]
         tot_macs = sum(r.macs for r in self.records)
         tot_cyc = sum(r.cycles for r in self.records)
         rows.append(("TOTAL", "", "", "", tot_macs, tot_cyc, "",
                      sum(r.bytes_moved for r in self.records),
                      sum(r.time_us for r in self.records),
                      *([f"{sum(r.extra.get('energy_uj', 0.0) for r in self.records):.3f}"]
-                       if energy else [])))
+                       if energy else []), *([""] if bound else [])))
         text = format_table(["layer", "op", "engine", "shape", "MACs", "cycles", "util",
-                             "bytes moved", "time (us)", *(["energy (uJ)"] if energy else [])],
-                            rows, align="llllrrrrr" + ("r" if energy else ""))
+                             "bytes moved", "time (us)", *(["energy (uJ)"] if energy else []),
+                             *(["bound"] if bound else [])],
+                            rows, align="llllrrrrr" + ("r" if energy else "")
+                            + ("l" if bound else ""))
         points = {(r.extra["vdd"], r.extra["freq_mhz"], r.extra.get("abb", False))
                   for r in self.records if "energy_uj" in r.extra and "vdd" in r.extra}
         for vdd, mhz, abb in sorted(points):

@@ -105,7 +105,10 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
                 time_us=st.cycles / cfg.CLOCK_MHZ,
                 extra={"load_busy": st.load_busy, "save_busy": st.save_busy,
                        "conv_busy": st.conv_busy, "misc_busy": st.misc_busy,
-                       "knobs": ly.knobs}))
+                       "knobs": ly.knobs},
+                bound=profiler.bound_label({
+                    "off-chip": max(st.load_busy, st.save_busy),
+                    "compute": max(st.conv_busy, st.misc_busy)})))
     return [outputs[n] for n in program.outputs]
 
 

@@ -116,7 +116,10 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
                 extra={"energy_uj": energy_uj(st, op), "vdd": op.vdd, "freq_mhz": op.freq_mhz,
                        "abb": op.abb, "rbe_busy": st.rbe_busy,
                        "cluster_busy": st.cluster_busy, "tiles": ly.meta.get("tiles"),
-                       "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k")}))
+                       "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k")},
+                bound=profiler.bound_label({
+                    "off-chip": st.iodma_busy, "on-chip": max(st.dma_in_busy, st.dma_out_busy),
+                    "compute": max(st.rbe_busy, st.cluster_busy)})))
     return [outputs[n].astype(io_spec(program, n)[1]) for n in program.outputs]
 
 

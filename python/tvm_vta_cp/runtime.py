@@ -107,7 +107,9 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
                 macs=ly.macs, cycles=st.cycles, utilization=util, bytes_moved=moved,
                 time_us=st.cycles / cfg.CLOCK_MHZ,
                 extra={"padded_macs": ly.padded_macs, "load_busy": st.load_busy,
-                       "compute_busy": st.compute_busy, "store_busy": st.store_busy}))
+                       "compute_busy": st.compute_busy, "store_busy": st.store_busy},
+                bound=profiler.bound_label({"off-chip": max(st.load_busy, st.store_busy),
+                                            "compute": st.compute_busy})))
     return [outputs[n] for n in program.outputs]
 
 

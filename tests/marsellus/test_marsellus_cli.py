@@ -28,6 +28,9 @@ def test_tvmc_compile_run_profile_and_disassemble(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "energy at 0.65 V, 400 MHz with ABB" in out
     assert "RBE" in out and "cluster" in out and "energy (uJ)" in out
+    # Fig. 18's labels: every layer says what bounds it
+    rows = [ln for ln in out.splitlines() if ln.startswith(("conv ", "add "))]
+    assert len(rows) == 2 and all(ln.rstrip().endswith(" bound") for ln in rows), out
     assert main(["disassemble", str(pkg), "--limit", "10"]) == 0
     out = capsys.readouterr().out
     assert "RBE wait=" in out and "on rbe" in out
