@@ -21,10 +21,10 @@ bias and the output zero point all fold into NormQuant's ``lambda`` (``numerics`
 whose clip is the full range is stored *biased* (unsigned, offset ``2^(bits-1)``) too, which
 saves the ``CL.ADD`` step before an RBE job.
 
-Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds every tensor of the function and the
-weights (see L3 below); L1 (TCDM) holds the tiles of one layer. A tile is ``tile_h`` output rows
-x the full width x ``tile_k`` output channels (input channels are never split: NormQuant needs
-the whole accumulator). Input halos follow from kernel, stride and padding. Every L1 buffer is
+Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds the tensors of the function and the
+weights (or, when they do not fit, L3 does: see L3 below); L1 (TCDM) holds the tiles of one
+layer. A tile is ``tile_h`` output rows x the full width x ``tile_k`` output channels (input
+channels are never split: NormQuant needs the whole accumulator). Input halos follow from kernel, stride and padding. Every L1 buffer is
 doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
 tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
 ``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
@@ -38,13 +38,27 @@ multiples of 32) and fewer, larger DMA transfers. Both are knobs (``tile_h``, ``
 Synchronisation (semaphores; balanced per layer so every layer is also a valid stream alone):
 0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
 4 layer done (last DMA_OUT -> next layer's DMA_IN), 5 cluster -> RBE, 6 RBE -> cluster, 7 layer
-done for the I/O DMA, 8 weights staged. The weight slot is freed with the input credit by the
-command that reads the weights last.
+done for the I/O DMA, 8 weight group staged, 9 / 10 input bounce slot free (2 credits) / full,
+11 / 12 output bounce slot free (2 credits) / full, 13 weight slot free. The L1 weight slot is
+freed with the input credit by the command that reads the weights last.
 
-L3. When the weights plus the activations do not fit L2, the weight image moves to L3 and each
-layer starts with one I/O DMA copying its weights into an L2 staging area (the first DMA_IN waits
-for it; the next layer's copy waits for this layer's last DMA_OUT). Activations always stay in
-L2 (a function whose activations alone exceed L2 is rejected with that reason).
+L3 (three-level tiling, as DORY does). When the weights plus the activations do not fit L2, the
+weight image moves to L3 and the I/O DMA copies each weight group (the ``tile_k`` output
+channels of a layer) into one of two L2 slots (one when two do not fit) before DMA_IN brings
+it to L1. When the activations still do not fit, tensors move to L3 too, the largest first
+(inputs, outputs and intermediates alike: a static allocation for the whole function), until
+L2 holds the weight slots, the bounce slots and the remaining tensors; placements that keep the
+fewest tensors in L3 win, then double-buffered weight slots. A tile of an L3 input is fetched
+by the I/O DMA into one of two L2 bounce slots and copied from there to L1 by DMA_IN; a tile of
+an L3 output goes from L1 to an output bounce slot and from there to L3 (strided rows when the
+tile holds some output channels). The I/O DMA runs its commands in order, so input tile i + 2
+is fetched right after output tile i is drained: fetches run two tiles ahead of the compute
+and overlap it, and the L1 tile choice stays the L2 <-> L1 one (the L3 transfers are not in
+its cost). L3 bandwidth and latency are the config's ``L3_BYTES_PER_CYCLE`` /
+``L3_LATENCY_CYCLES``; a function that does not fit L2 and L3 is a mapping error (the layers
+fall back to the CPU). Not yet: W tiling and input-channel tiling of the L1 tile, so an RBE
+layer whose full-width, all-channel tile with its marshaling buffers exceeds L1 runs on the
+cluster.
 
 Precision: RBE W/I/O come from ``ConvLayer.weight_bits`` and the tensors' ``bits``; cluster
 kernels run at 2, 4 or 8 bits, other widths rounded up to the next one (values fit the wider
@@ -54,7 +68,7 @@ be that range (a 3-bit result must come from the RBE, which clamps at any O).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,6 +80,9 @@ from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
 from tvm_marsellus.numerics import normquant_params
 
 FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL, DONE_IO, STAGED = range(9)
+#: L3: L2 bounce slot of an input tile free / filled by the I/O DMA, of an output tile free /
+#: filled by DMA_OUT, of a weight group free (STAGED: filled)
+IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
 ALIGN = 8
 #: the cores take an RBE-capable conv only when their estimated time is below this share of
 #: the RBE's (the RBE is the engine the design is built around; similar power, Sec. III)
@@ -105,6 +122,7 @@ class TensorInfo:
     dense: bool = False
     #: a signed ``hwc`` tensor stored unsigned with the offset 2^(bits-1) (module docstring)
     biased: bool = False
+    mem: str = "L2"  # "L3" when L2 cannot hold it (module docstring, L3)
 
     @property
     def cbits(self) -> int:
@@ -134,7 +152,7 @@ class TensorInfo:
         shape = ((self.n, self.c) if self.dense else (self.n, self.h, self.w, self.c))
         if self.layout == "rbe":
             shape = (self.n * self.h, self.w, self.c)
-        return cg.TensorPlacement(self.name, shape, "L2", self.offset, self.layout,
+        return cg.TensorPlacement(self.name, shape, self.mem, self.offset, self.layout,
                                   self.bits if self.layout == "rbe" else self.cbits,
                                   self.stored_signed)
 
@@ -395,6 +413,8 @@ class Planner:
         self.kinds: dict[str, str] = {}
         self.wrange: dict[str, tuple[int, int]] = {}
         self.l3 = False
+        self.bounce_in = self.bounce_out = (0, 0)  # L2 bounce slots of L3 tensors' tiles
+        self.stage: tuple[int, ...] = ()  # L2 slots of weight groups staged from L3
 
     # L2 image (weights / NormQuant) bump allocation
     def _blob(self, data: bytes) -> int:
@@ -494,18 +514,7 @@ class Planner:
         progs = []
         for ly in self.g.layers:
             progs.append(self._layer(ly))
-        # L2: image (weights, NormQuant) first, then every tensor; when that does not fit, the
-        # image moves to L3 and each layer's weights are staged into L2 by the I/O DMA
-        act = sum(_al(t.nbytes) for t in self.t.values())
-        self.l3 = _al(len(self.image)) + act > self.cfg.L2_BYTES
-        stage = max((b - a for a, b in self.wrange.values()), default=0)
-        off = _al(stage if self.l3 else len(self.image))
-        for t in self.t.values():
-            t.offset = off
-            off = _al(off + t.nbytes)
-        if off > self.cfg.L2_BYTES or (self.l3 and len(self.image) > self.cfg.L3_BYTES):
-            raise MappingError(f"function needs {off} bytes of L2 (weights staged from L3: "
-                               f"{self.l3}), the config has {self.cfg.L2_BYTES}")
+        l2_bytes, l3_bytes = self._place()
         for lp, ly in zip(progs, self.g.layers, strict=True):
             lp.commands = self._emit(ly, lp)
         img = bytes(self.image)
@@ -513,7 +522,73 @@ class Planner:
             layers=progs, tensors={n: t.placement() for n, t in self.t.items()},
             inputs=list(self.g.inputs), outputs=list(self.g.outputs),
             l2_image=b"" if self.l3 else img, l3_image=img if self.l3 else b"",
-            l2_bytes=off, l3_bytes=len(img) if self.l3 else 0)
+            l2_bytes=l2_bytes, l3_bytes=l3_bytes)
+
+    def _bounce(self, in_l3: set[str]) -> tuple[int, int]:
+        """Bytes of one L2 bounce slot for the input / output tiles of the layers reading /
+        writing an L3 tensor (the largest such tile; two slots each)."""
+        bi = bo = 0
+        for lay in self.layers.values():
+            bufs = lay.buffers(lay.plan.tile_h, lay.plan.tile_k)
+            if any(t.name in in_l3 for t in lay.tins):
+                bi = max(bi, bufs["in"])
+            if lay.tout.name in in_l3:
+                bo = max(bo, bufs["out"])
+        return bi, bo
+
+    def _spill(self, base: int) -> tuple[set[str], int]:
+        """Tensors moved to L3, the largest first, until L2 (``base`` bytes of weights or
+        weight slots first) fits, and the L2 bytes then needed."""
+        in_l3: set[str] = set()
+        while True:
+            bi, bo = self._bounce(in_l3)
+            need = base + 2 * (bi + bo) + sum(_al(t.nbytes) for t in self.t.values()
+                                              if t.name not in in_l3)
+            rest = [t for t in self.t.values() if t.name not in in_l3]
+            if need <= self.cfg.L2_BYTES or not rest or not self.cfg.L3_BYTES:
+                return in_l3, need
+            in_l3.add(max(rest, key=lambda t: (t.nbytes, t.name)).name)
+
+    def _place(self) -> tuple[int, int]:
+        """The memory map (module docstring, L3): L2 holds the weight image, or with weights in
+        L3 one or two slots for a layer's weight group, then the bounce slots and the tensors;
+        weights move to L3 first, then tensors, the largest first, until L2 fits (the fewest
+        tensors in L3, then double-buffered weight slots). Returns the L2 and L3 bytes used."""
+        cfg = self.cfg
+        act = sum(_al(t.nbytes) for t in self.t.values())
+        self.l3 = _al(len(self.image)) + act > cfg.L2_BYTES
+        group = _al(max((size for lay in self.layers.values() for _, size in lay.wsrc),
+                        default=0))
+        layouts = []
+        for slots in ((2, 1) if self.l3 else (0,)):
+            base = slots * group if self.l3 else _al(len(self.image))
+            in_l3, need = self._spill(base)
+            layouts.append((len(in_l3), -slots, need, base, slots, in_l3))
+        fit = [lo for lo in layouts if lo[2] <= cfg.L2_BYTES]
+        if not fit:
+            _, _, need, _, _, in_l3 = min(layouts, key=lambda lo: lo[2])
+            raise MappingError(
+                f"function needs {need} bytes of L2 (weights staged from L3: {self.l3}, "
+                f"{len(in_l3)} tensor(s) in L3), the config has {cfg.L2_BYTES}"
+                + ("" if cfg.L3_BYTES else " and no L3"))
+        _, _, _, base, slots, in_l3 = min(fit, key=lambda lo: lo[:2])
+        self.stage = tuple(i * group for i in range(slots))
+        bi, bo = self._bounce(in_l3)
+        self.bounce_in = (base, base + bi)
+        self.bounce_out = (base + 2 * bi, base + 2 * bi + bo)
+        off, off3 = base + 2 * (bi + bo), _al(len(self.image)) if self.l3 else 0
+        for t in self.t.values():
+            if t.name in in_l3:
+                t.mem, t.offset = "L3", off3
+                off3 = _al(off3 + t.nbytes)
+            else:
+                t.offset = off
+                off = _al(off + t.nbytes)
+        if off3 > cfg.L3_BYTES:
+            raise MappingError(f"function needs {off3} bytes of L3 (weights and "
+                               f"{len(in_l3)} tensor(s)) beside L2, the config has "
+                               + (f"{cfg.L3_BYTES}" if cfg.L3_BYTES else "no L3"))
+        return off, off3
 
     # --- per layer: plan + weights ---------------------------------------------------------
     def _layer(self, ly) -> cg.LayerProgram:
@@ -603,27 +678,45 @@ class Planner:
                 for ho0 in range(0, g.ho, th):
                     tiles.append((gi, k0, kk, n, ho0, min(th, g.ho - ho0), wsrc))
         staged = self.l3 and ly.name in self.wrange
-        if staged:  # I/O DMA: this layer's weights L3 -> the L2 staging area
-            a, b = self.wrange[ly.name]
-            cmds.insert(0, cg.Dma(src_mem="L3", dst_mem="L2", src=a, dst=0, length=b - a,
-                                  signal=STAGED))
-            tiles = [(gi, k0, kk, n, ho0, hh, (w[0] - a, w[1])) for gi, k0, kk, n, ho0, hh, w
-                     in tiles]
+        if staged:  # L2 slots for weight groups, filled by the I/O DMA from L3
+            cmds += [cg.Nop(engine="IODMA", signal=STAGE_FREE)] * len(self.stage)
+        io_in = any(t.mem == "L3" for t in lay.tins)
+        io_out = lay.tout.mem == "L3"
+        if io_in:  # two L2 bounce slots for input tiles, filled by the I/O DMA
+            cmds += [cg.Nop(engine="IODMA", signal=IO_IN_FREE)] * 2
+        if io_out:  # two for output tiles, drained by the I/O DMA
+            cmds += [cg.Nop(engine="DMA_OUT", signal=IO_OUT_FREE)] * 2
+        io_loads: list[list] = []  # per tile: its I/O DMA L3 -> L2 copies
         prev_g = None
+        body = []
         for i, (gi, k0, kk, n, ho0, hh, wsrc) in enumerate(tiles):
             s = i % 2
 
             def buf(name, slot=s):
                 return l1[name][slot]
 
-            loads = []
+            loads, wfetch = [], []
             if wsrc is not None and gi != prev_g:
-                loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=wsrc[0],
-                                    dst=l1["w"][gi % 2], length=wsrc[1]))
+                src = wsrc[0]
+                if staged:  # I/O DMA: this group's weights L3 -> an L2 slot, then to L1
+                    src = self.stage[gi % len(self.stage)]
+                    wfetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=wsrc[0], dst=src,
+                                         length=wsrc[1], wait=(STAGE_FREE,), signal=(STAGED,)))
+                loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src,
+                                    dst=l1["w"][gi % 2], length=wsrc[1],
+                                    signal=(STAGE_FREE,) if staged else ()))
             prev_g = gi
-            loads += self._loads(lay, n, ho0, hh, buf("in"))
-            loads[0].wait = (FREE_IN, STAGED) if staged and i == 0 else (FREE_IN,)
-            loads[-1].signal = (FULL_IN,)
+            acts, fetch = self._loads(lay, n, ho0, hh, buf("in"), self.bounce_in[s]
+                                      if io_in else 0)
+            loads += acts
+            loads[0].wait = (FREE_IN, STAGED) if wfetch else (FREE_IN,)
+            loads[-1].signal = tuple(loads[-1].signal) + (FULL_IN,)
+            if fetch:  # the bounce slot: filled before the first read, freed after the last
+                fetch[0].wait, fetch[-1].signal = (IO_IN_FREE,), (IO_IN_FULL,)
+                reads = [c for c in loads if c.src_mem == "L2" and self._in_bounce(c.src)]
+                reads[0].wait = tuple(reads[0].wait) + (IO_IN_FULL,)
+                reads[-1].signal = tuple(reads[-1].signal) + (IO_IN_FREE,)
+            io_loads.append(wfetch + fetch)
             comps, free_at = self._computes(lay, n, ho0, hh, k0, kk, buf, l1["w"][gi % 2]
                                             if "w" in l1 else 0)
             # chain the compute commands across engines
@@ -637,42 +730,73 @@ class Planner:
             comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
             for c in comps:
                 c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
-            stores = self._stores(lay, n, ho0, hh, k0, kk, buf("out"))
-            stores[0].wait = (FULL_OUT,)
+            stores, drain = self._stores(lay, n, ho0, hh, k0, kk, buf("out"),
+                                         self.bounce_out[s] if io_out else None)
+            stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
             last = i == len(tiles) - 1
             stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
-                (DONE_IO,) if last and staged else ())
-            cmds += loads + comps + stores
+                (DONE_IO,) if last and staged else ()) + ((IO_OUT_FULL,) if drain else ())
+            if drain:
+                drain[0].wait, drain[-1].signal = (IO_OUT_FULL,), (IO_OUT_FREE,)
+            body.append(loads + comps + stores + drain)
+        # the I/O DMA runs its commands in order: input tiles i + 2 are fetched after the
+        # output of tile i is drained, so fetches run two tiles ahead of the compute
+        cmds += [c for f in io_loads[:2] for c in f]
+        for i, part in enumerate(body):
+            cmds += part + [c for f in io_loads[i + 2:i + 3] for c in f]
         cmds += [cg.Nop(engine="DMA_IN", wait=FREE_IN), cg.Nop(engine="DMA_IN", wait=FREE_IN),
                  cg.Nop(engine="DMA_OUT", wait=FREE_OUT), cg.Nop(engine="DMA_OUT", wait=FREE_OUT),
                  cg.Nop(engine="DMA_IN", wait=DONE)]
+        if io_in:
+            cmds += [cg.Nop(engine="IODMA", wait=IO_IN_FREE)] * 2
+        if io_out:
+            cmds += [cg.Nop(engine="DMA_OUT", wait=IO_OUT_FREE)] * 2
         if staged:  # the next layer's I/O DMA may overwrite the staging area only now
+            cmds += [cg.Nop(engine="IODMA", wait=STAGE_FREE)] * len(self.stage)
             cmds.append(cg.Nop(engine="IODMA", wait=DONE_IO))
         lp.meta["tiles"] = len(tiles)
         return cmds
 
-    def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, dst: int) -> list:
+    def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, dst: int, bounce: int
+               ) -> tuple[list, list]:
+        """DMA_IN copies of one tile's input rows into L1 and the I/O DMA copies that first
+        bring the rows of L3 tensors into the L2 bounce slot at ``bounce``."""
         g = lay.geo
         if lay.kind == "add":
             lo, hi = ho0, ho0 + hh
         else:
             lo, hi, _, _ = g.in_rows(ho0, hh)
-        out, d = [], dst
+        out, fetch, d, b = [], [], dst, bounce
         for t in lay.tins:
             row = g.w * t.pix_bytes()
-            src = self._l2(t) + int((n * g.h + lo) * row)
+            src = t.offset + int((n * g.h + lo) * row)
             size = int(np.ceil((hi - lo) * row))
+            if t.mem == "L3":
+                fetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=src, dst=b, length=size))
+                src, b = b, b + _al(size)
             out.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, length=size))
             d += _al(size)
-        return out
+        return out, fetch
 
-    def _l2(self, t: TensorInfo) -> int:
-        return t.offset
+    def _in_bounce(self, addr: int) -> bool:
+        return self.bounce_in[0] <= addr < self.bounce_out[0]
 
     def _stores(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int,
-                src: int) -> list:
+                src: int, bounce: int | None) -> tuple[list, list]:
+        """DMA_OUT copies of one output tile from L1 to its place in L2 or, for an L3 tensor,
+        to the L2 bounce slot at ``bounce``, and the I/O DMA copies from there to L3."""
+        stores = self._placed_stores(lay, n, ho0, hh, k0, kk, src)
+        if bounce is None:
+            return stores, []
+        size = sum(c.nbytes for c in stores)
+        drain = [replace(c, src_mem="L2", dst_mem="L3", src=bounce,
+                         src_row_stride=c.length if c.rows > 1 else 0) for c in stores]
+        return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=bounce, length=size)], drain
+
+    def _placed_stores(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int,
+                       src: int) -> list:
         g, t = lay.geo, lay.tout
-        base = self._l2(t)
+        base = t.offset
         if t.layout == "rbe":
             pix = int(t.pix_bytes())
             tp = -(-kk // RBE_CHANNELS) * t.bits * 4
