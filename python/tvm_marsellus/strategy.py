@@ -24,8 +24,8 @@ saves the ``CL.ADD`` step before an RBE job.
 Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds the tensors of the function and the
 weights (or, when they do not fit, L3 does: see L3 below); L1 (TCDM) holds the tiles of one
 layer. A tile is ``tile_h`` output rows x the full width x ``tile_k`` output channels (input
-channels are never split: NormQuant needs the whole accumulator). Input halos follow from kernel, stride and padding. Every L1 buffer is
-doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
+channels are never split: NormQuant needs the whole accumulator). Input halos follow from
+kernel, stride and padding. Every L1 buffer is doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
 tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
 ``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
 buys nothing here): constraint = the double-buffered footprint fits L1; objective = the
