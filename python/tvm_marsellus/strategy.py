@@ -25,15 +25,15 @@ Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds the tensors of the funct
 weights (or, when they do not fit, L3 does: see L3 below); L1 (TCDM) holds the tiles of one
 layer. A tile is ``tile_h`` output rows x the full width x ``tile_k`` output channels (input
 channels are never split: NormQuant needs the whole accumulator). Input halos follow from
-kernel, stride and padding. Every L1 buffer is doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
-tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
-``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
-buys nothing here): constraint = the double-buffered footprint fits L1; objective = the
-pipelined time ``n_tiles x max(DMA in, compute, DMA out) + fill/drain`` with the RBE compute
-taken from the simulator's own cycle model (:func:`~tvm_marsellus.simulator.rbe_job_phases`),
-which rewards what the RBE likes (output rows in multiples of the 3x3 patch, channels in
-multiples of 32) and fewer, larger DMA transfers. Both are knobs (``tile_h``, ``tile_k``,
-``engine``) with these defaults (:func:`knob_space`).
+kernel, stride and padding. Every L1 buffer is doubled (input, weights, output, marshaling
+temporaries) so DMA_IN of tile i+1 and DMA_OUT of tile i-1 overlap the compute of tile i. The
+tile is chosen by **exact enumeration** of all ``(tile_h, tile_k)`` pairs (at most ``H_out x`` a
+few channel candidates per layer, so CP-SAT buys nothing here): constraint = the double-buffered
+footprint fits L1; objective = the pipelined time ``n_tiles x max(DMA in, compute, DMA out) +
+fill/drain`` with the RBE compute taken from the simulator's own cycle model
+(:func:`~tvm_marsellus.simulator.rbe_job_phases`), which rewards what the RBE likes (output rows
+in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA transfers.
+Both are knobs (``tile_h``, ``tile_k``, ``engine``) with these defaults (:func:`knob_space`).
 
 Synchronisation (semaphores; balanced per layer so every layer is also a valid stream alone):
 0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
