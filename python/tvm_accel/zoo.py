@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -589,6 +590,23 @@ def random_input(model: onnx.ModelProto, seed: int = 0, n: int = 1) -> list[np.n
     return [rng.standard_normal(shape).astype(np.float32) for _ in range(n)]
 
 
+def random_calibration(model: onnx.ModelProto, seed: int = 0, n: int = 4,
+                       shapes: Mapping[str, Sequence[int]] | None = None
+                       ) -> list[dict[str, np.ndarray]]:
+    """``n`` seeded samples for every graph input of ``model`` (standard normal float32, drawn
+    sample by sample, input by input, from one generator): the random calibration set of
+    :func:`quantize`. For a single-input model the arrays are those of :func:`random_input`.
+    ``shapes`` overrides the shape of an input (e.g. one with a dynamic dimension)."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    shapes = dict(shapes or {})
+    specs = [(v.name, tuple(shapes.get(v.name) or
+                            (int(d.dim_value) for d in v.type.tensor_type.shape.dim)))
+             for v in model.graph.input if v.name not in inits]
+    return [{name: rng.standard_normal(shape).astype(np.float32) for name, shape in specs}
+            for _ in range(n)]
+
+
 def cache_dir() -> Path:
     """Where quantized models are cached: ``$TVM_ACCEL_CACHE`` or ``~/.cache/tvm_accel/zoo``."""
     env = os.environ.get("TVM_ACCEL_CACHE")
@@ -598,7 +616,8 @@ def cache_dir() -> Path:
 def quantize(model: onnx.ModelProto, activation_type: str = "int8",
              per_channel: bool | None = None, calib_samples: int = 4, seed: int = 0,
              symmetric_weights: bool = True, symmetric_activations: bool = False,
-             cache: bool = True, power_of_two: bool = False) -> onnx.ModelProto:
+             cache: bool = True, power_of_two: bool = False,
+             calibration: Sequence[Mapping[str, np.ndarray]] | None = None) -> onnx.ModelProto:
     """Quantize a float model to QDQ with onnxruntime's static quantizer.
 
     ``activation_type`` is ``"int8"`` or ``"uint8"`` (weights are always int8, symmetric unless
@@ -606,9 +625,12 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8",
     (default: True, or False with ``power_of_two``).
     ``symmetric_activations`` forces activation zero points to 0 (int8) / 128 (uint8), which
     keeps ReLU/Clip nodes in the graph instead of folding them into the output range.
-    Calibration (MinMax) runs on ``calib_samples`` seeded standard-normal inputs. With
-    ``cache`` the result is stored under :func:`cache_dir` keyed by a hash of the float model,
-    the options and the onnxruntime version.
+    Calibration (MinMax) runs on ``calibration`` when given (a sequence of samples, each a
+    mapping from every graph input name to an array of the input's shape and dtype; the
+    caller validates them, see :mod:`tvm_accel.quantize`), else on ``calib_samples`` seeded
+    standard-normal inputs (:func:`random_calibration`). With ``cache`` the result is stored
+    under :func:`cache_dir` keyed by a hash of the float model, the options, the calibration
+    data and the onnxruntime version.
 
     ``power_of_two=True`` makes a fix-point model for hardware that requantizes by shifting
     (a DPU): activations and weights symmetric, then :func:`make_power_of_two` rounds every
@@ -636,6 +658,12 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8",
     if power_of_two:
         opts += (f"power_of_two-v{_POW2_VERSION}",)
     key.update(repr(opts).encode())
+    if calibration is not None:
+        for sample in calibration:
+            for name in sorted(sample):
+                a = np.ascontiguousarray(sample[name])
+                key.update(repr((name, a.dtype.str, a.shape)).encode())
+                key.update(a.tobytes())
     path = cache_dir() / f"{model.graph.name}-{key.hexdigest()[:16]}.onnx"
     if cache and path.exists():
         try:
@@ -643,16 +671,15 @@ def quantize(model: onnx.ModelProto, activation_type: str = "int8",
         except Exception:  # a truncated cache entry: rebuild it
             path.unlink(missing_ok=True)
 
-    samples = random_input(model, seed, calib_samples)
-    in_name = model.graph.input[0].name
+    samples = (list(calibration) if calibration is not None
+               else random_calibration(model, seed, calib_samples))
 
     class _Reader(CalibrationDataReader):
         def __init__(self):
             self._it = iter(samples)
 
         def get_next(self):
-            x = next(self._it, None)
-            return None if x is None else {in_name: x}
+            return next(self._it, None)
 
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "float.onnx", Path(tmp) / "q.onnx"
@@ -892,6 +919,15 @@ RESNET20_HAWQ: dict[str, dict[str, int]] = {
     "layer3.0.downsample": {"w": 6},
     "fc": {"w": 8},
 }
+#: 4-bit ResNet-18 for :func:`resnet18_mixed`, in the spirit of the MARSELLUS paper's HAWQ
+#: ResNet-18 on the RBE at 4x4 bits: every conv of the blocks has 4-bit weights, the first
+#: conv of a block a 4-bit output (the second conv reads 4 bits); block outputs, which the
+#: residual adds read beside the 8-bit shortcut, the stem conv and the FC stay 8-bit
+RESNET18_4BIT: dict[str, dict[str, int]] = {
+    **{f"layer{s}.{i}.conv1": {"w": 4, "o": 4} for s in range(1, 5) for i in range(2)},
+    **{f"layer{s}.{i}.conv2": {"w": 4} for s in range(1, 5) for i in range(2)},
+    **{f"layer{s}.0.downsample": {"w": 4} for s in range(2, 5)},
+}
 #: bit assignment for :func:`mobilenet_tiny_mixed`: 4-bit depthwise outputs, 4/6-bit pointwise
 MOBILENET_TINY_MIXED: dict[str, dict[str, int]] = {
     **{f"dw{i}": {"w": 8, "o": 4} for i in range(1, 5)},
@@ -1055,6 +1091,13 @@ def resnet20_mixed(seed: int = 0, batch: int = 1, native_int4: bool = True) -> o
     """ResNet-20 quantized in the HAWQ spirit (:data:`RESNET20_HAWQ`: weights 2/3/4/6/8 bits,
     activations 4/8 bits), as a QDQ model onnxruntime runs."""
     return quantize_mixed(resnet20(seed, batch), RESNET20_HAWQ, native_int4=native_int4,
+                          seed=seed)
+
+
+def resnet18_mixed(seed: int = 0, batch: int = 1, native_int4: bool = True) -> onnx.ModelProto:
+    """ImageNet ResNet-18 with :data:`RESNET18_4BIT` (4-bit weights, 4-bit activations inside
+    the blocks), as a QDQ model onnxruntime runs."""
+    return quantize_mixed(resnet18(seed, batch), RESNET18_4BIT, native_int4=native_int4,
                           seed=seed)
 
 

@@ -56,3 +56,18 @@ def test_mixed_precision_mobilenet_tiny_is_bit_exact(compare):
     r = compare(zoo.mobilenet_tiny_mixed())
     assert "cluster" in r.engines().values()
     r.assert_bit_exact()
+
+
+def test_4bit_resnet18_at_224_runs_through_l3_bit_exact(compare):
+    """ImageNet ResNet-18 (4-bit weights and block activations, the paper's RBE 4x4b network):
+    its tensors and weights exceed L2, so they live in L3 and stream through L2; every conv,
+    add and pool is offloaded and the result is bit-exact."""
+    r = compare(zoo.resnet18_mixed())
+    r.assert_bit_exact()
+    placed = {o.op: o.placement for o in r.report.offloads}
+    assert all(o.placement == "marsellus" for o in r.report.offloads
+               if o.op in ("conv2d", "add", "max_pool2d", "dense")), placed
+    from tvm_marsellus.codegen import load_blob
+
+    body = load_blob(max(r.report.functions, key=lambda f: len(f.layers)).blob)[0]
+    assert body.l3_bytes > 0 and any(t.mem == "L3" for t in body.tensors.values())
