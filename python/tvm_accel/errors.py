@@ -34,6 +34,10 @@ class AccelError(Exception):
 
 
 _register_with_ffi(AccelError)
+if tvm_ffi is not None:
+    # Ctrl-C inside a packed function the VM calls (a simulation, see tvm_accel.simlib.call)
+    # must reach the caller as KeyboardInterrupt, not as a RuntimeError with an empty message.
+    tvm_ffi.register_error("KeyboardInterrupt", KeyboardInterrupt)
 
 
 class ConfigError(AccelError):

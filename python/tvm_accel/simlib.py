@@ -5,28 +5,57 @@ status code (0 = ok) and writes a one-line message into a caller-provided buffer
 :func:`check` turns a non-zero code into :class:`tvm_accel.errors.SimulatorError` carrying that
 message (and the code as ``.code`` / its name as ``.kind``).
 
+Ctrl-C: a ctypes call blocks the thread that makes it, and Python runs its SIGINT handler only on
+the main thread between bytecodes, so a simulation called directly from the main thread could not
+be interrupted. :func:`call` (which every binding's ``simulate`` uses) runs a main-thread call on
+a helper thread instead and waits in short timeouts; on Ctrl-C (or any other exception raised
+in the waiting thread) it asks the C library to stop (:func:`request_stop`: every simulator polls
+that flag between instructions and inside the loops of a long one), waits for the call to return
+(well under a second), clears the flag and re-raises ``KeyboardInterrupt``.
+
+Cycle budget: :func:`cycle_budget` sets the budget of every simulator run started inside it
+that does not pass its own ``max_cycles`` (``tvmc run --max-cycles``); exceeding it raises
+:class:`CycleBudgetError`.
+
 ``ACCELSIM_LIB`` (environment) overrides the library path, e.g. to test a sanitizer build.
 """
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import ctypes
+import numbers
 import os
+import queue
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from tvm_accel.errors import AccelError, SimulatorError
 
 #: must equal ACCELSIM_ABI_VERSION in sim/common/status.h
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_NAME = "libaccelsim.so"
 ERR_LEN = 1024
 
 #: status codes of sim/common/status.h
 STATUS_NAMES = {
     0: "ok", 1: "argument", 2: "config", 3: "decode", 4: "bounds", 5: "protocol", 6: "budget",
-    7: "io", 8: "nomem",
+    7: "io", 8: "nomem", 9: "interrupted",
 }
+BUDGET = 6
+INTERRUPTED = 9
+
+#: the simulators' budget when none is given (ACCEL_DEFAULT_MAX_CYCLES, sim/common/stats.h)
+DEFAULT_MAX_CYCLES = 2**34
+#: larger budgets are clamped to this by the simulators (ACCEL_MAX_MAX_CYCLES)
+MAX_MAX_CYCLES = 2**62
+
+
+class CycleBudgetError(SimulatorError):
+    """A simulator run exceeded its cycle budget (``max_cycles`` / :func:`cycle_budget`)."""
+
 
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
@@ -88,12 +117,176 @@ def err_buffer() -> ctypes.Array:
 
 
 def check(code: int, err: ctypes.Array, what: str = "simulator") -> None:
-    """Raise :class:`SimulatorError` for a non-zero status code with the C message."""
+    """Raise :class:`SimulatorError` for a non-zero status code with the C message
+    (:class:`CycleBudgetError` for an exceeded cycle budget)."""
     if code == 0:
         return
     msg = err.value.decode("utf-8", "replace") or f"failed with status {code}"
     kind = STATUS_NAMES.get(code, f"status {code}")
-    exc = SimulatorError(f"{what}: {msg}")
+    exc = (CycleBudgetError if code == BUDGET else SimulatorError)(f"{what}: {msg}")
     exc.code = code
     exc.kind = kind
     raise exc
+
+
+# --- cycle budget ------------------------------------------------------------------------------
+_budget: int | None = None
+
+
+def check_max_cycles(value, what: str = "max_cycles") -> int:
+    """``value`` as a cycle budget: an integer in 1..2^62, else :class:`AccelError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+            not 0 < int(value) <= MAX_MAX_CYCLES:
+        raise AccelError(f"{what} must be a positive integer of at most 2^62 cycles, got "
+                         f"{value!r}")
+    return int(value)
+
+
+@contextlib.contextmanager
+def cycle_budget(max_cycles: int | None) -> Iterator[None]:
+    """Within the block, every simulator run that passes no ``max_cycles`` of its own gets this
+    budget (``None``: the simulators' default of 2^34 cycles). Process-wide (the VM calls the
+    runtimes on the caller's thread, a tuner may simulate on others); nests."""
+    global _budget
+    value = None if max_cycles is None else check_max_cycles(max_cycles)
+    old, _budget = _budget, value
+    try:
+        yield
+    finally:
+        _budget = old
+
+
+def current_cycle_budget() -> int | None:
+    """The budget set by the innermost :func:`cycle_budget`, or None."""
+    return _budget
+
+
+def max_cycles_of(given: int | None) -> int | None:
+    """The budget of one run: ``given`` if not None, else :func:`current_cycle_budget`."""
+    return given if given is not None else _budget
+
+
+# --- interruptible calls -----------------------------------------------------------------------
+_stop_fns: dict = {}
+
+
+def _stop_fn(name: str, restype=None):
+    fn = _stop_fns.get(name)
+    if fn is None:
+        fn = _stop_fns[name] = function(name, restype, [])
+    return fn
+
+
+def request_stop() -> None:
+    """Ask every running simulation to stop (each returns status ``interrupted`` within
+    milliseconds); the request stays, and stops every run started meanwhile, until
+    :func:`clear_stop`."""
+    _stop_fn("accelsim_request_stop")()
+
+
+def clear_stop() -> None:
+    _stop_fn("accelsim_clear_stop")()
+
+
+def stop_requested() -> bool:
+    return bool(_stop_fn("accelsim_stop_requested", ctypes.c_int)())
+
+
+class _Job:
+    """One call handed to the worker. ``claim`` is taken by whichever side gets there first: the
+    worker before it runs the call, or a main thread that gives up on a call not yet started."""
+
+    __slots__ = ("fn", "args", "result", "error", "finished", "done", "claim")
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+        self.result = self.error = None
+        self.finished = False
+        self.done = _thread.allocate_lock()  # held until the call returned (or was dropped)
+        self.done.acquire()
+        self.claim = _thread.allocate_lock()
+
+    def run(self) -> None:
+        try:
+            if self.claim.acquire(False):
+                self.result = self.fn(*self.args)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.error = e
+        finally:
+            self.finished = True
+            self.done.release()
+
+
+class _Worker:
+    """One daemon thread that runs the main thread's simulator calls (a thread per call costs
+    ~5x more than handing a call to a waiting thread)."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="accelsim-call", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.jobs.get().run()
+
+
+_worker: _Worker | None = None
+#: seconds between checks of a waiting main thread (a signal interrupts the wait anyway)
+_POLL_S = 0.1
+
+
+def _reset_after_fork() -> None:
+    global _worker
+    _worker = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _wait(job: _Job) -> None:
+    # `finished`, not the lock, says when to stop: an exception may land after the lock was taken
+    while not job.finished:
+        job.done.acquire(timeout=_POLL_S)
+
+
+def _abandon(job: _Job) -> None:
+    """After an exception in the waiting main thread: make sure the call is not running (it
+    writes into the caller's arrays) when the exception propagates. A further Ctrl-C meanwhile
+    is absorbed: the simulator stops within milliseconds."""
+    if job.claim.acquire(False):  # not started: the worker will drop it
+        return
+    while True:
+        try:
+            request_stop()
+            _wait(job)
+            break
+        except KeyboardInterrupt:
+            continue
+    while True:
+        try:
+            clear_stop()
+            break
+        except KeyboardInterrupt:
+            continue
+
+
+def call(fn, *args):
+    """``fn(*args)`` (a simulator entry point) so that Ctrl-C stops it: see the module docstring.
+    Off the main thread the call is made directly (signals are delivered to the main thread)."""
+    global _worker
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    job = _Job(fn, args)
+    try:
+        if _worker is None:
+            _worker = _Worker()
+        _worker.jobs.put(job)
+        _wait(job)
+    except BaseException:  # KeyboardInterrupt, or another signal handler's exception
+        _abandon(job)
+        raise
+    if job.error is not None:
+        raise job.error
+    return job.result

@@ -206,7 +206,9 @@ def simulate(cfg: DPUConfig, insns: bytes, ddr: np.ndarray, trace_path: str | No
     maps region names to ``(base, size)`` byte ranges of it (default: the config's layout).
     ``trace_path`` writes a Chrome/Perfetto trace (one track per unit); with
     ``trace_append=True`` the events are added to a trace written by an earlier run, shifted by
-    ``trace_offset_us``. ``max_cycles`` bounds the run (default 2^34 cycles).
+    ``trace_offset_us``. ``max_cycles`` bounds the run (default:
+    :func:`tvm_accel.simlib.cycle_budget`, else 2^34 cycles). Ctrl-C stops the run within
+    milliseconds and raises ``KeyboardInterrupt`` (:func:`tvm_accel.simlib.call`).
     """
     if isinstance(insns, (bytearray, memoryview)):
         insns = bytes(insns)
@@ -220,14 +222,14 @@ def simulate(cfg: DPUConfig, insns: bytes, ddr: np.ndarray, trace_path: str | No
         raise SimulatorError("ddr must be C-contiguous (use np.ascontiguousarray and copy back)")
     if not ddr.flags.writeable:
         raise SimulatorError("ddr must be writable (the simulator stores results into it)")
-    c_cfg = _c_config(cfg, max_cycles, regions)
+    c_cfg = _c_config(cfg, simlib.max_cycles_of(max_cycles), regions)
     stats = _Stats()
     err = simlib.err_buffer()
     path = os.fsencode(trace_path) if trace_path is not None else None
-    code = _lib_fns()["run"](ctypes.byref(c_cfg), insns, len(insns),
-                             ddr.ctypes.data if ddr.size else None, ddr.nbytes,
-                             ctypes.byref(stats), path, float(trace_offset_us),
-                             int(bool(trace_append)), err, len(err))
+    code = simlib.call(_lib_fns()["run"], ctypes.byref(c_cfg), insns, len(insns),
+                       ddr.ctypes.data if ddr.size else None, ddr.nbytes,
+                       ctypes.byref(stats), path, float(trace_offset_us),
+                       int(bool(trace_append)), err, len(err))
     simlib.check(code, err, "DPU simulator")
     return DPUStats._from_c(stats)
 

@@ -228,7 +228,9 @@ def simulate(cfg: MarsellusConfig, cmds: bytes, l1: np.ndarray | None = None,
     memories (addresses are checked against the arrays given); ``None`` gives a zeroed memory
     of the config's size. ``trace_path`` writes a Chrome/Perfetto trace (one track per
     engine); with ``trace_append`` the events are added to an earlier trace, shifted by
-    ``trace_offset_us``. ``max_cycles`` bounds the run (default 2^34).
+    ``trace_offset_us``. ``max_cycles`` bounds the run (default:
+    :func:`tvm_accel.simlib.cycle_budget`, else 2^34). Ctrl-C stops the run within milliseconds
+    and raises ``KeyboardInterrupt`` (:func:`tvm_accel.simlib.call`).
     """
     if isinstance(cmds, (bytearray, memoryview)):
         cmds = bytes(cmds)
@@ -237,7 +239,7 @@ def simulate(cfg: MarsellusConfig, cmds: bytes, l1: np.ndarray | None = None,
     l1 = _memory(l1, cfg.L1_BYTES, "L1")
     l2 = _memory(l2, cfg.L2_BYTES, "L2")
     l3 = _memory(l3, cfg.L3_BYTES, "L3")
-    c_cfg = _c_config(cfg, max_cycles)
+    c_cfg = _c_config(cfg, simlib.max_cycles_of(max_cycles))
     stats = _Stats()
     err = simlib.err_buffer()
     path = os.fsencode(trace_path) if trace_path is not None else None
@@ -245,9 +247,9 @@ def simulate(cfg: MarsellusConfig, cmds: bytes, l1: np.ndarray | None = None,
     def ptr(a):
         return a.ctypes.data if a.size else None
 
-    code = _lib_fns()["run"](ctypes.byref(c_cfg), cmds, len(cmds), ptr(l3), l3.nbytes, ptr(l2),
-                             l2.nbytes, ptr(l1), l1.nbytes, ctypes.byref(stats), path,
-                             float(trace_offset_us), int(bool(trace_append)), err, len(err))
+    code = simlib.call(_lib_fns()["run"], ctypes.byref(c_cfg), cmds, len(cmds), ptr(l3),
+                       l3.nbytes, ptr(l2), l2.nbytes, ptr(l1), l1.nbytes, ctypes.byref(stats),
+                       path, float(trace_offset_us), int(bool(trace_append)), err, len(err))
     simlib.check(code, err, "MARSELLUS simulator")
     return MarsellusStats._from_c(stats)
 

@@ -139,7 +139,9 @@ def simulate(cfg: VTAConfig, insns: bytes, dram: np.ndarray, trace_path: str | N
     byte offsets into it). ``trace_path`` writes a Chrome/Perfetto trace; with
     ``trace_append=True`` the events are added to an existing trace written by an earlier run,
     shifted by ``trace_offset_us`` (e.g. the summed ``time_us`` of the earlier runs).
-    ``max_cycles`` bounds the run (default 2^34 cycles).
+    ``max_cycles`` bounds the run (default: :func:`tvm_accel.simlib.cycle_budget`, else 2^34
+    cycles). Ctrl-C stops the run within milliseconds and raises ``KeyboardInterrupt``
+    (:func:`tvm_accel.simlib.call`).
     """
     if isinstance(insns, (bytearray, memoryview)):
         insns = bytes(insns)
@@ -153,12 +155,12 @@ def simulate(cfg: VTAConfig, insns: bytes, dram: np.ndarray, trace_path: str | N
         raise SimulatorError("dram must be C-contiguous (use np.ascontiguousarray and copy back)")
     if not dram.flags.writeable:
         raise SimulatorError("dram must be writable (the simulator stores results into it)")
-    c_cfg = _c_config(cfg, max_cycles)
+    c_cfg = _c_config(cfg, simlib.max_cycles_of(max_cycles))
     stats = _Stats()
     err = simlib.err_buffer()
     path = os.fsencode(trace_path) if trace_path is not None else None
-    code = _run_fn()(ctypes.byref(c_cfg), insns, len(insns),
-                     dram.ctypes.data if dram.size else None, dram.nbytes, ctypes.byref(stats),
-                     path, float(trace_offset_us), int(bool(trace_append)), err, len(err))
+    code = simlib.call(_run_fn(), ctypes.byref(c_cfg), insns, len(insns),
+                       dram.ctypes.data if dram.size else None, dram.nbytes, ctypes.byref(stats),
+                       path, float(trace_offset_us), int(bool(trace_append)), err, len(err))
     simlib.check(code, err, "VTA simulator")
     return VTAStats._from_c(stats)

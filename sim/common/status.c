@@ -5,6 +5,26 @@
 
 int accelsim_abi_version(void) { return ACCELSIM_ABI_VERSION; }
 
+#if defined(__GNUC__)
+int accel_stop_flag = 0;
+
+void accelsim_request_stop(void) { __atomic_store_n(&accel_stop_flag, 1, __ATOMIC_SEQ_CST); }
+void accelsim_clear_stop(void) { __atomic_store_n(&accel_stop_flag, 0, __ATOMIC_SEQ_CST); }
+#else
+volatile int accel_stop_flag = 0;
+
+void accelsim_request_stop(void) { accel_stop_flag = 1; }
+void accelsim_clear_stop(void) { accel_stop_flag = 0; }
+#endif
+
+int accelsim_stop_requested(void) { return accel_should_stop(); }
+
+int accel_interrupted(accel_err *e, const char *what, uint64_t index, const char *name, uint64_t cycle)
+{
+    return accel_fail(e, ACCEL_ERR_INTERRUPTED, "interrupted at %s %llu (%s), cycle %llu", what,
+                      (unsigned long long)index, name ? name : "?", (unsigned long long)cycle);
+}
+
 const char *accel_status_name(int code)
 {
     switch (code) {
@@ -17,6 +37,7 @@ const char *accel_status_name(int code)
     case ACCEL_ERR_BUDGET: return "budget";
     case ACCEL_ERR_IO: return "io";
     case ACCEL_ERR_NOMEM: return "nomem";
+    case ACCEL_ERR_INTERRUPTED: return "interrupted";
     default: return "unknown";
     }
 }

@@ -57,7 +57,8 @@ typedef struct {
     uint64_t scratch_cap[6];
 } dpu_state;
 
-/* Executes a checked instruction; fails only when host memory runs out. */
+/* Executes a checked instruction; fails only when host memory runs out, or returns
+ * ACCEL_ERR_INTERRUPTED (no message recorded) when a stop was requested. */
 int dpu_exec(dpu_state *s, const dpu_insn *in, accel_err *err);
 void dpu_free_scratch(dpu_state *s);
 

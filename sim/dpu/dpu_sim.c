@@ -661,6 +661,8 @@ int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
         memset(pushes, 0, sizeof(pushes));
         for (k = 0; k < n; k++) {
             dpu_insn in;
+            if ((k & 4095) == 0 && accel_should_stop())
+                return accel_fail(&err, ACCEL_ERR_INTERRUPTED, "interrupted while checking insn %llu", (ull)k);
             if ((rc = load_insn(&s.g, insns, k, ddr_bytes, &in, &err)) != ACCEL_OK)
                 return rc;
             if (in.kind == K_END) {
@@ -798,8 +800,11 @@ int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
                                 in->index, in->name, (ull)s.g.max_cycles, (ull)best_start, (ull)in->dur);
                 goto done;
             }
-            if (!in->noop && (rc = dpu_exec(&s, in, &err)) != ACCEL_OK)
+            if (accel_should_stop() || (!in->noop && (rc = dpu_exec(&s, in, &err)) != ACCEL_OK)) {
+                if (rc == ACCEL_OK || rc == ACCEL_ERR_INTERRUPTED)
+                    rc = accel_interrupted(&err, "insn", in->index, in->noop ? "NOP" : in->name, best_start);
                 goto done;
+            }
             end = best_start + in->dur;
             for (a = 0; a < DPU_NUM_UNITS; a++)
                 if ((in->dpon >> a) & 1) {

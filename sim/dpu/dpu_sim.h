@@ -39,6 +39,9 @@
  * A protocol error (deadlock, unbalanced FIFOs at the end) or the cycle budget (max_cycles, 0 =
  * 2^34) stops a run with a one-line message naming the instruction, unit, field and value. The
  * work of a run is bounded by its budget: at most max_cycles x peak MACs per cycle.
+ * accelsim_request_stop() (common/status.h), from any thread, ends the run within milliseconds,
+ * also inside a long instruction, with ACCEL_ERR_INTERRUPTED
+ * ("interrupted at insn 17 (CONV), cycle 123456").
  */
 #ifndef ACCEL_DPU_SIM_H
 #define ACCEL_DPU_SIM_H

@@ -1,5 +1,9 @@
 /* Functional semantics of MARSELLUS commands (see python/tvm_marsellus/codegen.py). Every
- * address was checked by mars_decode; executors only compute. */
+ * address was checked by mars_decode; executors only compute.
+ *
+ * A stop request (accelsim_request_stop) is polled once per output pixel (RBE, CLUSTER), input
+ * row (unpacking) and DMA row; the executors then return ACCEL_ERR_INTERRUPTED without a
+ * message (mars_sim_run words it with the cycle). */
 #include "marsellus/mars_internal.h"
 
 /* floor(v / 2^s) for any int64 v, s in 0..31, without implementation-defined shifts. */
@@ -118,12 +122,17 @@ static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
         rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (RBE): out of host memory", (unsigned long long)idx);
         goto done;
     }
-    for (int64_t h = 0; h < H; h++)
+    for (int64_t h = 0; h < H; h++) {
+        if (accel_should_stop())
+            goto stopped;
         for (int64_t ww = 0; ww < W; ww++)
             unpack_pixel(l1 + c->x + (uint64_t)h * c->x_rs + (uint64_t)ww * c->x_ps, Ki, c->in_bits,
                          x + (h * W + ww) * Ki);
+    }
     /* weights: 3x3 (Kout, Kin/32, W, 9, 32), 1x1 (Kout, Kin/32, W, 32); stored offset-binary */
-    for (int64_t o = 0; o < Ko; o++)
+    for (int64_t o = 0; o < Ko; o++) {
+        if (accel_should_stop())
+            goto stopped;
         for (uint64_t t = 0; t < n_ki; t++)
             for (int b = 0; b < c->w_bits; b++)
                 for (int f = 0; f < taps; f++) {
@@ -133,11 +142,14 @@ static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
                     for (int j = 0; j < 32 && (int64_t)t * 32 + j < Ki; j++)
                         w[(o * taps + f) * Ki + (int64_t)t * 32 + j] |= (int16_t)(((word >> j) & 1u) << b);
                 }
+    }
     if (off)
         for (int64_t i = 0; i < Ko * taps * Ki; i++)
             w[i] = (int16_t)(w[i] - off);
     for (int64_t ho = 0; ho < c->h_out; ho++)
-        for (int64_t wo = 0; wo < c->w_out; wo++)
+        for (int64_t wo = 0; wo < c->w_out; wo++) {
+            if (accel_should_stop())
+                goto stopped;
             for (int64_t o = 0; o < Ko; o++) {
                 int64_t acc = 0;
                 for (int ky = 0; ky < c->kh; ky++)
@@ -164,10 +176,14 @@ static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
                         normquant(wrap32(acc), kappa, lambda, c->shift, c->out_bits, c->out_signed, c->relu);
                 }
             }
+        }
     for (int64_t ho = 0; ho < c->h_out; ho++)
         for (int64_t wo = 0; wo < c->w_out; wo++)
             pack_pixel(l1 + c->y + (uint64_t)ho * c->y_rs + (uint64_t)wo * c->y_ps, Ko, c->out_bits,
                        y + (ho * c->w_out + wo) * Ko);
+    goto done;
+stopped:
+    rc = ACCEL_ERR_INTERRUPTED;
 done:
     free(x);
     free(w);
@@ -194,6 +210,10 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
         if (!v)
             goto nomem;
         for (int64_t p = 0; p < Hi * Wi; p++) {
+            if (accel_should_stop()) {
+                free(v);
+                goto stopped;
+            }
             unpack_pixel(l1 + c->x + (uint64_t)p * pix, Ci, c->in_bits, v);
             for (int64_t ch = 0; ch < Ci; ch++) {
                 int64_t val = v[ch];
@@ -214,6 +234,10 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
         if (!v)
             goto nomem;
         for (int64_t p = 0; p < Hi * Wi; p++) {
+            if (accel_should_stop()) {
+                free(v);
+                goto stopped;
+            }
             for (int64_t ch = 0; ch < Ci; ch++)
                 v[ch] = (int64_t)((uint64_t)(int64_t)a[p * Ci + ch] & ((1u << c->out_bits) - 1));
             pack_pixel(l1 + c->y + (uint64_t)p * pix, Ci, c->out_bits, v);
@@ -228,7 +252,9 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
         if (!wt)
             goto nomem;
         for (int64_t ho = 0; ho < Ho; ho++)
-            for (int64_t wo = 0; wo < Wo; wo++)
+            for (int64_t wo = 0; wo < Wo; wo++) {
+                if (accel_should_stop())
+                    goto stopped;
                 for (int64_t o = 0; o < Co; o++) {
                     int64_t acc = 0;
                     for (int ky = 0; ky < c->kh; ky++)
@@ -258,16 +284,22 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
                                                                  c->out_bits, c->out_signed, c->relu);
                     }
                 }
+            }
     } else if (k == MARS_CL_ADD) {
         b = unpack_tensor(l1 + c->w, n_in, c->in_bits, c->b_signed);
         if (!b)
             goto nomem;
-        for (uint64_t i = 0; i < n_out; i++)
+        for (uint64_t i = 0; i < n_out; i++) {
+            if ((i & 0xffff) == 0 && accel_should_stop())
+                goto stopped;
             out[i] = normquant((int64_t)a[i] * c->kappa_a + (int64_t)b[i] * c->kappa_b, 1, c->lambda,
                                c->shift, c->out_bits, c->out_signed, c->relu);
+        }
     } else { /* MAXPOOL, AVGPOOL */
         for (int64_t ho = 0; ho < Ho; ho++)
-            for (int64_t wo = 0; wo < Wo; wo++)
+            for (int64_t wo = 0; wo < Wo; wo++) {
+                if (accel_should_stop())
+                    goto stopped;
                 for (int64_t ch = 0; ch < Co; ch++) {
                     int64_t acc = k == MARS_CL_MAXPOOL ? INT64_MIN : 0;
                     for (int ky = 0; ky < c->kh; ky++)
@@ -284,6 +316,7 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
                             ? normquant(acc, 1, 0, 0, c->out_bits, c->out_signed, c->relu)
                             : normquant(acc, c->kappa_a, c->lambda, c->shift, c->out_bits, c->out_signed, c->relu);
                 }
+            }
     }
 store:
     for (uint64_t i = 0; i < n_out; i++) {
@@ -296,6 +329,9 @@ store:
 nomem:
     rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (%s): out of host memory", (unsigned long long)idx,
                     mars_cmd_name(c));
+    goto done;
+stopped:
+    rc = ACCEL_ERR_INTERRUPTED;
 done:
     free(a);
     free(b);
@@ -305,23 +341,27 @@ done:
 }
 
 /* --- DMA ------------------------------------------------------------------------------------- */
-static void exec_dma(const mars_cmd *c, mars_mems *m)
+static int exec_dma(const mars_cmd *c, mars_mems *m)
 {
     const uint8_t *src = m->mem[c->src_mem];
     uint8_t *dst = m->mem[c->dst_mem];
     if (!c->len || !c->rows || !c->planes)
-        return;
+        return ACCEL_OK;
     for (uint64_t p = 0; p < c->planes; p++)
-        for (uint64_t r = 0; r < c->rows; r++)
+        for (uint64_t r = 0; r < c->rows; r++) {
+            if (accel_should_stop())
+                return ACCEL_ERR_INTERRUPTED;
             memmove(dst + c->dst + p * c->dst_s2 + r * c->dst_s1, src + c->src + p * c->src_s2 + r * c->src_s1,
                     (size_t)c->len);
+        }
+    return ACCEL_OK;
 }
 
 int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
 {
     (void)cfg;
     switch (c->op) {
-    case MARS_OP_DMA: exec_dma(c, m); return ACCEL_OK;
+    case MARS_OP_DMA: return exec_dma(c, m);
     case MARS_OP_RBE: return exec_rbe(c, idx, m, e);
     case MARS_OP_CLUSTER: return exec_cluster(c, idx, m, e);
     default: return ACCEL_OK;

@@ -39,6 +39,8 @@ typedef struct {
 
 int mars_decode(const mars_config *cfg, const uint8_t *p, uint64_t index, const mars_mems *m,
                 mars_cmd *c, accel_err *e);
+/* Fails only when host memory runs out, or returns ACCEL_ERR_INTERRUPTED (no message recorded)
+ * when a stop was requested. */
 int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t index, mars_mems *m,
               accel_err *e);
 const char *mars_cmd_name(const mars_cmd *c);

@@ -132,6 +132,10 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
         goto out;
     }
     for (uint64_t i = 0; i < n; i++) {
+        if ((i & 4095) == 0 && accel_should_stop()) {
+            rc = accel_fail(&e, ACCEL_ERR_INTERRUPTED, "interrupted while checking cmd %llu", (unsigned long long)i);
+            goto out;
+        }
         if (mars_decode(cfg, cmds + i * MARS_CMD_BYTES, i, &mem, &cs[i], &e)) {
             rc = e.code;
             goto out;
@@ -251,8 +255,11 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
                                 ENGINE_NAMES[best], (unsigned long long)budget, (unsigned long long)end);
                 break;
             }
-            if (mars_exec(cfg, c, ci, &mem, &e)) {
-                rc = e.code;
+            if (accel_should_stop() || (rc = mars_exec(cfg, c, ci, &mem, &e)) != ACCEL_OK) {
+                if (rc == ACCEL_OK || rc == ACCEL_ERR_INTERRUPTED)
+                    rc = accel_interrupted(&e, "cmd", ci, mars_cmd_name(c), begin);
+                else
+                    rc = e.code;
                 break;
             }
             stats->stall[best] += start > free_t[best] ? start - free_t[best] : 0;

@@ -45,6 +45,9 @@
  * kernel, reserved bits, every field against its range and every footprint against the memory
  * it names). A deadlock (no engine can progress) or the cycle budget (max_cycles, 0 = 2^34) ends
  * the run with a one-line message naming the command, engine, field and value.
+ * accelsim_request_stop() (common/status.h), from any thread, ends the run within milliseconds,
+ * also inside a long instruction, with ACCEL_ERR_INTERRUPTED
+ * ("interrupted at cmd 17 (RBE), cycle 123456").
  */
 #ifndef ACCEL_MARS_SIM_H
 #define ACCEL_MARS_SIM_H

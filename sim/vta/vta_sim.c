@@ -418,23 +418,26 @@ static void zero_entries(vta_state *s, unsigned mem_type, uint64_t dst, uint64_t
     }
 }
 
-/* Executes a LOAD already validated by check_load. */
-static void exec_load(vta_state *s, const vta_insn *in)
+/* Executes a LOAD already validated by check_load; returns 1 when a stop was requested. */
+static int exec_load(vta_state *s, const vta_insn *in)
 {
     uint64_t ebytes = dram_entry_bytes(&s->g, in->mem_type);
     uint64_t cols = in->x_pad0 + in->x_size + in->x_pad1, r, dst = in->sram_base;
     if (in->x_size == 0)
-        return;
+        return 0;
     zero_entries(s, in->mem_type, dst, in->y_pad0 * cols);
     dst += in->y_pad0 * cols;
     for (r = 0; r < in->y_size; r++) {
         const uint8_t *src = s->dram + (in->dram_base + r * in->x_stride) * ebytes;
+        if (accel_should_stop())
+            return 1;
         zero_entries(s, in->mem_type, dst, in->x_pad0);
         load_entries(s, in->mem_type, dst + in->x_pad0, src, in->x_size);
         zero_entries(s, in->mem_type, dst + in->x_pad0 + in->x_size, in->x_pad1);
         dst += cols;
     }
     zero_entries(s, in->mem_type, dst, in->y_pad1 * cols);
+    return 0;
 }
 
 static int check_store(vta_state *s, const vta_insn *in, uint64_t *bytes_moved)
@@ -452,18 +455,22 @@ static int check_store(vta_state *s, const vta_insn *in, uint64_t *bytes_moved)
     return check_dram(s, in, s->g.out_entry, bytes_moved);
 }
 
-static void exec_store(vta_state *s, const vta_insn *in)
+/* Returns 1 when a stop was requested. */
+static int exec_store(vta_state *s, const vta_insn *in)
 {
     const uint64_t lanes = s->g.acc_lanes, e = s->g.out_entry;
     uint64_t r, k;
     if (in->x_size == 0)
-        return;
+        return 0;
     for (r = 0; r < in->y_size; r++) {
         const uint32_t *src = s->acc + (in->sram_base + r * in->x_size) * lanes;
         uint8_t *dst = s->dram + (in->dram_base + r * in->x_stride) * e;
+        if (accel_should_stop())
+            return 1;
         for (k = 0; k < in->x_size * lanes; k++)
             dst[k] = (uint8_t)(src[k] & 0xFFu);
     }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -559,24 +566,32 @@ VTA_INLINE void gemm_uop(uint32_t *restrict acc, const int8_t *restrict x, const
         }
 }
 
-VTA_INLINE void gemm_loops(const gemm_args *a, const int batch, const int bin, const int bout,
-                           const int oc_outer)
+/* Returns 1 when a stop was requested (polled every ACCEL_STOP_POLL micro-ops and at least once
+ * per (outer, inner) iteration). */
+VTA_INLINE int gemm_loops(const gemm_args *a, const int batch, const int bin, const int bout,
+                          const int oc_outer)
 {
     uint32_t *const accb = a->acc;
     const int8_t *const inpb = a->inp, *const wgtb = a->wgt;
     const uint32_t *const ud = a->ud, *const us = a->us, *const uw = a->uw;
     const size_t nu = (size_t)a->nu;
     uint64_t o, i;
-    size_t u;
+    size_t u, u0, u1;
     for (o = 0; o < a->iter_out; o++) {
         for (i = 0; i < a->iter_in; i++) {
             uint32_t *const acc = accb + (size_t)(o * a->dfo + i * a->dfi);
             const int8_t *const inp = inpb + (size_t)(o * a->sfo + i * a->sfi);
             const int8_t *const wgt = wgtb + (size_t)(o * a->wfo + i * a->wfi);
-            for (u = 0; u < nu; u++)
-                gemm_uop(acc + ud[u], inp + us[u], wgt + uw[u], batch, bin, bout, oc_outer);
+            for (u0 = 0; u0 < nu; u0 = u1) {
+                u1 = nu - u0 > ACCEL_STOP_POLL ? u0 + ACCEL_STOP_POLL : nu;
+                if (accel_should_stop())
+                    return 1;
+                for (u = u0; u < u1; u++)
+                    gemm_uop(acc + ud[u], inp + us[u], wgt + uw[u], batch, bin, bout, oc_outer);
+            }
         }
     }
+    return 0;
 }
 
 /* Shape specialisations; on x86 with GCC/Clang each also gets an AVX2 clone picked at run time
@@ -584,20 +599,20 @@ VTA_INLINE void gemm_loops(const gemm_args *a, const int batch, const int bin, c
 #define VTA_GEMM_SPECS(X) X(1, 16, 16) X(1, 8, 8) X(8, 8, 8) X(1, 32, 32) X(2, 16, 16)
 
 #define VTA_GEMM_DEF(B, I, O) \
-    static void gemm_##B##_##I##_##O(const gemm_args *a) { gemm_loops(a, B, I, O, B > 1); }
+    static int gemm_##B##_##I##_##O(const gemm_args *a) { return gemm_loops(a, B, I, O, B > 1); }
 VTA_GEMM_SPECS(VTA_GEMM_DEF)
 
-static void gemm_generic(const gemm_args *a, int batch, int bin, int bout)
+static int gemm_generic(const gemm_args *a, int batch, int bin, int bout)
 {
-    gemm_loops(a, batch, bin, bout, 0);
+    return gemm_loops(a, batch, bin, bout, 0);
 }
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(VTA_SIM_NO_AVX2)
 #define VTA_HAVE_AVX2_CLONES 1
 #define VTA_GEMM_DEF_AVX2(B, I, O) \
-    __attribute__((target("avx2"))) static void gemm_avx2_##B##_##I##_##O(const gemm_args *a) \
+    __attribute__((target("avx2"))) static int gemm_avx2_##B##_##I##_##O(const gemm_args *a) \
     { \
-        gemm_loops(a, B, I, O, 0); \
+        return gemm_loops(a, B, I, O, 0); \
     }
 VTA_GEMM_SPECS(VTA_GEMM_DEF_AVX2)
 
@@ -612,45 +627,41 @@ static int cpu_has_avx2(void)
 }
 #endif
 
-static void gemm_dispatch(const gemm_args *a, int batch, int bin, int bout)
+static int gemm_dispatch(const gemm_args *a, int batch, int bin, int bout)
 {
 #if VTA_HAVE_AVX2_CLONES
     const int avx2 = cpu_has_avx2();
 #define VTA_GEMM_CASE(B, I, O) \
-    if (batch == B && bin == I && bout == O) { \
-        if (avx2) \
-            gemm_avx2_##B##_##I##_##O(a); \
-        else \
-            gemm_##B##_##I##_##O(a); \
-        return; \
-    }
+    if (batch == B && bin == I && bout == O) \
+        return avx2 ? gemm_avx2_##B##_##I##_##O(a) : gemm_##B##_##I##_##O(a);
 #else
 #define VTA_GEMM_CASE(B, I, O) \
-    if (batch == B && bin == I && bout == O) { \
-        gemm_##B##_##I##_##O(a); \
-        return; \
-    }
+    if (batch == B && bin == I && bout == O) \
+        return gemm_##B##_##I##_##O(a);
 #endif
     VTA_GEMM_SPECS(VTA_GEMM_CASE)
 #undef VTA_GEMM_CASE
-    gemm_generic(a, batch, bin, bout);
+    return gemm_generic(a, batch, bin, bout);
 }
 
-static void exec_gemm(vta_state *s, const vta_insn *in)
+/* Returns 1 when a stop was requested. */
+static int exec_gemm(vta_state *s, const vta_insn *in)
 {
     const vta_geom *g = &s->g;
     uint64_t o, i, u, nu = n_uops(in);
     if (nu == 0 || in->iter_out == 0 || in->iter_in == 0)
-        return;
+        return 0;
     if (in->reset) {
         const size_t bytes = (size_t)g->acc_lanes * 4;
         for (o = 0; o < in->iter_out; o++)
             for (i = 0; i < in->iter_in; i++) {
                 const uint64_t d0 = (o * in->dfo + i * in->dfi) * g->acc_lanes;
+                if (accel_should_stop())
+                    return 1;
                 for (u = 0; u < nu; u++)
                     memset(s->acc + s->ud[u] + d0, 0, bytes);
             }
-        return;
+        return 0;
     }
     {
         gemm_args a;
@@ -669,7 +680,7 @@ static void exec_gemm(vta_state *s, const vta_insn *in)
         a.sfi = in->sfi * g->inp_entry;
         a.wfo = in->wfo * g->wgt_entry;
         a.wfi = in->wfi * g->wgt_entry;
-        gemm_dispatch(&a, (int)g->batch, (int)g->block_in, (int)g->block_out);
+        return gemm_dispatch(&a, (int)g->batch, (int)g->block_in, (int)g->block_out);
     }
 }
 
@@ -715,17 +726,20 @@ static void alu_entry(unsigned op, uint32_t *d, const uint32_t *src, uint32_t im
     }
 }
 
-static void exec_alu(vta_state *s, const vta_insn *in)
+/* Returns 1 when a stop was requested. */
+static int exec_alu(vta_state *s, const vta_insn *in)
 {
     const uint32_t lanes = s->g.acc_lanes;
     const uint32_t imm = (uint32_t)in->imm; /* sign-extended 16-bit immediate, as int32 bits */
     uint64_t o, i, u, nu = n_uops(in);
     if (nu == 0 || in->iter_out == 0 || in->iter_in == 0)
-        return;
+        return 0;
     for (o = 0; o < in->iter_out; o++)
         for (i = 0; i < in->iter_in; i++) {
             const uint64_t d0 = (o * in->dfo + i * in->dfi) * lanes;
             const uint64_t s0 = (o * in->sfo + i * in->sfi) * lanes;
+            if (accel_should_stop())
+                return 1;
             for (u = 0; u < nu; u++) {
                 uint32_t *d = s->acc + s->ud[u] + d0;
                 if (in->reset)
@@ -734,6 +748,7 @@ static void exec_alu(vta_state *s, const vta_insn *in)
                     alu_entry(in->alu_op, d, in->use_imm ? NULL : s->acc + s->us[u] + s0, imm, lanes);
             }
         }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -781,9 +796,12 @@ static int execute(vta_state *s, const vta_insn *in, uint64_t start, uint64_t *d
                           "cycles); raise max_cycles if the program is legitimate",
                           in->index, in->name, (ull)g->max_cycles, (ull)start, (ull)d);
     *dur = d;
+    if (accel_should_stop())
+        return accel_interrupted(s->err, "insn", in->index, in->name, start);
     switch (in->opcode) {
     case OP_LOAD:
-        exec_load(s, in);
+        if (exec_load(s, in))
+            return accel_interrupted(s->err, "insn", in->index, in->name, start);
         switch (in->mem_type) {
         case MEM_UOP: st->uop_load_bytes += bytes; break;
         case MEM_WGT: st->wgt_load_bytes += bytes; break;
@@ -792,18 +810,21 @@ static int execute(vta_state *s, const vta_insn *in, uint64_t start, uint64_t *d
         }
         break;
     case OP_STORE:
-        exec_store(s, in);
+        if (exec_store(s, in))
+            return accel_interrupted(s->err, "insn", in->index, in->name, start);
         st->out_store_bytes += bytes;
         break;
     case OP_GEMM:
-        exec_gemm(s, in);
+        if (exec_gemm(s, in))
+            return accel_interrupted(s->err, "insn", in->index, in->name, start);
         if (in->reset)
             st->gemm_reset_iters += iters;
         else
             st->gemm_uop_iters += iters;
         break;
     case OP_ALU:
-        exec_alu(s, in);
+        if (exec_alu(s, in))
+            return accel_interrupted(s->err, "insn", in->index, in->name, start);
         st->alu_uop_iters += iters;
         break;
     default:
@@ -860,6 +881,8 @@ int vta_sim_run(const vta_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
         for (k = 0; k < n; k++) {
             vta_insn in;
             int qs[2], np, j;
+            if ((k & 4095) == 0 && accel_should_stop())
+                return accel_fail(&err, ACCEL_ERR_INTERRUPTED, "interrupted while checking insn %llu", (ull)k);
             decode(&s.g, insns + 16 * k, (uint32_t)k, &in);
             in.module = route(&in);
             if (finish_at != UINT64_MAX)
@@ -903,6 +926,10 @@ int vta_sim_run(const vta_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
         uint64_t fill[3] = {start_of[0], start_of[1], start_of[2]};
         for (k = 0; k < n; k++) {
             vta_insn in;
+            if ((k & 4095) == 0 && accel_should_stop()) {
+                rc = accel_fail(&err, ACCEL_ERR_INTERRUPTED, "interrupted while checking insn %llu", (ull)k);
+                goto done;
+            }
             decode(&s.g, insns + 16 * k, (uint32_t)k, &in);
             order[fill[route(&in)]++] = (uint32_t)k;
         }

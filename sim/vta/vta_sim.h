@@ -27,7 +27,9 @@
  * per instruction, from the largest micro-op field of the range). A run stops at the first
  * violation with a status code and a one-line message naming the instruction, module, field and
  * value. The cycle budget (max_cycles, 0 = default 2^34) bounds the work of a run: an
- * instruction that would end after it is not executed.
+ * instruction that would end after it is not executed. accelsim_request_stop()
+ * (common/status.h), from any thread, ends the run within milliseconds, also inside a long
+ * instruction, with ACCEL_ERR_INTERRUPTED ("interrupted at insn 17 (GEMM), cycle 123456").
  */
 #ifndef ACCEL_VTA_SIM_H
 #define ACCEL_VTA_SIM_H
