@@ -540,6 +540,8 @@ class _Canonicalizer:
                         break
             except numerics.RecipeError as e:  # the target cannot represent this scale
                 plan, reason = None, f"no integer recipe: {e}"
+                if "not a power of two" in reason:  # fix-point hardware: say how to get there
+                    reason += " ('tvmc quantize --scheme power-of-two' makes such a model)"
             if plan is None:  # stays dequantize -> op -> quantize, on the CPU
                 self._float_record(core, out, reason)
                 continue

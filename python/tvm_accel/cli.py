@@ -50,9 +50,12 @@ def parse_target(text: str) -> tuple[str | None, str]:
 
 
 def _onnx_signature(path: str):
+    """``(inputs, outputs, quantized)``: the graph's input and output specs, and whether it
+    holds any Q/DQ (or other quantized) operator."""
     import onnx
 
     from tvm_accel.package import TensorSpec
+    from tvm_accel.quantize import is_quantized
 
     model = onnx.load(path, load_external_data=False)
     inits = {i.name for i in model.graph.initializer}
@@ -64,13 +67,20 @@ def _onnx_signature(path: str):
         return TensorSpec(vi.name, shape, dtype)
 
     return ([spec(v) for v in model.graph.input if v.name not in inits],
-            [spec(v) for v in model.graph.output])
+            [spec(v) for v in model.graph.output], is_quantized(model))
+
+
+def _not_quantized(accel: str) -> str:
+    """Reason of a layer of a float model: the targets offload quantized layers only."""
+    return (f"model not quantized (no Q/DQ; the {accel} runs quantized layers): "
+            "run 'tvmc quantize'")
 
 
 def cmd_compile(args) -> int:
     from tvm_accel.frontend import load_onnx
     from tvm_accel.package import PackageMetadata, save_package
     from tvm_accel.pipeline import compile_model, compile_reference
+    from tvm_accel.quantize import default_output
     from tvm_accel.report import format_table
     from tvm_accel.target import get_target
 
@@ -82,7 +92,7 @@ def cmd_compile(args) -> int:
 
         precision = load_precision(args.precision_config)
     mod, _ = load_onnx(args.model)
-    inputs, outputs = _onnx_signature(args.model)
+    inputs, outputs, quantized = _onnx_signature(args.model)
     t0 = time.perf_counter()
     if accel is None:
         ex = compile_reference(mod, None, host, precision=precision)
@@ -109,6 +119,12 @@ def cmd_compile(args) -> int:
         config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.offloads] if report else []
+    float_model = accel is not None and not quantized
+    reasons = {}  # layer -> reason shown (a float model: "not quantized" for the CPU layers)
+    for r in offloads:
+        if float_model and r["placement"] == "cpu" and \
+                r["reason"].startswith(f"no {accel} pattern for"):
+            r["reason"] = reasons[r["layer"]] = _not_quantized(accel)
     blobs = {f.name: f.blob for f in report.functions} if report else {}
     save_package(args.output, ex, PackageMetadata(
         accel or "", host, config, inputs, outputs, offloads,
@@ -116,6 +132,11 @@ def cmd_compile(args) -> int:
     n_acc = sum(1 for r in offloads if r["placement"] != "cpu")
     print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
           f"{accel or 'cpu'}, {len(offloads) - n_acc} on the cpu -> {args.output}")
+    if float_model and n_acc == 0:
+        print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), so "
+              f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "
+              f"-o {default_output(args.model)}"
+              f"{' --scheme power-of-two' if accel == 'dpu' else ''}")
     if args.dump_offloads and report:
         err = {r.layer: r for r in report.numerics} if report.numerics else {}
         rows = []
@@ -125,7 +146,7 @@ def cmd_compile(args) -> int:
             wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
             rows.append((r.layer, r.op, r.shape, r.placement,
                          f"{e.max_rel_error:.2e}" if e is not None else "-",
-                         wio if bits else "-", r.reason))
+                         wio if bits else "-", reasons.get(r.layer, r.reason)))
         heads = ["layer", "op", "shape", "placement", "scale err", "W/I/O", "reason"]
         if getattr(args, "tuning_records", None):
             tuned = {ly: cfg_ for f in report.functions for ly, cfg_ in f.tuned.items()}
@@ -140,11 +161,12 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _check_output_path(path: str) -> None:
-    """Refuse an ``-o`` the package cannot be written to before spending time compiling."""
+def _check_output_path(path: str, example: str = "module.tar", what: str = "package") -> None:
+    """Refuse an ``-o`` the package (or ``what``) cannot be written to before spending time
+    compiling."""
     if os.path.isdir(path):
-        raise AccelError(f"-o {path}: is a directory; give the package file name, e.g. "
-                         f"{os.path.join(path, 'module.tar')}")
+        raise AccelError(f"-o {path}: is a directory; give the {what} file name, e.g. "
+                         f"{os.path.join(path, example)}")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise AccelError(f"-o {path}: directory {parent} does not exist")
@@ -234,16 +256,37 @@ def _make_inputs(meta, args) -> list[np.ndarray]:
 
 
 def cmd_run(args) -> int:
+    """``tvmc run``; Ctrl-C (also in the middle of a simulation, see tvm_accel.simlib.call) is
+    one stderr line and exit code 130."""
+    try:
+        return _run_package(args)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print("tvmc run: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run_package(args) -> int:
     import tvm
 
+    from tvm_accel import simlib
     from tvm_accel.package import load_package
 
     if args.repeat < 1:
         raise AccelError(f"--repeat {args.repeat}: give at least 1 run to time")
+    if args.max_cycles is not None and not 0 < args.max_cycles <= simlib.MAX_MAX_CYCLES:
+        raise AccelError(f"--max-cycles {args.max_cycles}: give a positive number of cycles "
+                         "(at most 2^62)")
     pkg = load_package(args.package)
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
     try:
-        outs = _execute(pkg, inputs, args)
+        with simlib.cycle_budget(args.max_cycles):
+            outs = _execute(pkg, inputs, args)
+    except simlib.CycleBudgetError as e:
+        msg = _one_line(str(e)).removesuffix("; raise max_cycles if the program is legitimate")
+        budget = args.max_cycles or f"default 2^34 = {simlib.DEFAULT_MAX_CYCLES}"
+        raise AccelError(f"{args.package}: {msg}; raise --max-cycles (now {budget} cycles per "
+                         "simulator run) if the program is legitimate") from e
     except Exception as e:
         translated = _run_error(args.package, e)
         if translated is None:
@@ -310,6 +353,45 @@ def _run_error(package: str, exc: Exception) -> AccelError | None:
                             "metadata.json describes it (the package was edited after compile);"
                             " recompile the model with 'tvmc compile'")
     return None
+
+
+def cmd_quantize(args) -> int:
+    """``tvmc quantize``: dispatch to :func:`tvm_accel.quantize.quantize_model`, write the
+    model, print its warnings (random calibration) and one summary line."""
+    import json
+    import warnings
+
+    from tvm_accel.quantize import (
+        PROVENANCE_KEY,
+        CalibrationWarning,
+        default_output,
+        quantize_model,
+        quantized_nodes,
+        save_model,
+    )
+
+    out = args.output or default_output(args.model)
+    _check_output_path(out, os.path.basename(default_output(args.model)), "model")
+    if os.path.isfile(out) and os.path.isfile(args.model) and os.path.samefile(out, args.model):
+        raise AccelError(f"-o {out}: is the input model; give another file name, e.g. "
+                         f"{default_output(args.model)}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationWarning)
+        q = quantize_model(args.model, args.calibration, scheme=args.scheme,
+                           activation_type=args.activation_type, samples=args.samples,
+                           seed=args.seed)
+    for w in caught:
+        if issubclass(w.category, CalibrationWarning):
+            print(f"tvmc quantize: warning: {_one_line(str(w.message))}", file=sys.stderr)
+    save_model(q, out)
+    nodes = quantized_nodes(q)
+    ops = ", ".join(f"{op} {n}" for op, n in sorted(nodes.items(), key=lambda t: (-t[1], t[0])))
+    how = json.loads(next(p.value for p in q.metadata_props if p.key == PROVENANCE_KEY))
+    source = (f"{how['samples']} sample(s) of {args.calibration}" if args.calibration else
+              f"{how['samples']} random sample(s) (seed {args.seed})")
+    print(f"quantized {args.model}: {sum(nodes.values())} node(s) ({ops}), scheme {args.scheme},"
+          f" {args.activation_type} activations, calibrated on {source} -> {out}")
+    return 0
 
 
 def cmd_disassemble(args) -> int:
@@ -391,7 +473,36 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", action="store_true",
                    help="per-layer table: cycles, utilization, bytes moved")
     r.add_argument("--trace", metavar="JSON", help="write a Chrome-trace timeline of the run")
+    r.add_argument("--max-cycles", type=int, metavar="N",
+                   help="cycle budget of each simulator run (one per accelerator layer, "
+                   "default 2^34); a run that exceeds it stops with an error")
     r.set_defaults(func=cmd_run)
+    from tvm_accel.quantize import ACTIVATION_TYPES, DEFAULT_SAMPLES, SCHEMES
+
+    q = sub.add_parser(
+        "quantize", help="quantize a float ONNX model into a QDQ model (onnxruntime's static "
+        "quantizer)", description="Quantize a float ONNX model into a QDQ model with "
+        "onnxruntime's static quantizer (MinMax calibration, int8 weights).")
+    q.add_argument("model", help="float ONNX model")
+    q.add_argument("-o", "--output", metavar="ONNX",
+                   help="quantized model to write (default: <model>_q.onnx beside the model)")
+    q.add_argument("--calibration", metavar="NPZ",
+                   help="calibration inputs: a .npz with one array per model input, named "
+                   "after it, samples stacked along the first axis (an input of shape "
+                   "[B, ...] takes [N*B, ...] for N samples, e.g. [N, 3, 224, 224] for a "
+                   "batch-1 image model); default: random data (a warning: the scales are "
+                   "then not representative)")
+    q.add_argument("--scheme", default="per-channel", choices=SCHEMES,
+                   help="weight scales: per output channel (default), per tensor, or "
+                   "power-of-two (symmetric int8, every scale a power of two: for the dpu "
+                   "target, which requantizes by shifting)")
+    q.add_argument("--activation-type", default="int8", choices=ACTIVATION_TYPES,
+                   help="activation type (default int8; power-of-two needs int8)")
+    q.add_argument("--samples", type=int, metavar="N",
+                   help="calibration samples: the first N of --calibration (default all), or "
+                   f"N random ones (default {DEFAULT_SAMPLES})")
+    q.add_argument("--seed", type=int, default=0, help="seed of the random calibration data")
+    q.set_defaults(func=cmd_quantize)
     d = sub.add_parser("disassemble", help="print the accelerator programs of a package or blob")
     d.add_argument("package", help="compiled package (.tar) or a raw program blob")
     d.add_argument("--layer", help="only this layer")
