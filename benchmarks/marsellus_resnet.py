@@ -1,15 +1,21 @@
-"""Fig. 17-style ResNet-20 (CIFAR-10) on MARSELLUS: per-layer latency and energy at 8 bits and
-mixed precision, at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals
-beside the paper's (Sec. IV: ~28 uJ mixed at nominal, 68 % less than 8-bit; Table II / Fig. 17:
-~21 uJ with ABB at 0.65 V, ~12 uJ at 0.5 V).
+"""ResNets on MARSELLUS (paper Sec. IV, Figs. 16-18).
 
-Both networks go through the whole flow (ONNX QDQ -> canonicalize -> partition -> strategy):
-the 8-bit one is the zoo's QDQ ResNet-20, the mixed one ``zoo.resnet20_mixed()`` (HAWQ-style:
+- ResNet-20 (CIFAR-10), Fig. 17 style: per-layer latency and energy at 8 bits and mixed
+  precision, at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
+  the paper's (Sec. IV: ~28 uJ mixed at nominal, 68 % less than 8-bit; Table II / Fig. 17:
+  ~21 uJ with ABB at 0.65 V, ~12 uJ at 0.5 V).
+- ResNet-18 (ImageNet, 224x224, ``zoo.resnet18_mixed``: 4-bit weights and block activations,
+  the paper's RBE 4x4b network) at 0.8 V: latency, energy and Top/s/W beside the paper's 48 ms
+  and 5.83 Top/s/W, and per layer what bounds it (Fig. 18: off-chip = the I/O DMA to L3,
+  on-chip = L2 <-> L1, compute); its tensors and weights live in L3.
+
+Every network goes through the whole flow (ONNX QDQ -> canonicalize -> partition -> strategy):
+the 8-bit ResNet-20 is the zoo's QDQ model, the mixed one ``zoo.resnet20_mixed()`` (HAWQ-style:
 weights 2/3/4/6/8 bits, activations 4/8 bits, int4/uint4 and clipped-range QDQ). Each offloaded
 function is run on the simulator and checked bit-exact against ``reference_execute`` before it
 is timed. Not run by the tests::
 
-    python benchmarks/marsellus_resnet20.py [--layers]
+    python benchmarks/marsellus_resnet.py [--networks resnet20,resnet18] [--layers]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 
 from tvm_accel import zoo
 from tvm_accel.layers import AddLayer, LayerGraph, reference_execute
+from tvm_accel.profiler import bound_label
 from tvm_accel.report import format_table
 from tvm_marsellus import strategy
 from tvm_marsellus.energy import ABB_065, LOW_05, NOMINAL, energy_uj
@@ -30,10 +37,12 @@ POINTS = (("0.8 V 420 MHz", NOMINAL), ("0.65 V 400 MHz ABB", ABB_065),
           ("0.5 V 100 MHz", LOW_05))
 #: paper totals (uJ) for the mixed network; 8-bit is ~3x (68 % saving)
 PAPER_MIXED = {"0.8 V 420 MHz": 28.0, "0.65 V 400 MHz ABB": 21.0, "0.5 V 100 MHz": 12.0}
+#: paper ResNet-18 / ImageNet, HAWQ 4-bit on the RBE 4x4b, 0.8 V (Sec. IV)
+PAPER_R18 = {"ms": 48.0, "tops_w": 5.83}
 
 
-def resnet20_graphs(model) -> list[LayerGraph]:
-    """Layer graphs of the offloaded functions of a QDQ ResNet-20."""
+def resnet_graphs(model) -> list[LayerGraph]:
+    """Layer graphs of the offloaded functions of a QDQ model compiled for MARSELLUS."""
     import tvm_marsellus
     from tvm_accel.frontend import load_onnx
     from tvm_accel.pipeline import compile_model
@@ -73,31 +82,32 @@ def run(graphs: list[LayerGraph], cfg) -> tuple[list[tuple], bool]:
     return rows, exact
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=None, help="MARSELLUS config (default bundled)")
-    ap.add_argument("--layers", action="store_true", help="print the per-layer tables")
-    args = ap.parse_args(argv)
-    cfg = load_config(args.config)
-    base = resnet20_graphs(zoo.quantized("resnet20"))
-    mixed, how = resnet20_graphs(zoo.resnet20_mixed()), "zoo.resnet20_mixed"
+def _bound(st) -> str:
+    return bound_label({"off-chip": st.iodma_busy, "on-chip": max(st.dma_in_busy,
+                                                                   st.dma_out_busy),
+                        "compute": max(st.rbe_busy, st.cluster_busy)})
+
+
+def resnet20(cfg, layers: bool) -> None:
+    base = resnet_graphs(zoo.quantized("resnet20"))
+    mixed, how = resnet_graphs(zoo.resnet20_mixed()), "zoo.resnet20_mixed"
     totals = {}
     for label, graphs in (("8-bit", base), ("mixed", mixed)):
         rows, exact = run(graphs, cfg)
         cyc = sum(r[3].cycles for r in rows)
         tot = {p: sum(energy_uj(r[3], op) for r in rows) for p, op in POINTS}
         totals[label] = (cyc, tot, exact)
-        if args.layers:
+        if layers:
             print(f"\nResNet-20 {label} ({how if label == 'mixed' else 'zoo QDQ int8'}), "
                   f"bit-exact vs reference: {exact}")
             table = []
             for name, eng, prec, st in rows:
                 table.append((name, eng, prec, st.cycles,
                               *[f"{st.cycles / op.freq_mhz:.1f}" for _, op in POINTS],
-                              *[f"{energy_uj(st, op):.3f}" for _, op in POINTS]))
+                              *[f"{energy_uj(st, op):.3f}" for _, op in POINTS], _bound(st)))
             print(format_table(["layer", "engine", "W/I/O", "cycles",
                                 *[f"us @{p}" for p, _ in POINTS],
-                                *[f"uJ @{p}" for p, _ in POINTS]], table))
+                                *[f"uJ @{p}" for p, _ in POINTS], "bound"], table))
     print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how})")
     out = []
     for p, op in POINTS:
@@ -110,6 +120,45 @@ def main(argv: list[str] | None = None) -> int:
                         "paper mixed uJ", "8-bit / mixed (paper ~3x)"], out))
     print(f"bit-exact vs reference_execute: 8-bit {totals['8-bit'][2]}, "
           f"mixed {totals['mixed'][2]}")
+
+
+def resnet18(cfg, layers: bool) -> None:
+    graphs = resnet_graphs(zoo.resnet18_mixed())
+    rows, exact = run(graphs, cfg)
+    op = NOMINAL
+    if layers:
+        print(f"\nResNet-18 / ImageNet 4-bit (zoo.resnet18_mixed) at 0.8 V, bit-exact: {exact}")
+        print(format_table(["layer", "engine", "W/I/O", "cycles", "us", "uJ", "bound"],
+                           [(name, eng, prec, st.cycles, f"{st.cycles / op.freq_mhz:.1f}",
+                             f"{energy_uj(st, op):.2f}", _bound(st))
+                            for name, eng, prec, st in rows]))
+    cyc = sum(r[3].cycles for r in rows)
+    uj = sum(energy_uj(r[3], op) for r in rows)
+    ops = 2 * sum(r[3].rbe_macs + r[3].cluster_macs for r in rows)
+    ms = cyc / op.freq_mhz / 1e3
+    bounds = {}
+    for *_, st in rows:
+        b = _bound(st)
+        bounds[b] = bounds.get(b, 0) + 1
+    print("\nResNet-18 / ImageNet 224x224, 4-bit (zoo.resnet18_mixed), 0.8 V 420 MHz")
+    print(format_table(
+        ["", "latency ms", "energy mJ", "Gop", "Top/s/W", "bit-exact"],
+        [("ours", f"{ms:.1f}", f"{uj / 1e3:.2f}", f"{ops / 1e9:.2f}",
+          f"{ops / (uj * 1e-6) / 1e12:.2f}", str(exact)),
+         ("paper", f"{PAPER_R18['ms']:.0f}", "", "", f"{PAPER_R18['tops_w']:.2f}", "")]))
+    print("layers by bound: " + ", ".join(f"{k} {v}" for k, v in sorted(bounds.items())))
+    print(f"layers on the RBE: {sum(r[1] == 'RBE' for r in rows)} of {len(rows)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=None, help="MARSELLUS config (default bundled)")
+    ap.add_argument("--networks", default="resnet20,resnet18")
+    ap.add_argument("--layers", action="store_true", help="print the per-layer tables")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    for net in args.networks.split(","):
+        {"resnet20": resnet20, "resnet18": resnet18}[net](cfg, args.layers)
     return 0
 
 
