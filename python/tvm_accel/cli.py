@@ -256,17 +256,6 @@ def _make_inputs(meta, args) -> list[np.ndarray]:
 
 
 def cmd_run(args) -> int:
-    """``tvmc run``; Ctrl-C (also in the middle of a simulation, see tvm_accel.simlib.call) is
-    one stderr line and exit code 130."""
-    try:
-        return _run_package(args)
-    except KeyboardInterrupt:
-        sys.stdout.flush()
-        print("tvmc run: interrupted", file=sys.stderr)
-        return 130
-
-
-def _run_package(args) -> int:
     import tvm
 
     from tvm_accel import simlib
@@ -531,10 +520,15 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``tvmc``; returns the exit code (0 ok, 2 user error, 1 internal error)."""
+    """Run ``tvmc``; returns the exit code (0 ok, 2 user error, 1 internal error, 130 Ctrl-C:
+    also in the middle of a simulation, see :func:`tvm_accel.simlib.call`)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print(f"tvmc {args.verb}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, like other tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
