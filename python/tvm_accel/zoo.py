@@ -53,12 +53,17 @@ class _Builder:
         return out
 
     # --- layers ----------------------------------------------------------------------------
-    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, pad: int | None = None,
+    def conv(self, x: str, cin: int, cout: int, k: int | tuple[int, int],
+             stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | None = None,
              name: str = "conv", bias: bool = True, relu: bool = False, groups: int = 1) -> str:
-        """Conv with He-initialized weights and a folded batch norm (per-channel gain/shift)."""
-        pad = k // 2 if pad is None else pad
-        fan_in = cin // groups * k * k
-        w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), (cout, cin // groups, k, k))
+        """Conv with He-initialized weights and a folded batch norm (per-channel gain/shift);
+        ``k`` and ``stride`` an int or ``(h, w)``, ``pad`` an int or ONNX's 4 pads."""
+        kh, kw = (k, k) if isinstance(k, int) else k
+        pads = [kh // 2, kw // 2] * 2 if pad is None else (
+            [pad] * 4 if isinstance(pad, int) else list(pad))
+        strides = [stride] * 2 if isinstance(stride, int) else list(stride)
+        fan_in = cin // groups * kh * kw
+        w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), (cout, cin // groups, kh, kw))
         gain = self.rng.uniform(0.5, 1.5, (cout, 1, 1, 1))  # folded BN gamma / sqrt(var)
         name = self.name(name)
         inputs = [x, self.init(f"{name}.weight", (w * gain).astype(np.float32))]
@@ -67,8 +72,8 @@ class _Builder:
                                     self.rng.normal(0.0, 0.1, cout).astype(np.float32)))
         out = f"{name}_out"
         self.nodes.append(helper.make_node(
-            "Conv", inputs, [out], name=name, kernel_shape=[k, k], strides=[stride, stride],
-            pads=[pad] * 4, group=groups))
+            "Conv", inputs, [out], name=name, kernel_shape=[kh, kw], strides=strides,
+            pads=pads, group=groups))
         return self.relu(out, f"{name}_relu") if relu else out
 
     def gemm(self, x: str, cin: int, cout: int, name: str = "fc", bias: bool = True) -> str:
@@ -405,14 +410,17 @@ def encoder_decoder(seed: int = 0, batch: int = 1, hw: int = 32, c: int = 16,
 
 
 # --- single operators (tests) --------------------------------------------------------------
-def single_conv(cin: int = 16, cout: int = 16, k: int = 3, stride: int = 1, pad: int | None = None,
-                batch: int = 1, hw: int = 8, relu: bool = False, bias: bool = True,
-                groups: int = 1, seed: int = 0) -> onnx.ModelProto:
-    """One Conv (+ optional Relu) on a (batch, cin, hw, hw) input."""
+def single_conv(cin: int = 16, cout: int = 16, k: int | tuple[int, int] = 3,
+                stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | None = None,
+                batch: int = 1, hw: int | tuple[int, int] = 8, relu: bool = False,
+                bias: bool = True, groups: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """One Conv (+ optional Relu) on a (batch, cin, h, w) input (``hw`` an int or ``(h, w)``;
+    ``k``, ``stride``, ``pad`` as :meth:`_Builder.conv`, e.g. DeepBench's 5x20 speech kernel)."""
     b = _Builder(seed)
     x = _input_name()
     y = b.conv(x, cin, cout, k, stride, pad, name="conv", bias=bias, relu=relu, groups=groups)
-    return b.model("single_conv", x, (batch, cin, hw, hw), [y])
+    h, w = (hw, hw) if isinstance(hw, int) else hw
+    return b.model("single_conv", x, (batch, cin, h, w), [y])
 
 
 def single_pool(kind: str = "max", c: int = 8, k: int = 3, stride: int = 2,

@@ -72,9 +72,18 @@ def conv_groups_supported(m: dict) -> bool:
 
 
 def kernel_fits(m: dict) -> bool:
-    """kernel larger than 15 (4-bit kernel fields)"""
+    """kernel larger than 15 (4-bit kernel fields) and no W space-to-depth brings it within"""
+    from tvm_dpu.strategy import w_space_to_depth_factor
+
     w = const_value(m["weight"])
-    return w.shape[2] <= 15 and w.shape[3] <= 15
+    if w.shape[2] <= 15 and w.shape[3] <= 15:
+        return True
+    a = m["core"].attrs
+    shape = static_shape(m["data"])
+    return shape is not None and w_space_to_depth_factor(
+        (int(w.shape[2]), int(w.shape[3])), int(a.strides[1]), int(shape[3]),
+        int(a.padding[1]), int(a.padding[3]), int(a.groups),
+        tuple(int(d) for d in a.dilation)) is not None
 
 
 def stride_fits(m: dict) -> bool:

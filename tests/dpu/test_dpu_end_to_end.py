@@ -145,3 +145,14 @@ def test_dense_with_one_output_channel_is_offloaded(compare):
     r = compare(pow2("single_dense", cin=100, cout=1, batch=2))
     assert [o.op for o in r.offloaded] == ["dense"]
     r.assert_bit_exact()
+
+
+@pytest.mark.parametrize("batch, pad", [(1, (0, 0, 0, 0)), (4, (0, 8, 0, 8))])
+def test_deepbench_speech_kernel_wider_than_the_conv_fields_runs_on_the_dpu(compare, batch, pad):
+    """A 5x20 kernel, stride 2, one input channel (DeepBench's speech layers): the W
+    space-to-depth view of the HWC input (2 pixels per pixel, 2 channels) makes it a 5x10
+    stride-1 conv the CONV fields hold, with no data movement; bit-exact."""
+    r = compare(pow2("single_conv", cin=1, cout=16, k=(5, 20), stride=2, pad=pad, batch=batch,
+                     hw=(13, 40)))
+    assert [o.placement for o in r.offloaded if o.op == "conv2d"] == ["dpu"]
+    r.assert_bit_exact()
