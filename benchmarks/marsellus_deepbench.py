@@ -1,0 +1,123 @@
+"""DeepBench conv layers on MARSELLUS (8-bit): does every layer compile and run, where do its
+tensors live (L2 or L3), which engine runs it, cycles, utilization and what bounds it.
+
+Each layer of ``deepbench_conv_inference_server.csv`` becomes a one-conv layer graph with random
+int8 weights and a NormQuant-compatible requantize recipe, is planned by the MARSELLUS strategy
+(three-level tiling) and run on the simulator; ``--check`` also compares the output with
+``reference_execute``. A layer the strategy cannot map is counted with its reason (a compile
+would leave it on the CPU). Utilization = useful MACs / (cycles x the engine's 8-bit peak).
+
+    python benchmarks/marsellus_deepbench.py [--limit N] [--ids 0,5] [--check]
+
+Figures are information for issue notes, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vta_deepbench import DEFAULT_CSV  # noqa: E402
+
+from tvm_accel.layers import ConvLayer, LayerGraph, Tensor, conv_output_shape  # noqa: E402
+
+
+def make_layer(row: dict, seed: int) -> tuple[LayerGraph, dict[str, np.ndarray]]:
+    """The CSV row as a one-conv int8 graph (recipe from MARSELLUS' numerics) and its input."""
+    from tvm_marsellus.numerics import requant_recipe
+
+    w, h, c, n, k = (int(row[x]) for x in ("w", "h", "c", "n", "k"))
+    fw, fh, pw, ph = (int(row[x]) for x in ("filter_w", "filter_h", "pad_w", "pad_h"))
+    sw, sh = int(row["stride_w"]), int(row["stride_h"])
+    rng = np.random.default_rng(seed)
+    weight = rng.integers(-128, 128, size=(k, c, fh, fw), dtype=np.int64)
+    bias = rng.integers(-(1 << 12), 1 << 12, size=k, dtype=np.int64)
+    bound = np.abs(weight).reshape(k, -1).sum(1) * 128 + np.abs(bias)
+    rq = requant_recipe(127.0 / (0.05 * bound + 1), bound, 0, -128, 127)
+    layer = ConvLayer(f"conv{row['id']}", "x", "y", weight, bias, 0, (sh, sw), (ph, pw, ph, pw),
+                      rq)
+    out = conv_output_shape(layer, (n, c, h, w))
+    graph = LayerGraph({"x": Tensor("x", (n, c, h, w), "int8"), "y": Tensor("y", out, "int8")},
+                       [layer], ["x"], ["y"])
+    return graph, {"x": rng.integers(-128, 128, size=(n, c, h, w)).astype(np.int8)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--csv", default=str(DEFAULT_CSV))
+    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
+    ap.add_argument("--ids", default="", help="comma-separated layer ids")
+    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
+    args = ap.parse_args(argv)
+
+    from tvm_accel.layers import reference_execute
+    from tvm_accel.profiler import bound_label
+    from tvm_accel.report import format_table
+    from tvm_marsellus.hw_config import load_config
+    from tvm_marsellus.patterns import MAX_WINDOW
+    from tvm_marsellus.runtime import execute_program
+    from tvm_marsellus.strategy import MappingError, plan
+
+    cfg = load_config(args.config)
+    rows = list(csv.DictReader(open(args.csv)))
+    if args.ids:
+        keep = {int(i) for i in args.ids.split(",")}
+        rows = [r for r in rows if int(r["id"]) in keep]
+    if args.limit:
+        rows = rows[:args.limit]
+    table, utils, failed, exact = [], [], [], True
+    t_compile = t_sim = 0.0
+    for row in rows:
+        graph, inputs = make_layer(row, int(row["id"]))
+        layer = graph.layers[0]
+        shape = (f"{graph.tensors['x'].shape}->{layer.weight.shape[0]} "
+                 f"{layer.kernel[0]}x{layer.kernel[1]} s{layer.strides[0]}")
+        t0 = time.perf_counter()
+        try:
+            if max(*layer.kernel, *layer.strides, *layer.padding) > MAX_WINDOW:
+                raise MappingError("pattern: kernel, stride or padding above 15 (4-bit window "
+                                   "fields)")
+            prog = plan(graph, cfg)
+        except MappingError as e:
+            failed.append((row["id"], str(e)))
+            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", "-", str(e)[:60]))
+            continue
+        t1 = time.perf_counter()
+        outs, stats = execute_program(prog, inputs, cfg)
+        t2 = time.perf_counter()
+        t_compile, t_sim = t_compile + t1 - t0, t_sim + t2 - t1
+        if args.check:
+            exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
+        (_, st), lp = stats[0], prog.layers[0]
+        peak = cfg.rbe_and_gates / 64 if lp.engine == "rbe" else cfg.cluster_macs_per_cycle(8)
+        util = min(1.0, lp.macs / (st.cycles * peak)) if st.cycles else 0.0
+        utils.append(util)
+        mem = "/".join(prog.tensors[t].mem for t in ("x", "y"))
+        bound = bound_label({"off-chip": st.iodma_busy,
+                             "on-chip": max(st.dma_in_busy, st.dma_out_busy),
+                             "compute": max(st.rbe_busy, st.cluster_busy)})
+        table.append((row["id"], shape, "RBE" if lp.engine == "rbe" else "cluster", mem,
+                      "L3" if prog.l3_image else "L2", f"{st.cycles:,}", f"{100 * util:.1f}%",
+                      bound, ""))
+    print(format_table(["id", "layer", "engine", "x/y in", "weights", "cycles", "util", "bound",
+                        "reason"], table))
+    ran = len(rows) - len(failed)
+    geo = math.exp(sum(math.log(max(u, 1e-9)) for u in utils) / len(utils)) if utils else 0.0
+    print(f"\nlayers run: {ran} / {len(rows)}; geomean utilization {100 * geo:.1f}%; "
+          f"plan {t_compile:.1f} s, simulation {t_sim:.1f} s"
+          + (f"; bit-exact: {exact}" if args.check else ""))
+    for lid, why in failed:
+        print(f"  not mapped: layer {lid}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
