@@ -23,17 +23,21 @@ saves the ``CL.ADD`` step before an RBE job.
 
 Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds the tensors of the function and the
 weights (or, when they do not fit, L3 does: see L3 below); L1 (TCDM) holds the tiles of one
-layer. A tile is ``tile_h`` output rows x the full width x ``tile_k`` output channels (input
-channels are never split: NormQuant needs the whole accumulator). Input halos follow from
-kernel, stride and padding. Every L1 buffer is doubled (input, weights, output, marshaling
-temporaries) so DMA_IN of tile i+1 and DMA_OUT of tile i-1 overlap the compute of tile i. The
-tile is chosen by **exact enumeration** of all ``(tile_h, tile_k)`` pairs (at most ``H_out x`` a
-few channel candidates per layer, so CP-SAT buys nothing here): constraint = the double-buffered
-footprint fits L1; objective = the pipelined time ``n_tiles x max(DMA in, compute, DMA out) +
-fill/drain`` with the RBE compute taken from the simulator's own cycle model
+layer. A tile is ``tile_h`` output rows x ``tile_w`` output columns x ``tile_k`` output channels
+(input channels are never split: NormQuant needs the whole accumulator). Input halos (rows and
+columns) follow from kernel, stride and padding. Every L1 buffer is doubled (input, weights,
+output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of tile i-1 overlap the
+compute of tile i. The tile is chosen by **exact enumeration** of all ``(tile_h, tile_k)`` pairs
+(at most ``H_out x`` a few channel candidates per layer, so CP-SAT buys nothing here) at the
+full width, or, when no full-width tile fits L1 (W tiling), at the widest ``tile_w`` (the width
+split in 2..64 near-equal parts) that has one: constraint = the double-buffered footprint fits
+L1; objective = the pipelined time ``n_tiles x max(DMA in, compute, DMA out) + fill/drain`` with
+the RBE compute taken from the simulator's own cycle model
 (:func:`~tvm_marsellus.simulator.rbe_job_phases`), which rewards what the RBE likes (output rows
-in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA transfers.
-Both are knobs (``tile_h``, ``tile_k``, ``engine``) with these defaults (:func:`knob_space`).
+in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA transfers. A
+tile narrower than the tensor is loaded and stored with strided (row / plane) DMA copies. All
+are knobs (``tile_h``, ``tile_w``, ``tile_k``, ``engine``) with these defaults
+(:func:`knob_space`).
 
 Synchronisation (semaphores; balanced per layer so every layer is also a valid stream alone):
 0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
@@ -56,9 +60,8 @@ is fetched right after output tile i is drained: fetches run two tiles ahead of 
 and overlap it, and the L1 tile choice stays the L2 <-> L1 one (the L3 transfers are not in
 its cost). L3 bandwidth and latency are the config's ``L3_BYTES_PER_CYCLE`` /
 ``L3_LATENCY_CYCLES``; a function that does not fit L2 and L3 is a mapping error (the layers
-fall back to the CPU). Not yet: W tiling and input-channel tiling of the L1 tile, so an RBE
-layer whose full-width, all-channel tile with its marshaling buffers exceeds L1 runs on the
-cluster.
+fall back to the CPU). Not yet: input-channel tiling of the L1 tile, so an RBE layer whose
+all-channel weights for 32 output channels exceed L1 runs on the cluster.
 
 Precision: RBE W/I/O come from ``ConvLayer.weight_bits`` and the tensors' ``bits``; cluster
 kernels run at 2, 4 or 8 bits, other widths rounded up to the next one (values fit the wider
@@ -180,6 +183,13 @@ class Geometry:
         lo, hi = max(r0, 0), min(r1, self.h)
         return lo, hi, lo - r0, r1 - hi
 
+    def in_cols(self, wo0: int, tw: int) -> tuple[int, int, int, int]:
+        """Loaded input columns ``[lo, hi)`` and the tile's (left, right) padding."""
+        c0 = wo0 * self.sw - self.pads[1]
+        c1 = (wo0 + tw - 1) * self.sw - self.pads[1] + self.kw
+        lo, hi = max(c0, 0), min(c1, self.w)
+        return lo, hi, lo - c0, c1 - hi
+
 
 @dataclass
 class _Plan:
@@ -247,11 +257,23 @@ class _Layer:
         self.layer, self.kind, self.engine, self.geo = layer, kind, engine, geo
         self.tins, self.tout, self.cfg = tins, tout, cfg
         self.tin = tins[0]
+        self.tw = geo.wo  # output columns per tile (W tiling; the full width by default)
 
     # byte sizes of the L1 buffers of one tile (one copy; everything is doubled)
     def in_bytes(self, th: int) -> int:
         rows = self.rows_in(th) if self.kind != "add" else th
-        return sum(_al(rows * self.geo.w * t.pix_bytes()) for t in self.tins)
+        return sum(_al(rows * self.cols_in() * t.pix_bytes()) for t in self.tins)
+
+    def cols_in(self) -> int:
+        """Largest number of input columns a tile of ``tw`` output columns loads."""
+        g = self.geo
+        return self.tw if self.kind == "add" else min((self.tw - 1) * g.sw + g.kw, g.w)
+
+    def w_options(self) -> list[int]:
+        """Tile widths to try when the full width does not fit L1: the width split in 2..64
+        near-equal parts."""
+        wo = self.geo.wo
+        return sorted({-(-wo // n) for n in range(1, min(wo, 64) + 1)}, reverse=True)
 
     def rows_in(self, th: int) -> int:
         """Largest number of input rows any tile of ``th`` output rows loads."""
@@ -264,22 +286,22 @@ class _Layer:
         out_rbe = self.engine == "rbe"
         if out_rbe:
             b["w"] = _al(cg.weight_bytes(kt, g.c, g.kh, self.layer.weight_bits)) + _al(6 * kt)
-            rows = self.rows_in(th)
+            rows, cols = self.rows_in(th), self.cols_in()
             if t.layout == "hwc":
                 if t.stored_signed:
-                    b["t1"] = _al(rows * g.w * g.c * t.cbits / 8)
-                b["t2"] = _al(cg.activation_bytes(rows, g.w, g.c, t.bits))
-            b["out"] = _al(cg.activation_bytes(th, g.wo, kt, self.tout.bits)) \
-                if self.tout.layout == "rbe" else _al(th * g.wo * kt * self.tout.cbits / 8)
+                    b["t1"] = _al(rows * cols * g.c * t.cbits / 8)
+                b["t2"] = _al(cg.activation_bytes(rows, cols, g.c, t.bits))
+            b["out"] = _al(cg.activation_bytes(th, self.tw, kt, self.tout.bits)) \
+                if self.tout.layout == "rbe" else _al(th * self.tw * kt * self.tout.cbits / 8)
             if self.tout.layout == "hwc":
-                b["t3"] = _al(cg.activation_bytes(th, g.wo, kt, self.tout.bits))
+                b["t3"] = _al(cg.activation_bytes(th, self.tw, kt, self.tout.bits))
         else:
             wb = cluster_bits(getattr(self.layer, "weight_bits", 8))
             if self.kind in ("conv", "fc"):
                 b["w"] = _al(kt * g.kh * g.kw * g.c * wb / 8) + _al(6 * kt)
             elif self.kind == "dw":
                 b["w"] = _al(kt * g.kh * g.kw * wb / 8) + _al(6 * kt)
-            b["out"] = _al(th * g.wo * kt * self.tout.cbits / 8)
+            b["out"] = _al(th * self.tw * kt * self.tout.cbits / 8)
         return b
 
     def fits(self, th: int, kt: int) -> bool:
@@ -296,6 +318,11 @@ class _Layer:
                 return False
         if kt < g.k and self.tout.layout == "hwc" and (kt * self.tout.cbits) % 8:
             return False
+        if self.tw < g.wo:  # column boundaries: whole bytes per pixel
+            if any(t.layout == "hwc" and (t.c * t.cbits) % 8 for t in self.tins):
+                return False
+            if self.tout.layout == "hwc" and (g.k * self.tout.cbits) % 8:
+                return False
         return True
 
     def compute_cycles(self, th: int, kt: int) -> float:
@@ -304,32 +331,35 @@ class _Layer:
             from tvm_marsellus.simulator import rbe_job_phases
 
             lo, hi, pt, pb = g.in_rows(0, th)
-            job = cg.RbeJob(h_in=hi - lo, w_in=g.w, h_out=th, w_out=g.wo, k_in=g.c, k_out=kt,
-                            in_bits=self.tin.bits, w_bits=self.layer.weight_bits,
+            clo, chi, pl, pr = g.in_cols(0, self.tw)
+            job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw, k_in=g.c,
+                            k_out=kt, in_bits=self.tin.bits, w_bits=self.layer.weight_bits,
                             out_bits=self.tout.bits, kernel=g.kh, stride=g.sh, pad_top=pt,
-                            pad_bottom=pb, pad_left=g.pads[1], pad_right=g.pads[3])
+                            pad_bottom=pb, pad_left=pl, pad_right=pr)
             c = sum(rbe_job_phases(cfg, job).values())
-            bits_in = (hi - lo) * g.w * g.c * self.tin.bits
+            bits_in = (hi - lo) * (chi - clo) * g.c * self.tin.bits
             if self.tin.layout == "hwc":
                 c += cfg.CL_KERNEL_OVERHEAD_CYCLES + bits_in / cfg.CL_MARSHAL_BITS_PER_CYCLE
             if self.tout.layout == "hwc":
-                c += cfg.CL_KERNEL_OVERHEAD_CYCLES + th * g.wo * kt * self.tout.bits / \
+                c += cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
                     cfg.CL_MARSHAL_BITS_PER_CYCLE
             return c
-        macs = th * g.wo * kt * g.kh * g.kw * (g.c if self.kind in ("conv", "fc") else 1)
+        macs = th * self.tw * kt * g.kh * g.kw * (g.c if self.kind in ("conv", "fc") else 1)
         rate = (cfg.cluster_macs_per_cycle(self.tin.cbits) if self.kind in ("conv", "fc")
                 else cfg.CL_DW_MACS_PER_CYCLE)
-        return cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * g.wo * kt
+        return cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * self.tw * kt
 
     def cost(self, th: int, kt: int) -> float:
         g, cfg = self.geo, self.cfg
-        n_h, n_k = -(-g.ho // th), -(-g.k // kt)
+        n_h, n_k, n_w = -(-g.ho // th), -(-g.k // kt), -(-g.wo // self.tw)
         bufs = self.buffers(th, kt)
-        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE
+        strided = self.tw < g.wo
+        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + (
+            self.rows_in(th) if strided else 0) * cfg.DMA_ROW_OVERHEAD_CYCLES
         dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + (
-            th * g.wo if kt < g.k else 0) * cfg.DMA_ROW_OVERHEAD_CYCLES
+            th * self.tw if kt < g.k else th if strided else 0) * cfg.DMA_ROW_OVERHEAD_CYCLES
         comp = self.compute_cycles(th, kt)
-        n = n_h * n_k * self.tin.n
+        n = n_h * n_w * n_k * self.tin.n
         w_load = n_k * (bufs.get("w", 0) / cfg.DMA_BYTES_PER_CYCLE + cfg.DMA_LATENCY_CYCLES)
         return n * max(dma_in, comp, dma_out) + dma_in + dma_out + w_load
 
@@ -340,7 +370,8 @@ class _Layer:
                 if self.byte_ok(th, kt) and self.fits(th, kt)]
 
     def solve(self) -> tuple[int, int, float]:
-        """Exact enumeration: the feasible (tile_h, tile_k) of least estimated time."""
+        """Exact enumeration: the feasible (tile_h, tile_k) of least estimated time at the
+        current tile width."""
         best = None
         for th, kt in self.candidates():
             c = self.cost(th, kt)
@@ -351,23 +382,40 @@ class _Layer:
                                f"({self.cfg.L1_BYTES} bytes) with double buffering")
         return best
 
+    def solve_width(self) -> tuple[int, int, float]:
+        """:meth:`solve` at the full width, else at the widest tile width (W tiling) that has a
+        feasible tile: fewer column tiles, less halo reloaded. Leaves ``tw`` set."""
+        for tw in self.w_options():
+            self.tw = tw
+            try:
+                return self.solve()
+            except MappingError:
+                continue
+        self.tw = self.geo.wo
+        return self.solve()  # raises with the full-width reason
+
 
 def knob_space(lay: _Layer, rbe_ok: bool) -> KnobSpace:
     """Knobs of a layer: ``tile_h``, ``tile_k`` (defaults from the solver) and, for convs the
     RBE can run, ``engine``."""
-    th, kt, _ = lay.solve()
-    g = lay.geo
+    th, kt, _ = lay.solve_width()
+    g, tw = lay.geo, lay.tw
 
     def check(cfg: dict) -> None:
-        if not lay.byte_ok(cfg["tile_h"], cfg["tile_k"]):
-            raise ValueError(f"tile_h {cfg['tile_h']} / tile_k {cfg['tile_k']} split a byte of "
-                             "a sub-byte tensor")
-        if not lay.fits(cfg["tile_h"], cfg["tile_k"]):
-            raise ValueError(f"tile_h {cfg['tile_h']} x tile_k {cfg['tile_k']} does not fit L1 "
-                             "double-buffered")
+        saved, lay.tw = lay.tw, cfg.get("tile_w", tw)
+        try:
+            if not lay.byte_ok(cfg["tile_h"], cfg["tile_k"]):
+                raise ValueError(f"tile_h {cfg['tile_h']} / tile_k {cfg['tile_k']} / tile_w "
+                                 f"{lay.tw} split a byte of a sub-byte tensor")
+            if not lay.fits(cfg["tile_h"], cfg["tile_k"]):
+                raise ValueError(f"tile_h {cfg['tile_h']} x tile_k {cfg['tile_k']} x tile_w "
+                                 f"{lay.tw} does not fit L1 double-buffered")
+        finally:
+            lay.tw = saved
 
     knobs = [Knob("tile_h", tuple(range(1, g.ho + 1)), th),
-             Knob("tile_k", tuple(_k_options(g.k, lay.engine, lay.kind)), kt)]
+             Knob("tile_k", tuple(_k_options(g.k, lay.engine, lay.kind)), kt),
+             Knob("tile_w", tuple(lay.w_options()), tw)]
     if rbe_ok:
         knobs.append(Knob("engine", ("rbe", "cluster"), lay.engine))
     return KnobSpace(knobs, check, name=lay.layer.name)
@@ -452,7 +500,8 @@ class Planner:
         cost = {}
         for eng in ("rbe", "cluster"):
             try:
-                cost[eng] = _Layer(ly, "conv", eng, geo, [tin], tout, self.cfg).solve()[2]
+                cost[eng] = _Layer(ly, "conv", eng, geo, [tin], tout,
+                                   self.cfg).solve_width()[2]
             except MappingError:
                 cost[eng] = float("inf")
         return cost["cluster"] < CLUSTER_WINS * cost["rbe"]
@@ -607,11 +656,13 @@ class Planner:
         except ValueError as e:
             raise MappingError(f"layer {ly.name}: {e}") from None
         th, kt = kn["tile_h"], kn["tile_k"]
+        lay.tw = kn["tile_w"]
         macs = 0
         if isinstance(ly, ConvLayer):
             macs = tout.n * geo.ho * geo.wo * geo.k * geo.kh * geo.kw * (
                 geo.c if kind in ("conv", "fc") else 1)
-        meta = {"tile_h": th, "tile_k": kt, "shape": f"{list(tins[0].placement().shape)}",
+        meta = {"tile_h": th, "tile_k": kt, "tile_w": lay.tw,
+                "shape": f"{list(tins[0].placement().shape)}",
                 "cost": round(lay.cost(th, kt), 1)}
         lp = cg.LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
                              meta=meta)
@@ -676,7 +727,9 @@ class Planner:
             wsrc = lay.wsrc[gi] if "w" in bufs else None
             for n in range(lay.tin.n):
                 for ho0 in range(0, g.ho, th):
-                    tiles.append((gi, k0, kk, n, ho0, min(th, g.ho - ho0), wsrc))
+                    for wo0 in range(0, g.wo, lay.tw):
+                        tiles.append((gi, k0, kk, n, ho0, min(th, g.ho - ho0), wo0,
+                                      min(lay.tw, g.wo - wo0), wsrc))
         staged = self.l3 and ly.name in self.wrange
         if staged:  # L2 slots for weight groups, filled by the I/O DMA from L3
             cmds += [cg.Nop(engine="IODMA", signal=STAGE_FREE)] * len(self.stage)
@@ -689,7 +742,7 @@ class Planner:
         io_loads: list[list] = []  # per tile: its I/O DMA L3 -> L2 copies
         prev_g = None
         body = []
-        for i, (gi, k0, kk, n, ho0, hh, wsrc) in enumerate(tiles):
+        for i, (gi, k0, kk, n, ho0, hh, wo0, ww, wsrc) in enumerate(tiles):
             s = i % 2
 
             def buf(name, slot=s):
@@ -706,7 +759,7 @@ class Planner:
                                     dst=l1["w"][gi % 2], length=wsrc[1],
                                     signal=(STAGE_FREE,) if staged else ()))
             prev_g = gi
-            acts, fetch = self._loads(lay, n, ho0, hh, buf("in"), self.bounce_in[s]
+            acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
                                       if io_in else 0)
             loads += acts
             loads[0].wait = (FREE_IN, STAGED) if wfetch else (FREE_IN,)
@@ -717,8 +770,8 @@ class Planner:
                 reads[0].wait = tuple(reads[0].wait) + (IO_IN_FULL,)
                 reads[-1].signal = tuple(reads[-1].signal) + (IO_IN_FREE,)
             io_loads.append(wfetch + fetch)
-            comps, free_at = self._computes(lay, n, ho0, hh, k0, kk, buf, l1["w"][gi % 2]
-                                            if "w" in l1 else 0)
+            comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf,
+                                            l1["w"][gi % 2] if "w" in l1 else 0)
             # chain the compute commands across engines
             comps[0].wait = (FULL_IN, FREE_OUT)
             for a, b in zip(comps, comps[1:], strict=False):
@@ -730,7 +783,7 @@ class Planner:
             comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
             for c in comps:
                 c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
-            stores, drain = self._stores(lay, n, ho0, hh, k0, kk, buf("out"),
+            stores, drain = self._stores(lay, n, ho0, hh, wo0, ww, k0, kk, buf("out"),
                                          self.bounce_out[s] if io_out else None)
             stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
             last = i == len(tiles) - 1
@@ -757,70 +810,97 @@ class Planner:
         lp.meta["tiles"] = len(tiles)
         return cmds
 
-    def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, dst: int, bounce: int
-               ) -> tuple[list, list]:
-        """DMA_IN copies of one tile's input rows into L1 and the I/O DMA copies that first
-        bring the rows of L3 tensors into the L2 bounce slot at ``bounce``."""
+    def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, dst: int,
+               bounce: int) -> tuple[list, list]:
+        """DMA_IN copies of one tile's input window into L1 (one strided copy of its rows when
+        the tile is narrower than the tensor) and the I/O DMA copies that first bring the
+        window of L3 tensors into the L2 bounce slot at ``bounce`` (contiguous there)."""
         g = lay.geo
         if lay.kind == "add":
-            lo, hi = ho0, ho0 + hh
+            lo, hi, clo, chi = ho0, ho0 + hh, wo0, wo0 + ww
         else:
             lo, hi, _, _ = g.in_rows(ho0, hh)
+            clo, chi, _, _ = g.in_cols(wo0, ww)
         out, fetch, d, b = [], [], dst, bounce
         for t in lay.tins:
             row = g.w * t.pix_bytes()
-            src = t.offset + int((n * g.h + lo) * row)
-            size = int(np.ceil((hi - lo) * row))
+            src = t.offset + int((n * g.h + lo) * row + clo * t.pix_bytes())
+            if chi - clo == g.w:  # whole rows: one contiguous block
+                size = int(np.ceil((hi - lo) * row))
+                shape = dict(length=size)
+            else:
+                length = int((chi - clo) * t.pix_bytes())
+                size = length * (hi - lo)
+                shape = dict(length=length, rows=hi - lo, dst_row_stride=length)
+                if t.mem != "L3":
+                    shape["src_row_stride"] = int(row)
             if t.mem == "L3":
-                fetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=src, dst=b, length=size))
+                strided = {} if "rows" not in shape else dict(src_row_stride=int(row))
+                fetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=src, dst=b, **shape,
+                                    **strided))
                 src, b = b, b + _al(size)
-            out.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, length=size))
+                shape = dict(length=size)
+            out.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, **shape))
             d += _al(size)
         return out, fetch
 
     def _in_bounce(self, addr: int) -> bool:
         return self.bounce_in[0] <= addr < self.bounce_out[0]
 
-    def _stores(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int,
-                src: int, bounce: int | None) -> tuple[list, list]:
+    def _stores(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, k0: int,
+                kk: int, src: int, bounce: int | None) -> tuple[list, list]:
         """DMA_OUT copies of one output tile from L1 to its place in L2 or, for an L3 tensor,
         to the L2 bounce slot at ``bounce``, and the I/O DMA copies from there to L3."""
-        stores = self._placed_stores(lay, n, ho0, hh, k0, kk, src)
+        stores = self._placed_stores(lay, n, ho0, hh, wo0, ww, k0, kk, src)
         if bounce is None:
             return stores, []
         size = sum(c.nbytes for c in stores)
         drain = [replace(c, src_mem="L2", dst_mem="L3", src=bounce,
-                         src_row_stride=c.length if c.rows > 1 else 0) for c in stores]
+                         src_row_stride=c.length if c.rows > 1 else 0,
+                         src_plane_stride=c.length * c.rows if c.planes > 1 else 0)
+                 for c in stores]
         return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=bounce, length=size)], drain
 
-    def _placed_stores(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int,
-                       src: int) -> list:
+    def _placed_stores(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int,
+                       k0: int, kk: int, src: int) -> list:
+        """DMA_OUT copies of one output tile (contiguous in L1) to its place in the tensor:
+        one block for whole rows of all channels, else strided rows (a row per output row
+        when the tile is narrower than the tensor) and pixels (some of the channels)."""
         g, t = lay.geo, lay.tout
         base = t.offset
         if t.layout == "rbe":
             pix = int(t.pix_bytes())
             tp = -(-kk // RBE_CHANNELS) * t.bits * 4
-            dst = base + (n * g.ho + ho0) * g.wo * pix + (k0 // RBE_CHANNELS) * t.bits * 4
+            dst = base + ((n * g.ho + ho0) * g.wo + wo0) * pix + (k0 // RBE_CHANNELS) * t.bits * 4
         else:
             pix = g.k * t.cbits / 8
             tp = kk * t.cbits / 8
-            dst = base + int((n * g.ho + ho0) * g.wo * pix + k0 * t.cbits / 8)
-        if kk == g.k:
+            dst = base + int(((n * g.ho + ho0) * g.wo + wo0) * pix + k0 * t.cbits / 8)
+        if kk == g.k and ww == g.wo:
             size = int(np.ceil(hh * g.wo * pix))
             return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=size)]
+        if kk == g.k:
+            return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=int(ww * pix),
+                           rows=hh, src_row_stride=int(ww * pix),
+                           dst_row_stride=int(g.wo * pix))]
+        if ww == g.wo:
+            return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=int(tp),
+                           rows=hh * g.wo, src_row_stride=int(tp), dst_row_stride=int(pix))]
         return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=int(tp),
-                       rows=hh * g.wo, src_row_stride=int(tp), dst_row_stride=int(pix))]
+                       rows=ww, planes=hh, src_row_stride=int(tp), dst_row_stride=int(pix),
+                       src_plane_stride=int(ww * tp), dst_plane_stride=int(g.wo * pix))]
 
-    def _computes(self, lay: _Layer, n: int, ho0: int, hh: int, k0: int, kk: int, buf,
-                  wslot: int) -> tuple[list, int]:
+    def _computes(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, k0: int,
+                  kk: int, buf, wslot: int) -> tuple[list, int]:
         """Compute commands of one tile and the index of the last one reading input/weights."""
         ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
         if lay.kind == "add":
-            return [self._add(lay, hh, buf)], 0
+            return [self._add(lay, hh, ww, buf)], 0
         lo, hi, ptop, pbot = g.in_rows(ho0, hh)
-        rows = hi - lo
+        clo, chi, pleft, pright = g.in_cols(wo0, ww)
+        rows, cols = hi - lo, chi - clo
         if lay.kind == "pool":
-            return [self._pool(lay, rows, hh, ptop, pbot, buf)], 0
+            return [self._pool(lay, rows, hh, cols, ww, (ptop, pleft, pbot, pright), buf)], 0
         relu, _ = _clip_mode(ly, tout, None if lay.engine == "rbe" and tout.layout == "rbe"
                              else (tout.bits if lay.engine == "rbe" else tout.cbits))
         wbytes = _al(cg.weight_bytes(kk, g.c, g.kh, ly.weight_bits)) if lay.engine == "rbe" \
@@ -835,9 +915,9 @@ class Planner:
                 in_signed=int(tin.stored_signed), in_bits=tin.cbits,
                 w_bits=cluster_bits(ly.weight_bits), out_bits=tout.cbits, shift=shift,
                 in_addr=buf("in"), out_addr=buf("out"), w_addr=wslot, nq_addr=nq,
-                h_in=rows, w_in=g.w, c_in=g.c, c_out=kk, h_out=hh, w_out=g.wo, kh=g.kh,
-                kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop, pad_bottom=pbot, pad_left=g.pads[1],
-                pad_right=g.pads[3], pad_value=int(ly.input_zero_point) + tin.offset_value)
+                h_in=rows, w_in=cols, c_in=g.c, c_out=kk, h_out=hh, w_out=ww, kh=g.kh,
+                kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop, pad_bottom=pbot, pad_left=pleft,
+                pad_right=pright, pad_value=int(ly.input_zero_point) + tin.offset_value)
             return [c], 0
         cmds = []
         x = buf("in")
@@ -847,33 +927,33 @@ class Planner:
                 cmds.append(cg.ClusterKernel(
                     kernel="ADD", in_signed=1, b_signed=1, out_signed=0, in_bits=tin.cbits,
                     out_bits=tin.cbits, in_addr=x, w_addr=x, out_addr=buf("t1"), kappa_a=1,
-                    kappa_b=0, lambda_=1 << (tin.bits - 1), h_in=rows, w_in=g.w, c_in=g.c,
-                    c_out=g.c, h_out=rows, w_out=g.w))
+                    kappa_b=0, lambda_=1 << (tin.bits - 1), h_in=rows, w_in=cols, c_in=g.c,
+                    c_out=g.c, h_out=rows, w_out=cols))
                 src = buf("t1")
             cmds.append(cg.ClusterKernel(
                 kernel="HWC2RBE", in_signed=0, out_signed=0, in_bits=tin.cbits,
-                out_bits=tin.bits, in_addr=src, out_addr=buf("t2"), h_in=rows, w_in=g.w,
-                c_in=g.c, c_out=g.c, h_out=rows, w_out=g.w))
+                out_bits=tin.bits, in_addr=src, out_addr=buf("t2"), h_in=rows, w_in=cols,
+                c_in=g.c, c_out=g.c, h_out=rows, w_out=cols))
             x = buf("t2")
         off_in = (1 << (tin.bits - 1)) if tin.signed else 0
         y = buf("out") if tout.layout == "rbe" else buf("t3")
         cmds.append(cg.RbeJob(
-            x_ptr=x, w_ptr=wslot, nq_ptr=nq, y_ptr=y, h_in=rows, w_in=g.w, h_out=hh,
-            w_out=g.wo, k_in=g.c, k_out=kk, in_bits=tin.bits, w_bits=ly.weight_bits,
+            x_ptr=x, w_ptr=wslot, nq_ptr=nq, y_ptr=y, h_in=rows, w_in=cols, h_out=hh,
+            w_out=ww, k_in=g.c, k_out=kk, in_bits=tin.bits, w_bits=ly.weight_bits,
             out_bits=tout.bits, kernel=g.kh, stride=g.sh, relu=int(relu),
             out_signed=int(tout.stored_signed), shift=shift,
             pad_value=int(ly.input_zero_point) + off_in, pad_top=ptop, pad_bottom=pbot,
-            pad_left=g.pads[1], pad_right=g.pads[3]))
+            pad_left=pleft, pad_right=pright))
         free_at = len(cmds) - 1
         if tout.layout == "hwc":
             cmds.append(cg.ClusterKernel(
                 kernel="RBE2HWC", in_signed=int(tout.stored_signed),
                 out_signed=int(tout.stored_signed),
                 in_bits=tout.bits, out_bits=tout.cbits, in_addr=y, out_addr=buf("out"),
-                h_in=hh, w_in=g.wo, c_in=kk, c_out=kk, h_out=hh, w_out=g.wo))
+                h_in=hh, w_in=ww, c_in=kk, c_out=kk, h_out=hh, w_out=ww))
         return cmds, free_at
 
-    def _add(self, lay: _Layer, hh: int, buf) -> cg.ClusterKernel:
+    def _add(self, lay: _Layer, hh: int, ww: int, buf) -> cg.ClusterKernel:
         ly, g = lay.layer, lay.geo
         a, b = lay.tins
         if a.cbits != b.cbits:
@@ -888,23 +968,24 @@ class Planner:
         if not -(1 << 31) <= lam < 1 << 31 or max(ly.a_multiplier, ly.b_multiplier) > 0xFFFF \
                 or min(ly.a_multiplier, ly.b_multiplier) < 0 or not 0 <= rq.shift <= 31:
             raise MappingError(f"layer {ly.name}: add recipe does not fit the cluster ADD")
-        row_a = _al(hh * g.w * a.pix_bytes())
+        row_a = _al(hh * ww * a.pix_bytes())
         return cg.ClusterKernel(
             kernel="ADD", relu=int(relu), in_signed=int(a.stored_signed),
             b_signed=int(b.stored_signed), out_signed=int(lay.tout.stored_signed),
             in_bits=a.cbits, out_bits=lay.tout.cbits,
             shift=int(rq.shift), in_addr=buf("in"), w_addr=buf("in") + row_a,
             out_addr=buf("out"), kappa_a=int(ly.a_multiplier), kappa_b=int(ly.b_multiplier),
-            lambda_=lam, h_in=hh, w_in=g.w, c_in=g.c, c_out=g.c, h_out=hh, w_out=g.w)
+            lambda_=lam, h_in=hh, w_in=ww, c_in=g.c, c_out=g.c, h_out=hh, w_out=ww)
 
-    def _pool(self, lay: _Layer, rows: int, hh: int, ptop: int, pbot: int,
-              buf) -> cg.ClusterKernel:
+    def _pool(self, lay: _Layer, rows: int, hh: int, cols: int, ww: int,
+              pads: tuple[int, int, int, int], buf) -> cg.ClusterKernel:
         ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
+        ptop, pleft, pbot, pright = pads
         common = dict(in_signed=int(tin.stored_signed), out_signed=int(tout.stored_signed),
                       in_bits=tin.cbits, out_bits=tout.cbits, in_addr=buf("in"),
-                      out_addr=buf("out"), h_in=rows, w_in=g.w, c_in=g.c, c_out=g.c, h_out=hh,
-                      w_out=g.wo, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop,
-                      pad_bottom=pbot, pad_left=g.pads[1], pad_right=g.pads[3])
+                      out_addr=buf("out"), h_in=rows, w_in=cols, c_in=g.c, c_out=g.c, h_out=hh,
+                      w_out=ww, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, pad_top=ptop,
+                      pad_bottom=pbot, pad_left=pleft, pad_right=pright)
         if ly.kind == "max":
             if ly.requant is not None:
                 raise MappingError(f"layer {ly.name}: max pool that requantizes")
