@@ -646,6 +646,10 @@ class Planner:
         tins = [self.t[n] for n in ins]
         tout = self.t[ly.output]
         geo = _geometry(ly, tins[0], tout)
+        pt, pl, pb, pr = geo.pads
+        if max(pt, pb) >= geo.kh or max(pl, pr) >= geo.kw:
+            raise MappingError(f"layer {ly.name}: padding not smaller than the kernel (a window "
+                               "would read padding only)")
         lay = _Layer(ly, kind, eng, geo, tins, tout, self.cfg)
         self.layers[ly.name] = lay
         rbe_ok = kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)
