@@ -13,6 +13,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from tvm_accel.errors import AccelError
 from tvm_accel.lower import LoweredFunction, UnmappableLayers, lower_offloads
 from tvm_accel.partition import OffloadRecord, explain, partition
 from tvm_accel.target import AccelTarget
@@ -46,11 +47,33 @@ def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: Comp
     return mod
 
 
+def _check_knob_names(mod: tvm.IRModule, target: AccelTarget, patterns: list,
+                      knobs: dict | None) -> None:
+    """Every knob key names a layer of the model (a fused group ``a+b``: each of its layers)
+    or is one of the target's global options; an unknown name is an error naming the nearest
+    layers, not a knob silently ignored."""
+    keys = [k for k in (knobs or {}) if k not in target.global_knobs]
+    if not keys:
+        return
+    import difflib
+
+    names = {r.layer for r in explain(mod, patterns, target.name)}
+    for key in keys:
+        missing = [part for part in str(key).split("+") if part not in names]
+        if missing:
+            near = difflib.get_close_matches(missing[0], sorted(names), n=3)
+            raise AccelError(f"knobs: no layer named {missing[0]!r} in the model"
+                             + (f" (nearest: {', '.join(near)})" if near else "")
+                             + f"; global options of {target.name}: "
+                             + (", ".join(sorted(target.global_knobs)) or "none"))
+
+
 def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | None = None,
             report: CompileReport | None = None) -> tvm.IRModule:
     """Partition a canonical module and lower the offloaded functions (host ops untouched)."""
-    mod = target.prepare_offload(mod, config, knobs, report)
     patterns = target.pattern_table()
+    _check_knob_names(mod, target, patterns, knobs)
+    mod = target.prepare_offload(mod, config, knobs, report)
     excluded: dict[str, str] = {}  # layers the target could not map -> reason (CPU fallback)
     while True:
         parted = partition(mod, patterns, excluded)

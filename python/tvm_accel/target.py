@@ -48,6 +48,9 @@ class AccelTarget(ABC):
     def pattern_table(self) -> list[tuple]:
         """Pattern entries ``(name, pattern, annotations, check)``, highest priority first."""
 
+    #: knob keys that are options of the whole compile, not layer names
+    global_knobs: frozenset[str] = frozenset()
+
     @abstractmethod
     def compile_function(self, graph: LayerGraph, config: Any, knobs: dict | None = None,
                          name: str = "") -> bytes:

@@ -35,6 +35,7 @@ from tvm_dpu.hw_config import DPUConfig, load_config
 class DPUTarget(AccelTarget):
     name = "dpu"
     package = "tvm_dpu"
+    global_knobs = frozenset({"@fusion"})  # tvm_dpu.strategy.FUSION_KNOB
 
     def load_config(self, path_or_name=None) -> DPUConfig:
         return hw_config.load_config(path_or_name)

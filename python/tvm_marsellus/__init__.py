@@ -38,6 +38,7 @@ OP_KNOB = "operating_point"
 class MarsellusTarget(AccelTarget):
     name = "marsellus"
     package = "tvm_marsellus"
+    global_knobs = frozenset({OP_KNOB, "biased_hwc"})
 
     def load_config(self, path_or_name=None) -> MarsellusConfig:
         return hw_config.load_config(path_or_name)

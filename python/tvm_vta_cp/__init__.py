@@ -58,6 +58,7 @@ def _layer_knobs(knobs: dict | None) -> dict | None:
 class VTATarget(AccelTarget):
     name = "vta"
     package = "tvm_vta_cp"
+    global_knobs = frozenset({STRATEGY_KNOB})
 
     def load_config(self, path_or_name=None) -> VTAConfig:
         return hw_config.load_config(path_or_name)

@@ -92,3 +92,16 @@ def test_image_pack_search_yields_only_ordered_covering_packs():
     packs = [e for e in cs.embeddings if any(d in ("oh", "ow") for d in e.dims("x"))]
     assert packs and not [why for _, why in cs.rejected if "adjacent" in why]
     assert {c.rewrite.pack for c in cs.candidates} >= {(8, 1), (1, 8), (2, 4), (4, 2)}
+
+
+def test_a_knob_for_a_layer_the_model_does_not_have_is_an_error_naming_the_nearest():
+    import tvm
+
+    from tvm_accel.frontend import load_onnx
+
+    mod, _ = load_onnx(zoo.quantized("conv_residual", c=16, hw=8))
+    with pytest.raises(AccelError, match=r"no layer named 'convv'.*nearest: conv"):
+        tvm.compile(mod, target="llvm",
+                    relax_pipeline=tvm_vta_cp.pipeline(knobs={"convv": {"tile_h": 2}}))
+    # the target's global options are not layer names
+    tvm.compile(mod, target="llvm", relax_pipeline=tvm_vta_cp.pipeline(strategy="static"))
