@@ -35,8 +35,12 @@ def test_tune_then_compile_with_records_is_bit_exact_and_uses_the_best(tmp_path,
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "default cycles" in out and "tuned cycles" in out
+    assert ("tuned uJ" in out) == (target == "marsellus")  # energy only where it is modelled
     lines = _lines(records)
     assert lines and all(r["version"] == 0.2 and len(r["input"]) == 4 for r in lines)
+    energies = [r["measure"]["energy_uj"] for r in lines if r["result"][1] == 0]
+    assert energies and all((e is not None and e > 0) == (target == "marsellus")
+                            for e in energies)
     assert main(argv) == 0  # resumed: every point is already measured
     assert len(_lines(records)) == len(lines)
 

@@ -9,6 +9,9 @@ Resuming: points already in ``-o`` (an interrupted job) or in ``--tuning-records
 workload and hardware config are not measured again; they seed the tuner. Transfer learning:
 the XGBoost tuner of each task also learns from the measurements of the tasks tuned before it
 in the same job (their features include the loop structure, so a model carries over).
+
+The final table has one row per task: trials, default and tuned cycles, speedup, and for a
+target that reports energy (MARSELLUS) the energy in uJ of the default and the tuned config.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from tvm_accel.errors import AccelError
 from tvm_accel.tuning.task import Task
 
-__all__ = ["TUNERS", "add_tune_parser", "cmd_tune", "make_tuner"]
+__all__ = ["TUNERS", "TaskOutcome", "add_tune_parser", "cmd_tune", "make_tuner", "tune_model"]
 
 TUNERS = ("xgb", "ga", "random", "gridsearch")
 
@@ -45,7 +49,8 @@ def make_tuner(kind: str, task: Task, seed: int = 0, n_trial: int | None = None)
 
 
 class Progress:
-    """Per-task progress line on stderr: trials done, best cycles so far, errors, time."""
+    """Per-task progress line on stderr: trials done, best cycles so far, errors, time. Also
+    keeps the default's and the best's energy (uJ) for targets that report it."""
 
     def __init__(self, index: int, total: int, task: Task, n_trial: int, stream=None):
         self.index, self.total, self.task, self.n_trial = index, total, task, n_trial
@@ -53,6 +58,8 @@ class Progress:
         self.done = self.errors = 0
         self.best: int | None = None
         self.default: int | None = None
+        self.best_energy: float | None = None
+        self.default_energy: float | None = None
         self.t0 = time.perf_counter()
         self.default_config = task.space.default()
 
@@ -63,9 +70,9 @@ class Progress:
                 self.errors += 1
                 continue
             if self.best is None or res.cycles < self.best:
-                self.best = res.cycles
+                self.best, self.best_energy = res.cycles, res.energy_uj
             if self.default is None and inp.config == self.default_config:
-                self.default = res.cycles
+                self.default, self.default_energy = res.cycles, res.energy_uj
 
     def __call__(self, tuner, inputs, results) -> None:
         self.see(inputs, results)
@@ -121,10 +128,28 @@ def _check_flags(args) -> None:
                          f"{', '.join(TUNERS)})")
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+@dataclass
+class TaskOutcome:
+    """What tuning one task gave (a row of ``tvmc tune``'s table): trials and errors counted
+    (resumed points included), the default's and the best's cycles and energy (uJ, None for a
+    target without an energy model or when not measured) and the wall time the task took."""
+
+    task: Task
+    trials: int
+    errors: int
+    default_cycles: int | None
+    best_cycles: int | None
+    default_energy_uj: float | None
+    best_energy_uj: float | None
+    seconds: float
+
+
+def tune_model(args: argparse.Namespace) -> list[TaskOutcome]:
+    """The work of ``tvmc tune`` for parsed arguments: extract the tasks, tune each, append
+    the records; prints the header and the progress lines, returns one outcome per task
+    (empty when the model has no tunable layer)."""
     from tvm_accel.cli import _target_knobs, parse_target
     from tvm_accel.frontend import load_onnx
-    from tvm_accel.report import format_table
     from tvm_accel.target import get_target
     from tvm_accel.tuning.extract import extract_tasks
     from tvm_accel.tuning.measure import Measurer, measure_option
@@ -149,10 +174,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     tasks = extract_tasks(mod, target, cfg, _target_knobs(accel, args), host, precision)
     if not tasks:
         print(f"no tunable layers for {accel} in {args.model}")
-        return 0
+        return []
     print(f"tuning {len(tasks)} task(s) for {accel} ({cfg.name}) with {args.tuner}, "
           f"{args.trials} trials each -> {args.output}")
-    rows, earlier = [], []
+    outcomes, earlier = [], []
     option = measure_option(timeout=args.timeout, n_parallel=args.parallel)
     with Measurer(option) as measurer:
         for i, task in enumerate(tasks, 1):
@@ -168,14 +193,41 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            callbacks=(log_to_file(args.output), progress), measurer=measurer)
             progress.line(end="\n")
             earlier += tuner.history  # this task's points, the resumed ones included
-            if progress.best is None:
-                rows.append((task.name, ", ".join(task.layers), progress.done, "-", "-", "-",
-                             f"no valid configuration ({progress.errors} errors)"))
-                continue
-            default = progress.default
-            rows.append((task.name, ", ".join(task.layers), progress.done,
-                         f"{default:,}" if default else "-", f"{progress.best:,}",
-                         f"{default / progress.best:.2f}x" if default else "-", ""))
-    print(format_table(["task", "layers", "trials", "default cycles", "tuned cycles",
-                        "speedup", "note"], rows))
+            outcomes.append(TaskOutcome(task, progress.done, progress.errors, progress.default,
+                                        progress.best, progress.default_energy,
+                                        progress.best_energy,
+                                        time.perf_counter() - progress.t0))
+    return outcomes
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``tvmc tune``: :func:`tune_model`, then its table (energy columns only when a task
+    reported energy)."""
+    from tvm_accel.report import format_table
+
+    outcomes = tune_model(args)
+    if not outcomes:
+        return 0
+    energy = any(o.default_energy_uj is not None or o.best_energy_uj is not None
+                 for o in outcomes)
+    rows = []
+    for o in outcomes:
+        row = [o.task.name, ", ".join(o.task.layers), o.trials]
+        if o.best_cycles is None:
+            row += ["-", "-", "-"] + (["-", "-"] if energy else []) + [
+                f"no valid configuration ({o.errors} errors)"]
+        else:
+            d = o.default_cycles
+            row += [f"{d:,}" if d else "-", f"{o.best_cycles:,}",
+                    f"{d / o.best_cycles:.2f}x" if d else "-"]
+            row += [_energy(o.default_energy_uj), _energy(o.best_energy_uj)] if energy else []
+            row.append("")
+        rows.append(row)
+    heads = ["task", "layers", "trials", "default cycles", "tuned cycles", "speedup",
+             *(["default uJ", "tuned uJ"] if energy else []), "note"]
+    print(format_table(heads, rows))
     return 0
+
+
+def _energy(uj: float | None) -> str:
+    return "-" if uj is None else f"{uj:.3f}"

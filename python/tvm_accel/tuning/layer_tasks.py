@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,8 @@ from tvm_accel.knobs import KnobSpace
 from tvm_accel.layers import LayerGraph, Requant, Tensor
 from tvm_accel.tuning.task import Task
 
-__all__ = ["layer_inputs", "layer_tasks", "layer_workload", "measure_layer",
-           "single_layer_graph"]
+__all__ = ["layer_cost", "layer_inputs", "layer_tasks", "layer_workload", "measure_layer",
+           "run_layer", "single_layer_graph"]
 
 _NAMES = frozenset({"name", "input", "output", "inputs", "outputs"})
 
@@ -72,11 +72,11 @@ def single_layer_graph(layer, graph: LayerGraph) -> LayerGraph:
     return LayerGraph(tensors, [layer], list(dict.fromkeys(ins)), [layer.output])
 
 
-def measure_layer(context: tuple[str, LayerGraph, Any], config: dict
-                  ) -> tuple[int, float, float | None]:
-    """Simulated cycles and seconds of a one-layer graph under ``config``: ``context`` is
-    ``(target package, graph, hardware config)``. An invalid configuration raises
-    ``ValueError`` (from the strategy's knob check)."""
+def run_layer(context: tuple[str, LayerGraph, Any], config: dict) -> tuple[Any, list]:
+    """Plan the one-layer graph of ``context`` (``(target package, graph, hardware config)``)
+    under ``config`` and run it on the simulator with seeded random inputs: ``(program,
+    [(layer, stats), ...])`` as the target's ``runtime.execute_program`` returns them. An
+    invalid configuration raises ``ValueError`` (from the strategy's knob check)."""
     package, graph, cfg = context
     plan = importlib.import_module(f"{package}.strategy").plan
     execute = importlib.import_module(f"{package}.runtime").execute_program
@@ -90,8 +90,23 @@ def measure_layer(context: tuple[str, LayerGraph, Any], config: dict
         inputs[name] = rng.integers(lo, hi + 1, size=t.shape).astype(t.dtype)
     prog = plan(graph, cfg, {layer.name: dict(config)})
     _, stats = execute(prog, inputs, cfg)
+    return prog, stats
+
+
+def measure_layer(context: tuple[str, LayerGraph, Any], config: dict
+                  ) -> tuple[int, float, float | None]:
+    """Simulated cycles and seconds of a one-layer graph under ``config`` (see
+    :func:`run_layer`); no energy (targets that model it pass their own ``measure`` to
+    :func:`layer_tasks`)."""
+    cycles, seconds = layer_cost(context, run_layer(context, config)[1])
+    return cycles, seconds, None
+
+
+def layer_cost(context: tuple[str, LayerGraph, Any], stats: list) -> tuple[int, float]:
+    """Cycles summed over a run's per-layer ``stats`` and the seconds they take at the
+    config's ``CLOCK_MHZ``."""
     cycles = int(sum(st.cycles for _, st in stats))
-    return cycles, cycles / (float(cfg.CLOCK_MHZ) * 1e6), None
+    return cycles, cycles / (float(context[2].CLOCK_MHZ) * 1e6)
 
 
 def _loop_features(layer, graph: LayerGraph) -> tuple[float, ...]:
@@ -106,8 +121,12 @@ def _loop_features(layer, graph: LayerGraph) -> tuple[float, ...]:
 
 
 def layer_tasks(target: str, package: str, graph: LayerGraph, cfg: Any,
-                spaces: Mapping[str, KnobSpace]) -> list[Task]:
-    """One task per layer of ``graph`` that has a knob space in ``spaces`` (layer order)."""
+                spaces: Mapping[str, KnobSpace],
+                measure: Callable[[Any, dict], tuple[int, float, float | None]] = measure_layer
+                ) -> list[Task]:
+    """One task per layer of ``graph`` that has a knob space in ``spaces`` (layer order),
+    measured by ``measure`` (a module-level function, so workers can unpickle it; default
+    :func:`measure_layer`, cycles only)."""
     tasks = []
     for layer in graph.layers:
         space = spaces.get(layer.name)
@@ -118,7 +137,7 @@ def layer_tasks(target: str, package: str, graph: LayerGraph, cfg: Any,
         tasks.append(Task(
             name=f"{target}.{op}",
             target=target, workload=layer_workload(layer, graph), space=space,
-            measure=measure_layer, context=(package, single_layer_graph(layer, graph), cfg),
+            measure=measure, context=(package, single_layer_graph(layer, graph), cfg),
             layers=[layer.name], config_name=getattr(cfg, "name", ""),
             config_fingerprint=cfg.fingerprint.hex(),
             loop_features=_loop_features(layer, graph)))
