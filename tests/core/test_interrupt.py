@@ -119,6 +119,15 @@ def _sigint_after(seconds: float) -> threading.Timer:
     return t
 
 
+@pytest.fixture(autouse=True)
+def sigint_raises():
+    """Python's Ctrl-C handler, also when the suite runs where SIGINT is ignored (a background
+    job of a non-interactive shell inherits SIG_IGN, and Python then keeps it)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.mark.parametrize("target", list(LONG))
 def test_ctrl_c_stops_a_long_instruction_within_a_second(target):
     run = LONG[target]()
@@ -258,7 +267,8 @@ def test_max_cycles_must_be_a_positive_integer(package, capsys, value, needle):
 #: runs tvmc in a fresh process whose VTA binding runs the long GEMM instead of the package's
 #: program (through the VM's packed-function call, as a real long layer would)
 DRIVER = textwrap.dedent("""
-    import pathlib, sys
+    import pathlib, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     import tvm_vta_cp.simulator as sim
     from tvm_vta_cp.codegen import ISA, FinishInsn, GemmInsn
     from tvm_vta_cp.hw_config import load_config
