@@ -86,6 +86,11 @@ def cmd_compile(args) -> int:
 
     accel, host = parse_target(args.target)
     _check_output_path(args.output)
+    if args.dump_offloads not in (None, "-") and (
+            os.path.isdir(args.dump_offloads)
+            or not os.path.isdir(os.path.dirname(os.path.abspath(args.dump_offloads)))):
+        raise AccelError(f"--dump-offloads {args.dump_offloads}: not a file in an existing "
+                         "directory")
     precision = None
     if getattr(args, "precision_config", None):
         from tvm_accel.precision import load_precision
@@ -157,8 +162,33 @@ def cmd_compile(args) -> int:
             lay = {d.layer: d.summary() for d in report.layouts}
             rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
             heads = [*heads[:-1], "embedding", "reason"]
-        print(format_table(heads, rows))
+        table = format_table(heads, rows)
+        if args.dump_offloads == "-":
+            print(table)
+        else:
+            try:
+                with open(args.dump_offloads, "w") as f:
+                    f.write(table + "\n")
+            except OSError as e:
+                raise AccelError(f"--dump-offloads {args.dump_offloads}: cannot write it "
+                                 f"({e.strerror})") from None
+            print(f"offloads -> {args.dump_offloads}")
     return 0
+
+
+def _version_line() -> str:
+    """``tvmc --version``: this package's version and the TVM it runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("tvm-accel")
+    except PackageNotFoundError:
+        mine = "unknown"
+    try:
+        tvm_v = version("apache-tvm")
+    except PackageNotFoundError:
+        tvm_v = "not installed"
+    return f"tvmc (tvm-accel) {mine}, Apache TVM {tvm_v}"
 
 
 def _check_output_path(path: str, example: str = "module.tar", what: str = "package") -> None:
@@ -434,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "simulators through Apache TVM.")
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="on an error, also print the traceback (for a bug report)")
+    p.add_argument("--version", action="version", version=_version_line())
     sub = p.add_subparsers(dest="verb", required=True)
     c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
     c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
@@ -443,8 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--precision-config", metavar="FILE",
                    help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
                    '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
-    c.add_argument("--dump-offloads", action="store_true",
-                   help="list every layer, where it runs and why")
+    c.add_argument("--dump-offloads", nargs="?", const="-", metavar="FILE",
+                   help="list every layer, where it runs and why (to FILE, or stdout: '-' "
+                   "or no value)")
     c.add_argument("--tuning-records", metavar="FILE",
                    help="apply the best configuration per workload from 'tvmc tune' records")
     c.set_defaults(func=cmd_compile)

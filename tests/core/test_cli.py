@@ -28,3 +28,29 @@ def test_compile_of_a_non_onnx_file_names_the_file(tmp_path, capsys):
     rc = main(["compile", str(bad), "--target", "vta, llvm"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "garbage.onnx" in err[0]
+
+
+def test_version_names_this_package_and_tvm(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("tvmc (tvm-accel)") and "Apache TVM" in out
+
+
+def test_dump_offloads_writes_the_table_to_a_file(tmp_path, capsys):
+    import onnx
+
+    from tvm_accel import zoo
+
+    model = tmp_path / "m.onnx"
+    onnx.save(zoo.quantized("conv_residual", c=16, hw=8), model)
+    dump = tmp_path / "offloads.txt"
+    assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "m.tar"),
+                 "--dump-offloads", str(dump)]) == 0
+    assert f"offloads -> {dump}" in capsys.readouterr().out
+    text = dump.read_text()
+    assert text.startswith("layer ") and "conv" in text and "vta" in text
+    rc = main(["compile", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "m2.tar"),
+               "--dump-offloads", str(tmp_path / "no" / "x.txt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--dump-offloads" in err[0]
