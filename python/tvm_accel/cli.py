@@ -14,6 +14,7 @@ one ``internal error`` line and exit 1. ``-v/--verbose`` adds the traceback for 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -331,13 +332,17 @@ def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
     from tvm_accel.profiler import profiling, time_host_functions
 
     vm = pkg.vm()
-    if args.profile or args.trace:
+    if args.profile or args.trace or args.profile_csv:
         with profiling(args.trace) as prof:
             timed = pkg.vm()
             time_host_functions(timed, pkg.meta.host_functions, prof)
             result = timed["main"](*inputs)
         if args.profile:
             print(prof.table())
+            print("summary: " + json.dumps(prof.summary(), sort_keys=True))
+        if args.profile_csv:
+            prof.write_csv(args.profile_csv)
+            print(f"per-layer profile written to {args.profile_csv}")
         if args.trace:
             print(f"timeline written to {args.trace}")
     else:
@@ -493,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=3, help="runs timed by --print-time")
     r.add_argument("--profile", action="store_true",
                    help="per-layer table: cycles, utilization, bytes moved")
+    r.add_argument("--profile-csv", metavar="FILE",
+                   help="write the per-layer profile as CSV (one row per layer)")
     r.add_argument("--trace", metavar="JSON", help="write a Chrome-trace timeline of the run")
     r.add_argument("--max-cycles", type=int, metavar="N",
                    help="cycle budget of each simulator run (one per accelerator layer, "

@@ -128,6 +128,41 @@ class Profiler:
                                                 "measured (us)"], rows, align="llrrr")
         return text
 
+    def write_csv(self, path: str) -> None:
+        """One row per layer record (the ``--profile`` table's columns, unformatted, plus the
+        target's extra counters as JSON) for spreadsheets and scripts."""
+        import csv
+
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["function", "layer", "op", "engine", "shape", "macs", "cycles",
+                        "utilization", "bytes_moved", "time_us", "energy_uj", "bound", "extra"])
+            for r in self.records:
+                w.writerow([r.function, r.layer, r.op, r.engine, r.shape, r.macs, r.cycles,
+                            f"{r.utilization:.6f}", r.bytes_moved, f"{r.time_us:.3f}",
+                            r.extra.get("energy_uj", ""), r.bound,
+                            json.dumps(r.extra, default=str, sort_keys=True)])
+
+    def summary(self) -> dict:
+        """Totals of the run: layers, MACs, cycles, time, bytes, energy (when modelled), the
+        layers by bound and the host rewrites' modelled cycles."""
+        out = {"layers": len(self.records), "macs": sum(r.macs for r in self.records),
+               "cycles": sum(r.cycles for r in self.records),
+               "time_us": round(sum(r.time_us for r in self.records), 3),
+               "bytes_moved": sum(r.bytes_moved for r in self.records)}
+        if any("energy_uj" in r.extra for r in self.records):
+            out["energy_uj"] = round(sum(r.extra.get("energy_uj", 0.0) for r in self.records),
+                                     6)
+        bounds: dict[str, int] = {}
+        for r in self.records:
+            if r.bound:
+                bounds[r.bound] = bounds.get(r.bound, 0) + 1
+        if bounds:
+            out["bound"] = bounds
+        if self.host:
+            out["host_model_cycles"] = round(sum(h.model_cycles for h in self.host), 1)
+        return out
+
     def write_trace(self) -> None:
         if self.trace_path is None:
             return

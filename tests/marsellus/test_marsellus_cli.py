@@ -24,9 +24,20 @@ def test_tvmc_compile_run_profile_and_disassemble(tmp_path, capsys):
                  "0.65", "--target-marsellus-abb", "-o", str(pkg), "--dump-offloads"]) == 0
     out = capsys.readouterr().out
     assert "on marsellus" in out and "marsellus.qconv2d" in out
-    assert main(["run", str(pkg), "--profile"]) == 0
+    csv_path = tmp_path / "profile.csv"
+    assert main(["run", str(pkg), "--profile", "--profile-csv", str(csv_path)]) == 0
     out = capsys.readouterr().out
     assert "energy at 0.65 V, 400 MHz with ABB" in out
+    import csv
+    import json
+
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["layer"] for r in rows] == ["conv", "add"]
+    assert all(float(r["energy_uj"]) > 0 and r["bound"].endswith(" bound") for r in rows)
+    summary = json.loads(next(ln for ln in out.splitlines()
+                              if ln.startswith("summary: "))[len("summary: "):])
+    assert summary["layers"] == 2 and summary["cycles"] == sum(int(r["cycles"]) for r in rows)
+    assert summary["energy_uj"] > 0 and sum(summary["bound"].values()) == 2
     assert "RBE" in out and "cluster" in out and "energy (uJ)" in out
     # Fig. 18's labels: every layer says what bounds it
     rows = [ln for ln in out.splitlines() if ln.startswith(("conv ", "add "))]
