@@ -102,7 +102,7 @@ def cmd_compile(args) -> int:
     t0 = time.perf_counter()
     if accel is None:
         ex = compile_reference(mod, None, host, precision=precision)
-        report, config = None, ""
+        report, config, cfg, knobs = None, "", None, None
     else:
         target = get_target(accel)
         given = getattr(args, f"target_{accel}_config", None)
@@ -134,10 +134,14 @@ def cmd_compile(args) -> int:
     blobs = {f.name: f.blob for f in report.functions} if report else {}
     save_package(args.output, ex, PackageMetadata(
         accel or "", host, config, inputs, outputs, offloads,
-        host_functions=list(report.host_functions) if report else []), blobs)
+        host_functions=list(report.host_functions) if report else [], tool=_version_line(),
+        config_fields=cfg.to_json() if cfg is not None else {}, knobs=knobs or {}), blobs)
     n_acc = sum(1 for r in offloads if r["placement"] != "cpu")
     print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
           f"{accel or 'cpu'}, {len(offloads) - n_acc} on the cpu -> {args.output}")
+    if accel:
+        print(f"config {config}; knobs {json.dumps(knobs or {}, sort_keys=True)}; "
+              f"{_version_line()}")
     if float_model and n_acc == 0:
         print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), so "
               f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "

@@ -50,6 +50,11 @@ class PackageMetadata:
     host_functions: list[dict] = field(default_factory=list)
     #: archive name -> {"size": bytes, "sha256": hex digest} of every file but metadata.json
     files: dict[str, dict] = field(default_factory=dict)
+    #: the tool that wrote it (``tvmc --version``), the hardware config's fields and the
+    #: compile-time knobs (strategy, operating point, ...), so a package says how it was built
+    tool: str = ""
+    config_fields: dict = field(default_factory=dict)
+    knobs: dict = field(default_factory=dict)
     #: sha256 of the metadata without this field (see :func:`metadata_digest`)
     digest: str = ""
 
@@ -218,13 +223,13 @@ def read_blobs(path: str) -> dict[str, bytes]:
         if f.read(len(MAGIC)) == MAGIC:
             f.seek(0)
             return {os.path.basename(path): f.read()}
-    try:
-        with tarfile.open(path, "r") as tar:
-            return {m.name[len("blobs/"):-len(".bin")]: tar.extractfile(m).read()
-                    for m in tar.getmembers() if m.name.startswith("blobs/") and m.isfile()}
-    except (tarfile.TarError, EOFError) as e:
-        raise PackageError(f"{path}: neither a program blob nor a compiled package, or a "
-                           f"truncated one: {e}") from None
+    members = _read_members(path)  # a package: checked like load_package does
+    if "metadata.json" not in members:
+        raise PackageError(f"{path}: neither a program blob nor a compiled package (no "
+                           "metadata.json)")
+    _check_files(path, _parse_metadata(path, members["metadata.json"]), members)
+    return {n[len("blobs/"):-len(".bin")]: data for n, data in members.items()
+            if n.startswith("blobs/")}
 
 
 def outputs_to_numpy(result) -> list[np.ndarray]:

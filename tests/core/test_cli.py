@@ -47,7 +47,15 @@ def test_dump_offloads_writes_the_table_to_a_file(tmp_path, capsys):
     dump = tmp_path / "offloads.txt"
     assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "m.tar"),
                  "--dump-offloads", str(dump)]) == 0
-    assert f"offloads -> {dump}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"offloads -> {dump}" in out and "config vta_1x16x16; knobs" in out
+    import json
+    import tarfile
+
+    with tarfile.open(tmp_path / "m.tar") as tar:
+        meta = json.load(tar.extractfile("metadata.json"))
+    assert meta["tool"].startswith("tvmc (tvm-accel)")
+    assert meta["config_fields"]["LOG_BLOCK_IN"] == 4 and isinstance(meta["knobs"], dict)
     text = dump.read_text()
     assert text.startswith("layer ") and "conv" in text and "vta" in text
     rc = main(["compile", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "m2.tar"),
