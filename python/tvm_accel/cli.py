@@ -139,14 +139,14 @@ def cmd_compile(args) -> int:
     n_acc = sum(1 for r in offloads if r["placement"] != "cpu")
     print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
           f"{accel or 'cpu'}, {len(offloads) - n_acc} on the cpu -> {args.output}")
-    if accel:
-        print(f"config {config}; knobs {json.dumps(knobs or {}, sort_keys=True)}; "
-              f"{_version_line()}")
     if float_model and n_acc == 0:
         print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), so "
               f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "
               f"-o {default_output(args.model)}"
               f"{' --scheme power-of-two' if accel == 'dpu' else ''}")
+    if accel:
+        print(f"config {config}; knobs {json.dumps(knobs or {}, sort_keys=True)}; "
+              f"{_version_line()}")
     if args.dump_offloads and report:
         err = {r.layer: r for r in report.numerics} if report.numerics else {}
         rows = []
