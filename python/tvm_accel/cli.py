@@ -20,7 +20,6 @@ import re
 import sys
 import time
 import traceback
-import zipfile
 from dataclasses import asdict
 
 import numpy as np
@@ -234,28 +233,6 @@ def _target_knobs(accel: str, args) -> dict | None:
     return {OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
 
 
-def _read_inputs(path: str) -> dict[str, np.ndarray]:
-    """Arrays of an ``--inputs`` .npz by name, read eagerly so a bad member (object arrays,
-    which would need pickle) fails here with the file named."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
-    except OSError as e:
-        raise AccelError(f"{path}: cannot read inputs: {e.strerror or e}") from None
-    if head == b"\x93NUMPY":
-        raise AccelError(f"{path}: is a single .npy array; --inputs wants a .npz with one array "
-                         "per model input, e.g. np.savez('inputs.npz', <input name>=array)")
-    if head[:2] != b"PK":
-        raise AccelError(f"{path}: not a .npz file; write the inputs with np.savez('inputs.npz',"
-                         " <input name>=array)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise AccelError(f"{path}: cannot read inputs: {e} (save plain numeric arrays with "
-                         "np.savez)") from None
-
-
 def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
     """``arr`` as the model input ``spec`` describes: same shape, real numbers, finite."""
     if arr.dtype.kind not in "biuf":
@@ -270,7 +247,9 @@ def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
 
 
 def _make_inputs(meta, args) -> list[np.ndarray]:
-    data = _read_inputs(args.inputs) if args.inputs else {}
+    from tvm_accel.frontend import read_npz
+
+    data = read_npz(args.inputs, args.inputs, "inputs") if args.inputs else {}
     rng = np.random.default_rng(0)
     out = []
     for spec in meta.inputs:

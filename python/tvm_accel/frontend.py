@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import onnx
 import tvm
 from tvm import relax
 
-from tvm_accel.errors import ModelError
+from tvm_accel.errors import AccelError, ModelError
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16",
                 11: "float64", 9: "bool"}
@@ -299,3 +300,28 @@ def random_inputs(info: ModelInfo, seed: int = 0) -> dict[str, np.ndarray]:
         else:
             out[name] = rng.integers(0, 10, shape).astype(dtype)
     return out
+
+
+def read_npz(path: str, where: str, what: str,
+             error: type[AccelError] = AccelError) -> dict[str, np.ndarray]:
+    """Arrays of a ``.npz`` of model inputs by name (``tvmc run --inputs``, ``tvmc quantize
+    --calibration``), read eagerly with pickle off so a bad member fails here. Errors are
+    ``error`` one-liners starting with ``where`` and saying what could not be read (``what``):
+    a plain ``.npy``, a file that is not a ``.npz``, object or damaged members."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise error(f"{where}: cannot read {what}: {e.strerror or e}") from None
+    if head == b"\x93NUMPY":
+        raise error(f"{where}: is a single .npy array; give a .npz with one array per model "
+                    "input, e.g. np.savez('inputs.npz', <input name>=array)")
+    if head[:2] != b"PK":
+        raise error(f"{where}: not a .npz file; write it with np.savez('inputs.npz', "
+                    "<input name>=array)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise error(f"{where}: cannot read {what}: {e} (save plain numeric arrays with "
+                    "np.savez)") from None

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import warnings
-import zipfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 import onnx
 
 from tvm_accel.errors import AccelError, ModelError
+from tvm_accel.frontend import read_npz
 
 #: weight-scale schemes, see the module docstring
 SCHEMES = ("per-channel", "per-tensor", "power-of-two")
@@ -117,28 +117,6 @@ def load_model(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelPr
     return m, where
 
 
-def _read_npz(path: str) -> dict[str, np.ndarray]:
-    """Arrays of a calibration ``.npz`` by name, read eagerly (no pickle)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
-    except OSError as e:
-        raise CalibrationError(f"--calibration {path}: cannot read: {e.strerror or e}") from None
-    if head == b"\x93NUMPY":
-        raise CalibrationError(f"--calibration {path}: is a single .npy array; give a .npz with "
-                               "one array per model input, np.savez('inputs.npz', "
-                               "<input name>=samples)")
-    if head[:2] != b"PK":
-        raise CalibrationError(f"--calibration {path}: not a .npz file; write it with "
-                               "np.savez('inputs.npz', <input name>=samples)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CalibrationError(f"--calibration {path}: cannot read: {e} (save plain numeric "
-                               "arrays with np.savez)") from None
-
-
 def calibration_samples(model: onnx.ModelProto,
                         data: str | os.PathLike | Mapping[str, np.ndarray],
                         samples: int | None = None) -> list[dict[str, np.ndarray]]:
@@ -151,7 +129,11 @@ def calibration_samples(model: onnx.ModelProto,
     inputs with different sample counts."""
     where = f"--calibration {os.fspath(data)}" if isinstance(data, (str, os.PathLike)) \
         else "calibration data"
-    arrays = _read_npz(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else dict(data)
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        arrays = read_npz(path, f"--calibration {path}", "calibration data", CalibrationError)
+    else:
+        arrays = dict(data)
     if samples is not None and samples < 1:
         raise CalibrationError(f"--samples {samples}: give at least 1 calibration sample")
     split: dict[str, list[np.ndarray]] = {}
