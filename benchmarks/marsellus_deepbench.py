@@ -15,7 +15,6 @@ Figures are information for issue notes, never assertions.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 import time
@@ -24,29 +23,18 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import DEFAULT_CSV  # noqa: E402
+from vta_deepbench import DEFAULT_CSV, load_rows, make_layer  # noqa: E402
 
-from tvm_accel.layers import ConvLayer, LayerGraph, Tensor, conv_output_shape  # noqa: E402
+from tvm_accel.layers import Requant  # noqa: E402
 
 
-def make_layer(row: dict, seed: int) -> tuple[LayerGraph, dict[str, np.ndarray]]:
-    """The CSV row as a one-conv int8 graph (recipe from MARSELLUS' numerics) and its input."""
+def marsellus_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
+    """A NormQuant-compatible recipe spreading the accumulator bound over int8."""
     from tvm_marsellus.numerics import requant_recipe
 
-    w, h, c, n, k = (int(row[x]) for x in ("w", "h", "c", "n", "k"))
-    fw, fh, pw, ph = (int(row[x]) for x in ("filter_w", "filter_h", "pad_w", "pad_h"))
-    sw, sh = int(row["stride_w"]), int(row["stride_h"])
-    rng = np.random.default_rng(seed)
-    weight = rng.integers(-128, 128, size=(k, c, fh, fw), dtype=np.int64)
-    bias = rng.integers(-(1 << 12), 1 << 12, size=k, dtype=np.int64)
+    k = weight.shape[0]
     bound = np.abs(weight).reshape(k, -1).sum(1) * 128 + np.abs(bias)
-    rq = requant_recipe(127.0 / (0.05 * bound + 1), bound, 0, -128, 127)
-    layer = ConvLayer(f"conv{row['id']}", "x", "y", weight, bias, 0, (sh, sw), (ph, pw, ph, pw),
-                      rq)
-    out = conv_output_shape(layer, (n, c, h, w))
-    graph = LayerGraph({"x": Tensor("x", (n, c, h, w), "int8"), "y": Tensor("y", out, "int8")},
-                       [layer], ["x"], ["y"])
-    return graph, {"x": rng.integers(-128, 128, size=(n, c, h, w)).astype(np.int8)}
+    return requant_recipe(127.0 / (0.05 * bound + 1), bound, 0, -128, 127)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,16 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     from tvm_marsellus.strategy import MappingError, plan
 
     cfg = load_config(args.config)
-    rows = list(csv.DictReader(open(args.csv)))
-    if args.ids:
-        keep = {int(i) for i in args.ids.split(",")}
-        rows = [r for r in rows if int(r["id"]) in keep]
-    if args.limit:
-        rows = rows[:args.limit]
+    rows = load_rows(args.csv, args.ids, args.limit)
     table, utils, failed, exact = [], [], [], True
     t_compile = t_sim = 0.0
     for row in rows:
-        graph, inputs = make_layer(row, int(row["id"]))
+        graph, inputs = make_layer(row, int(row["id"]), marsellus_recipe)
         layer = graph.layers[0]
         shape = (f"{graph.tensors['x'].shape}->{layer.weight.shape[0]} "
                  f"{layer.kernel[0]}x{layer.kernel[1]} s{layer.strides[0]}")

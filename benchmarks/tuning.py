@@ -35,7 +35,6 @@ for issue notes, never assertions.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import statistics
@@ -109,18 +108,14 @@ def deepbench_tasks(args) -> list:
     """One VTA task per DeepBench conv (the first ``--limit``), each built as its own one-layer
     graph the way ``benchmarks/vta_deepbench.py`` builds it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vta_deepbench import make_layer
+    from vta_deepbench import load_rows, make_layer
 
     from tvm_accel.target import get_target
 
     target = get_target(args.target)
     cfg = target.load_config(args.config)
-    with open(args.deepbench) as f:
-        rows = list(csv.DictReader(f))
-    if args.limit:
-        rows = rows[:args.limit]
     tasks = []
-    for row in rows:
+    for row in load_rows(args.deepbench, limit=args.limit):
         graph, _ = make_layer(row, seed=int(row["id"]))
         found = target.tuning_tasks(graph, cfg)
         if not found:

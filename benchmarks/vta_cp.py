@@ -30,7 +30,6 @@ Figures are information for issue notes, never assertions.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import DEFAULT_CSV, _requant  # noqa: E402
+from vta_deepbench import DEFAULT_CSV, _requant, load_rows  # noqa: E402
 
 from tvm_accel.layers import ConvLayer  # noqa: E402
 
@@ -108,12 +107,11 @@ def make_conv(name: str, shape, k: int, kernel, pad, stride, dil: int, seed: int
 
 def deepbench_specs(path: str) -> list[tuple]:
     specs = []
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            g = {k: int(v) for k, v in r.items()}
-            specs.append((g["id"], ((g["n"], g["c"], g["h"], g["w"]), g["k"],
-                                    (g["filter_h"], g["filter_w"]), (g["pad_h"], g["pad_w"]),
-                                    (g["stride_h"], g["stride_w"]), 1)))
+    for r in load_rows(path):
+        g = {k: int(v) for k, v in r.items()}
+        specs.append((g["id"], ((g["n"], g["c"], g["h"], g["w"]), g["k"],
+                                (g["filter_h"], g["filter_w"]), (g["pad_h"], g["pad_w"]),
+                                (g["stride_h"], g["stride_w"]), 1)))
     return specs
 
 

@@ -51,7 +51,20 @@ def _requant(weight: np.ndarray, bias: np.ndarray) -> Requant:
         return Requant(pre, m, np.full(k, (1 << shift) >> 1), shift, 0, -128, 127, scale)
 
 
-def make_layer(row: dict, seed: int):
+def load_rows(path: str, ids: str = "", limit: int = 0) -> list[dict]:
+    """The CSV's layer rows; ``ids`` (comma-separated) keeps those layers, ``limit`` the first
+    N (shared by the DeepBench benchmarks of every target)."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if ids:
+        keep = {int(i) for i in ids.split(",")}
+        rows = [r for r in rows if int(r["id"]) in keep]
+    return rows[:limit] if limit else rows
+
+
+def make_layer(row: dict, seed: int, recipe=None):
+    """The row as a one-conv int8 graph with seeded random weights, bias and input;
+    ``recipe(weight, bias) -> Requant`` gives the target's requantize recipe (default VTA's)."""
     w, h, c, n, k = (int(row[x]) for x in ("w", "h", "c", "n", "k"))
     fw, fh, pw, ph = (int(row[x]) for x in ("filter_w", "filter_h", "pad_w", "pad_h"))
     sw, sh = int(row["stride_w"]), int(row["stride_h"])
@@ -59,7 +72,7 @@ def make_layer(row: dict, seed: int):
     weight = rng.integers(-128, 128, size=(k, c, fh, fw), dtype=np.int64)
     bias = rng.integers(-(1 << 12), 1 << 12, size=k, dtype=np.int64)
     layer = ConvLayer(f"conv{row['id']}", "x", "y", weight, bias, 0, (sh, sw), (ph, pw, ph, pw),
-                      _requant(weight, bias))
+                      (recipe or _requant)(weight, bias))
     out = conv_output_shape(layer, (n, c, h, w))
     graph = LayerGraph({"x": Tensor("x", (n, c, h, w), "int8"), "y": Tensor("y", out, "int8")},
                        [layer], ["x"], ["y"])
@@ -81,12 +94,7 @@ def main(argv=None) -> int:
     from tvm_vta_cp.strategy import plan
 
     cfg = load_config(args.config)
-    rows = list(csv.DictReader(open(args.csv)))
-    if args.ids:
-        ids = {int(i) for i in args.ids.split(",")}
-        rows = [r for r in rows if int(r["id"]) in ids]
-    if args.limit:
-        rows = rows[: args.limit]
+    rows = load_rows(args.csv, args.ids, args.limit)
 
     hdr = (f"{'id':>3} {'shape':<42} {'MACs':>12} {'cycles':>12} {'util':>6} {'pad':>6} "
            f"{'insns':>7} {'compile':>8} {'sim':>7}  knobs")
