@@ -16,14 +16,14 @@ that choice) and transposed convs (their knobs are per sub-convolution phase).
 
 from __future__ import annotations
 
-import numpy as np
-
 from tvm_accel.layers import DeconvLayer, LayerGraph, Tensor
 from tvm_accel.tuning.layer_tasks import (
-    _loop_features,
+    layer_cost,
     layer_inputs,
     layer_tasks,
     layer_workload,
+    loop_features,
+    seeded_inputs,
 )
 from tvm_accel.tuning.task import Task
 from tvm_dpu.hw_config import DPUConfig
@@ -71,18 +71,11 @@ def measure_group(context: tuple[LayerGraph, DPUConfig, str], config: dict
     from tvm_dpu.strategy import FUSION_KNOB, plan
 
     graph, cfg, name = context
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for t in graph.inputs:
-        info = np.iinfo(graph.tensors[t].dtype)
-        inputs[t] = rng.integers(int(info.min), int(info.max) + 1,
-                                 size=graph.tensors[t].shape).astype(graph.tensors[t].dtype)
     prog = plan(graph, cfg, {name: dict(config), FUSION_KNOB: {name: True, "parallel": False}})
     if prog.fusion is None or name not in prog.fusion.chosen:
         raise ValueError(f"fusion candidate {name} was not built as one group")
-    _, stats = execute_program(prog, inputs, cfg)
-    cycles = int(sum(st.cycles for _, st in stats))
-    return cycles, cycles / (float(cfg.CLOCK_MHZ) * 1e6), None
+    _, stats = execute_program(prog, seeded_inputs(graph), cfg)
+    return (*layer_cost(stats, cfg), None)
 
 
 def _group_tasks(graph: LayerGraph, cfg: DPUConfig) -> list[Task]:
@@ -116,5 +109,5 @@ def _group_tasks(graph: LayerGraph, cfg: DPUConfig) -> list[Task]:
             measure=measure_group, context=(group_graph(graph, c.layers), cfg, c.name),
             layers=[c.name], config_name=getattr(cfg, "name", ""),
             config_fingerprint=cfg.fingerprint.hex(),
-            loop_features=_loop_features(first, graph)))
+            loop_features=loop_features(first, graph)))
     return tasks

@@ -31,7 +31,7 @@ def measure_layer_energy(context: tuple[str, LayerGraph, Any], config: dict
 
     program, stats = run_layer(context, config)
     op = operating_point(program)
-    cycles, seconds = layer_cost(context, stats)
+    cycles, seconds = layer_cost(stats, context[2])
     return cycles, seconds, float(sum(energy_uj(st, op) for _, st in stats))
 
 

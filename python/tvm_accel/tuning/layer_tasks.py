@@ -22,8 +22,8 @@ from tvm_accel.knobs import KnobSpace
 from tvm_accel.layers import LayerGraph, Requant, Tensor
 from tvm_accel.tuning.task import Task
 
-__all__ = ["layer_cost", "layer_inputs", "layer_tasks", "layer_workload", "measure_layer",
-           "run_layer", "single_layer_graph"]
+__all__ = ["layer_cost", "layer_inputs", "layer_tasks", "layer_workload", "loop_features",
+           "measure_layer", "run_layer", "seeded_inputs", "single_layer_graph"]
 
 _NAMES = frozenset({"name", "input", "output", "inputs", "outputs"})
 
@@ -80,17 +80,22 @@ def run_layer(context: tuple[str, LayerGraph, Any], config: dict) -> tuple[Any, 
     package, graph, cfg = context
     plan = importlib.import_module(f"{package}.strategy").plan
     execute = importlib.import_module(f"{package}.runtime").execute_program
-    layer = graph.layers[0]
-    rng = np.random.default_rng(0)
+    prog = plan(graph, cfg, {graph.layers[0].name: dict(config)})
+    _, stats = execute(prog, seeded_inputs(graph), cfg)
+    return prog, stats
+
+
+def seeded_inputs(graph: LayerGraph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs over each input's full integer range (the simulated timing does not depend
+    on the data; a fixed seed keeps measurements reproducible)."""
+    rng = np.random.default_rng(seed)
     inputs = {}
     for name in graph.inputs:
         t = graph.tensors[name]
         info = np.iinfo(t.dtype) if np.dtype(t.dtype).kind in "iu" else None
         lo, hi = (int(info.min), int(info.max)) if info is not None else (-1, 1)
         inputs[name] = rng.integers(lo, hi + 1, size=t.shape).astype(t.dtype)
-    prog = plan(graph, cfg, {layer.name: dict(config)})
-    _, stats = execute(prog, inputs, cfg)
-    return prog, stats
+    return inputs
 
 
 def measure_layer(context: tuple[str, LayerGraph, Any], config: dict
@@ -98,18 +103,18 @@ def measure_layer(context: tuple[str, LayerGraph, Any], config: dict
     """Simulated cycles and seconds of a one-layer graph under ``config`` (see
     :func:`run_layer`); no energy (targets that model it pass their own ``measure`` to
     :func:`layer_tasks`)."""
-    cycles, seconds = layer_cost(context, run_layer(context, config)[1])
+    cycles, seconds = layer_cost(run_layer(context, config)[1], context[2])
     return cycles, seconds, None
 
 
-def layer_cost(context: tuple[str, LayerGraph, Any], stats: list) -> tuple[int, float]:
+def layer_cost(stats: list, cfg: Any) -> tuple[int, float]:
     """Cycles summed over a run's per-layer ``stats`` and the seconds they take at the
     config's ``CLOCK_MHZ``."""
     cycles = int(sum(st.cycles for _, st in stats))
-    return cycles, cycles / (float(context[2].CLOCK_MHZ) * 1e6)
+    return cycles, cycles / (float(cfg.CLOCK_MHZ) * 1e6)
 
 
-def _loop_features(layer, graph: LayerGraph) -> tuple[float, ...]:
+def loop_features(layer, graph: LayerGraph) -> tuple[float, ...]:
     """Fixed-width structure features: log2 of the output size and of the weight size, and
     the first input's N, C, H, W (1 where absent)."""
     n, c, h, w = (*graph.tensors[layer_inputs(layer)[0]].shape, 1, 1, 1)[:4]
@@ -140,5 +145,5 @@ def layer_tasks(target: str, package: str, graph: LayerGraph, cfg: Any,
             measure=measure, context=(package, single_layer_graph(layer, graph), cfg),
             layers=[layer.name], config_name=getattr(cfg, "name", ""),
             config_fingerprint=cfg.fingerprint.hex(),
-            loop_features=_loop_features(layer, graph)))
+            loop_features=loop_features(layer, graph)))
     return tasks
