@@ -1346,6 +1346,25 @@ class FusionReport:
     parallel: list = field(default_factory=list)  # (pair, sequential, parallel) cycles
 
 
+def fusion_candidates(graph: LayerGraph, cfg: DPUConfig) -> tuple[LayerGraph, list[tuple]]:
+    """The graph as the planner sees it (after :func:`space_to_depth`) and its fusion
+    candidates (:func:`tvm_dpu.fusion.find_candidates`) that fit the hardware with default
+    knobs, each with its layers: what the fusion search considers, for tuning tasks."""
+    from tvm_dpu import fusion
+
+    p = _Planner(graph, cfg)
+    by = {ly.name: ly for ly in p.g.layers}
+
+    def fits(c) -> bool:
+        try:
+            p.group(c.template, [by[n] for n in c.layers], None)
+            return True
+        except MappingError:
+            return False
+
+    return p.g, [(c, [by[n] for n in c.layers]) for c in fusion.find_candidates(p.g, fits)]
+
+
 def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[str, bool]
                    ) -> tuple[list[tuple[str | None, tuple[str, ...]]], FusionReport]:
     """DNNVM's search (``tvm_dpu.fusion``): candidates by subgraph isomorphism, each planned and

@@ -79,22 +79,11 @@ def measure_group(context: tuple[LayerGraph, DPUConfig, str], config: dict
 
 
 def _group_tasks(graph: LayerGraph, cfg: DPUConfig) -> list[Task]:
-    from tvm_dpu import fusion
-    from tvm_dpu.strategy import MappingError, _Planner, fused_knob_space
+    from tvm_dpu.strategy import fused_knob_space, fusion_candidates
 
-    by = {ly.name: ly for ly in graph.layers}
-    planner = _Planner(graph, cfg)
-
-    def fits(c) -> bool:
-        try:
-            planner.group(c.template, [by[n] for n in c.layers], None)
-            return True
-        except MappingError:
-            return False
-
+    graph, found = fusion_candidates(graph, cfg)
     tasks = []
-    for c in fusion.find_candidates(graph, fits):
-        layers = [by[n] for n in c.layers]
+    for c, layers in found:
         first = layers[0]
         try:
             space = fused_knob_space(c.template, layers,
