@@ -831,20 +831,17 @@ class Planner:
             src = t.offset + int((n * g.h + lo) * row + clo * t.pix_bytes())
             if chi - clo == g.w:  # whole rows: one contiguous block
                 size = int(np.ceil((hi - lo) * row))
-                shape = dict(length=size)
-            else:
+                window = cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, length=size)
+            else:  # a strided copy of the rows' column range, contiguous at the destination
                 length = int((chi - clo) * t.pix_bytes())
                 size = length * (hi - lo)
-                shape = dict(length=length, rows=hi - lo, dst_row_stride=length)
-                if t.mem != "L3":
-                    shape["src_row_stride"] = int(row)
-            if t.mem == "L3":
-                strided = {} if "rows" not in shape else dict(src_row_stride=int(row))
-                fetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=src, dst=b, **shape,
-                                    **strided))
-                src, b = b, b + _al(size)
-                shape = dict(length=size)
-            out.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, **shape))
+                window = cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, length=length,
+                                rows=hi - lo, src_row_stride=int(row), dst_row_stride=length)
+            if t.mem == "L3":  # the window goes to the bounce slot first, then on as a block
+                fetch.append(replace(window, src_mem="L3", dst_mem="L2", dst=b))
+                window = cg.Dma(src_mem="L2", dst_mem="L1", src=b, dst=d, length=size)
+                b += _al(size)
+            out.append(window)
             d += _al(size)
         return out, fetch
 
