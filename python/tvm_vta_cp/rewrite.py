@@ -715,6 +715,44 @@ def _host_of(var2val: dict, hosts: dict, var, ops: tuple[str, ...]) -> str | Non
     return None
 
 
+def _fuse_call(b, users_of: Callable, host_of: Callable, hosts: dict, new_funcs: dict):
+    """One VTA call ``b``: rebuild (into ``new_funcs``) the rewrite function that alone feeds
+    an input and the unpack that alone reads its single output, mark those tensors blocked;
+    returns ``(re-encoded blob, output type, [BlockedTensor])`` or None when nothing fuses."""
+    from tvm_vta_cp.codegen import build_blob, load_blob
+
+    blob, *args = b.value.args[1].fields
+    program, cfg, name = load_blob(blob.value.numpy().tobytes())
+
+    def rebuild(sym: str, tname: str, param_ty, steps) -> BlockedTensor:
+        program.tensors[tname].blocked = True
+        new_funcs[sym] = _host_function(sym, param_ty, steps, hosts[sym][1].attrs[RECIPE_ATTR])
+        return BlockedTensor(name, tname, sym, program.tensors[tname].nbytes)
+
+    changed = []
+    for tname, a in zip(program.inputs, args, strict=True):
+        sym = host_of(a, ("im2col", "pack")) if isinstance(a, relax.Var) else None
+        if sym is not None and users_of(a) == {b.var} and sym not in new_funcs:
+            lay, x_shape, zx = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
+            steps = _input_steps(lay, x_shape, zx) + _block_steps(program.tensors[tname], cfg)
+            changed.append(rebuild(sym, tname, hosts[sym][1].params[0].ty, steps))
+    out_ty = b.value.ty_args[0]
+    outs = users_of(b.var) or set()
+    if len(program.outputs) == 1 and len(outs) == 1 and "return" not in outs:
+        (u,) = outs
+        sym, tname = host_of(u, ("unpack",)), program.outputs[0]
+        if sym is not None and sym not in new_funcs:
+            lay, _, _ = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
+            p = program.tensors[tname]
+            p.blocked = True  # the output type is the blocked form
+            out_ty = relax.TensorType(p.io_shape(cfg), "int8")
+            changed.append(rebuild(sym, tname, out_ty,
+                                   _unblock_steps(p, cfg) + _unpack_steps(lay)))
+    if not changed:
+        return None
+    return build_blob(program, cfg, name), out_ty, changed
+
+
 def _is_run_call(v, runtime_func: str) -> bool:
     return (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
             and v.op.name == "relax.call_dps_packed"
@@ -731,8 +769,6 @@ def fuse_blocking(mod: tvm.IRModule, runtime_func: str = "tvm_vta_cp.run"
     direction is one host pass (TVM fuses the ops of a host function into one loop nest)
     instead of a rewrite pass plus the runtime's pack. Returns the module, the blocked
     tensors and the re-encoded blob of each function that changed, by name."""
-    from tvm_vta_cp.codegen import build_blob, load_blob
-
     hosts = {gv.name_hint: (gv, f) for gv, f in mod.functions_items()
              if isinstance(f, relax.Function) and f.attrs is not None and RECIPE_ATTR in f.attrs}
     if not hosts:
@@ -752,40 +788,12 @@ def fuse_blocking(mod: tvm.IRModule, runtime_func: str = "tvm_vta_cp.run"
             for b in block.bindings:
                 if not _is_run_call(b.value, runtime_func):
                     continue
-                blob, *args = b.value.args[1].fields
-                program, cfg, name = load_blob(blob.value.numpy().tobytes())
-                changed = []
-                for tname, a in zip(program.inputs, args, strict=True):
-                    sym = host_of(a, ("im2col", "pack")) if isinstance(a, relax.Var) else None
-                    if sym is None or users.get(a) != {b.var} or sym in new_funcs:
-                        continue
-                    p = program.tensors[tname]
-                    lay, x_shape, zx = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
-                    p.blocked = True
-                    new_funcs[sym] = _host_function(
-                        sym, hosts[sym][1].params[0].ty,
-                        _input_steps(lay, x_shape, zx) + _block_steps(p, cfg),
-                        hosts[sym][1].attrs[RECIPE_ATTR])
-                    changed.append(BlockedTensor(name, tname, sym, p.nbytes))
-                out_ty = b.value.ty_args[0]
-                outs = users.get(b.var, set())
-                if len(program.outputs) == 1 and len(outs) == 1:
-                    (u,) = outs
-                    sym = host_of(u, ("unpack",)) if u != "return" else None
-                    if sym is not None and sym not in new_funcs:
-                        p = program.tensors[program.outputs[0]]
-                        lay, _, _ = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
-                        p.blocked = True
-                        out_ty = relax.TensorType(p.io_shape(cfg), "int8")
-                        new_funcs[sym] = _host_function(
-                            sym, out_ty, _unblock_steps(p, cfg) + _unpack_steps(lay),
-                            hosts[sym][1].attrs[RECIPE_ATTR])
-                        changed.append(BlockedTensor(name, p.name, sym, p.nbytes))
-                if changed:
-                    data = build_blob(program, cfg, name)
+                found = _fuse_call(b, users.get, host_of, hosts, new_funcs)
+                if found is not None:
+                    data, out_ty, changed = found
                     calls[b.var] = (relax.const(np.frombuffer(data, dtype=np.uint8), "uint8"),
                                     out_ty)
-                    blobs[name] = data
+                    blobs[changed[0].function] = data
                     fused += changed
     if not fused:
         return mod, [], {}
