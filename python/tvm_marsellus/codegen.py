@@ -75,16 +75,22 @@ CLUSTER kernel (opcode 3) on L1 HWC tensors, bit-packed (element i at bits ``[i*
 little-endian, b = 2, 4 or 8)::
 
     w2 kernel[7:0] relu[8] out_signed[9] in_signed[10] b_signed[11] in_bits[15:12]
-       w_bits[19:16] out_bits[23:20] shift[28:24]
+       w_bits[19:16] out_bits[23:20] shift[28:24] psum_in[29] psum_out[30]
     w3 in_addr  w4 out_addr  w5 w_addr (ADD: B)  w6 nq_addr (ADD: kappa_a[15:0] kappa_b[31:16];
        AVGPOOL: kappa_a[15:0])
     w7 H_in[15:0] W_in[31:16]  w8 C_in[15:0] C_out[31:16]  w9 H_out[15:0] W_out[31:16]
     w10 kh[3:0] kw[7:4] sh[11:8] sw[15:12] top[19:16] bottom[23:20] left[27:24] right[31:28]
     w11 pad_value[7:0] (signed when in_signed)   w12 lambda (i32, ADD / AVGPOOL)
+    w13 psum_addr (CONV / FC with psum_in or psum_out, else 0)
 
 Kernels (padding taps read pad_value; NQ = the RBE NormQuant above, per output channel):
 
 - CONV (im2col + MatMul): weights (C_out, kh, kw, C_in) signed w_bits; acc int32-wrapped; NQ.
+  Partial sums (input-channel tiling, ``strategy``): with ``psum_in`` the accumulators start
+  from the int32 values at ``psum_addr`` (layout (H_out, W_out, C_out), little-endian) instead
+  of 0; with ``psum_out`` they are written back there, wrapped to int32, and neither NormQuant
+  nor the output is touched. A reduction split over chunks c is thus exact: the first chunk
+  runs with psum_out, the middle ones with both, the last with psum_in and NormQuant.
 - DWCONV: weights (C, kh, kw); NQ. FC: C_in -> C_out, weights (C_out, C_in), H = W = 1; NQ.
 - ADD: ``y = clamp(floor((A*kappa_a + B*kappa_b + lambda) / 2^shift))`` in int64 (A: in_signed,
   B: b_signed, both in_bits).
@@ -251,6 +257,9 @@ class ClusterKernel(_Sync):
     pad_right: int = 0
     pad_value: int = 0
     lambda_: int = 0
+    psum_in: int = 0
+    psum_out: int = 0
+    psum_addr: int = 0
 
     engine = "CLUSTER"
 
@@ -304,7 +313,8 @@ _CL = [("kernel", 2, 0, 8, "kern"), ("relu", 2, 8, 1, ""), ("out_signed", 2, 9, 
        ("c_out", 8, 16, 16, ""), ("h_out", 9, 0, 16, ""), ("w_out", 9, 16, 16, ""),
        ("kh", 10, 0, 4, ""), ("kw", 10, 4, 4, ""), ("sh", 10, 8, 4, ""), ("sw", 10, 12, 4, ""),
        ("pad_top", 10, 16, 4, ""), ("pad_bottom", 10, 20, 4, ""), ("pad_left", 10, 24, 4, ""),
-       ("pad_right", 10, 28, 4, ""), ("pad_value", 11, 0, 8, "pv"), ("lambda_", 12, 0, 32, "s")]
+       ("pad_right", 10, 28, 4, ""), ("pad_value", 11, 0, 8, "pv"), ("lambda_", 12, 0, 32, "s"),
+       ("psum_in", 2, 29, 1, ""), ("psum_out", 2, 30, 1, ""), ("psum_addr", 13, 0, 32, "")]
 _NOP = [("engine", 2, 0, 8, "eng")]
 _LAYOUT = {Dma: (OP_DMA, _DMA), RbeJob: (OP_RBE, _RBE), ClusterKernel: (OP_CLUSTER, _CL),
            Nop: (OP_NOP, _NOP), End: (OP_END, [])}

@@ -23,21 +23,44 @@ saves the ``CL.ADD`` step before an RBE job.
 
 Tiling (DORY, paper Sec. II / pulp-rbe notes). L2 holds the tensors of the function and the
 weights (or, when they do not fit, L3 does: see L3 below); L1 (TCDM) holds the tiles of one
-layer. A tile is ``tile_h`` output rows x ``tile_w`` output columns x ``tile_k`` output channels
-(input channels are never split: NormQuant needs the whole accumulator). Input halos (rows and
-columns) follow from kernel, stride and padding. Every L1 buffer is doubled (input, weights,
-output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of tile i-1 overlap the
-compute of tile i. The tile is chosen by **exact enumeration** of all ``(tile_h, tile_k)`` pairs
-(at most ``H_out x`` a few channel candidates per layer, so CP-SAT buys nothing here) at the
-full width, or, when no full-width tile fits L1 (W tiling), at the widest ``tile_w`` (the width
-split in 2..64 near-equal parts) that has one: constraint = the double-buffered footprint fits
-L1; objective = the pipelined time ``n_tiles x max(DMA in, compute, DMA out) + fill/drain`` with
-the RBE compute taken from the simulator's own cycle model
-(:func:`~tvm_marsellus.simulator.rbe_job_phases`), which rewards what the RBE likes (output rows
-in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA transfers. A
-tile narrower than the tensor is loaded and stored with strided (row / plane) DMA copies. All
-are knobs (``tile_h``, ``tile_w``, ``tile_k``, ``engine``) with these defaults
-(:func:`knob_space`).
+layer. A tile is ``tile_h`` output rows x ``tile_w`` output columns x ``tile_k`` output channels,
+its reduction over ``tile_c`` input channels at a time (all of them unless Kin tiling, below).
+Input halos (rows and columns) follow from kernel, stride and padding. Every L1 buffer is
+doubled (input, weights, output, marshaling temporaries) so DMA_IN of tile i+1 and DMA_OUT of
+tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeration** of all
+``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
+buys nothing here) at the full width, or, when no full-width tile fits L1 (W tiling), at the
+widest ``tile_w`` (the width split in 2..64 near-equal parts) that has one: constraint = the
+double-buffered footprint fits L1; objective = the pipelined time ``steps x max(DMA in,
+compute, DMA out, I/O DMA) + fill/drain`` with the RBE compute taken from the simulator's own
+cycle model (:func:`~tvm_marsellus.simulator.rbe_job_phases`), which rewards what the RBE likes
+(output rows in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA
+transfers. A tile narrower than the tensor is loaded and stored with strided (row / plane) DMA
+copies. All are knobs (``tile_h``, ``tile_w``, ``tile_k``, ``tile_c``, ``engine``) with these
+defaults (:func:`knob_space`).
+
+Kin tiling (input-channel chunks). When no tile with all input channels fits L1 at any width
+(e.g. a 5x5 conv over 512 / 832 channels: the weights of 8 output channels alone exceed half
+of L1), the reduction of an output tile is split over ``ceil(C / tile_c)`` chunks of
+``tile_c`` channels (``KIN_SPLITS`` near-equal splits, whole 8-channel groups; for each, the
+widest feasible width and the exact ``(tile_h, tile_k)`` enumeration; the cheapest wins).
+**The partial sums accumulate on the cluster**, in 32-bit in L1: chunk 0 runs ``CL.CONV`` /
+``CL.FC`` with ``psum_out`` (int32 accumulators written to an L1 buffer, no NormQuant), middle
+chunks with ``psum_in`` and ``psum_out``, the last with ``psum_in`` and NormQuant into the
+output tile, so the result equals the one-pass accumulator (int32 wrap-around included) and is
+bit-exact. This is what the real hardware allows: the RBE does stream input channels in
+32-channel groups and keeps 32-bit accumulators, but only *inside a job* (paper Sec. II-B:
+"after the accumulation is complete, i.e. all reduction dimensions ... have been fully
+computed", NormQuant; the ``rbe`` uloop iterates the Kin tiles within the job): its Accums are
+latches with no stream-in, and NormQuant saturates every output to O <= 8 bits
+(``rbe_normquant.sv``), so no partial sum can leave one job and enter the next. (Its successor
+NE16 added exactly that, a 32-bit output mode and partial-sum stream-in.) A layer needing Kin
+tiling therefore runs on the cluster, and ``tile_c`` with ``engine: rbe`` is refused with that
+reason. Each step loads one chunk of the input window (a 3-D strided DMA of the pixels'
+channels) and of the weights (stored chunk after chunk in L2, the last chunk followed by the
+NormQuant records) into the double buffers; the partial-sum buffer has one copy (the chunks of
+a tile run in order on the cores); the output buffer, its store and L3 drain go per output
+tile.
 
 Synchronisation (semaphores; balanced per layer so every layer is also a valid stream alone):
 0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
@@ -57,11 +80,13 @@ by the I/O DMA into one of two L2 bounce slots and copied from there to L1 by DM
 an L3 output goes from L1 to an output bounce slot and from there to L3 (strided rows when the
 tile holds some output channels). The I/O DMA runs its commands in order, so input tile i + 2
 is fetched right after output tile i is drained: fetches run two tiles ahead of the compute
-and overlap it, and the L1 tile choice stays the L2 <-> L1 one (the L3 transfers are not in
-its cost). L3 bandwidth and latency are the config's ``L3_BYTES_PER_CYCLE`` /
+and overlap it. The tile cost includes the I/O DMA: once a placement puts weights or tensors
+in L3, the tiles are chosen again with, per step, the L3 fetch of the input window, the drain
+of the output tile and the staging of the weight group (one engine, so their sum) as a fourth
+pipeline stage, and the memory map is redone (the first choice is kept if the new tiles would
+no longer fit L2). L3 bandwidth and latency are the config's ``L3_BYTES_PER_CYCLE`` /
 ``L3_LATENCY_CYCLES``; a function that does not fit L2 and L3 is a mapping error (the layers
-fall back to the CPU). Not yet: input-channel tiling of the L1 tile, so an RBE layer whose
-all-channel weights for 32 output channels exceed L1 runs on the cluster.
+fall back to the CPU).
 
 Precision: RBE W/I/O come from ``ConvLayer.weight_bits`` and the tensors' ``bits``; cluster
 kernels run at 2, 4 or 8 bits, other widths rounded up to the next one (values fit the wider
@@ -87,6 +112,13 @@ FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL, DONE_IO, STAGED = ra
 #: filled by DMA_OUT, of a weight group free (STAGED: filled)
 IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
 ALIGN = 8
+#: Kin tiling: the input channels are split in this many near-equal chunks (whole 8-channel
+#: groups), the widest feasible tile of each scored by the cost model
+KIN_SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: why a split reduction (Kin tiling) never runs on the RBE (module docstring)
+RBE_NO_KIN = ("the RBE cannot split the input channels (tile_c): its 32-bit accumulators live "
+              "inside a job and NormQuant always saturates them to O <= 8 bits, so no partial "
+              "sum leaves or enters a job; Kin tiling runs on the cluster")
 #: the cores take an RBE-capable conv only when their estimated time is below this share of
 #: the RBE's (the RBE is the engine the design is built around; similar power, Sec. III)
 CLUSTER_WINS = 0.5
@@ -258,11 +290,36 @@ class _Layer:
         self.tins, self.tout, self.cfg = tins, tout, cfg
         self.tin = tins[0]
         self.tw = geo.wo  # output columns per tile (W tiling; the full width by default)
+        self.tc = geo.c  # input channels per L1 chunk (Kin tiling; all of them by default)
+        self.w_l3 = False  # the weights are staged from L3 (the planner's second pass)
 
-    # byte sizes of the L1 buffers of one tile (one copy; everything is doubled)
+    @property
+    def chunked(self) -> bool:
+        """The reduction is split over several L1 input-channel chunks (Kin tiling)."""
+        return self.tc < self.geo.c
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.geo.c // self.tc)
+
+    def c_options(self) -> list[int]:
+        """Input channels per chunk to try, all of them first: the channels split in 2..64
+        near-equal chunks of whole 8-channel groups, for CONV / FC on the cluster only (the RBE
+        cannot carry a partial sum from one job to the next: module docstring)."""
+        c = self.geo.c
+        if self.kind not in ("conv", "fc") or self.engine == "rbe":
+            return [c]
+        return sorted({c} | {v for v in (_al(-(-c // n), 8) for n in KIN_SPLITS) if v < c},
+                      reverse=True)
+
+    def pix_in(self, t: TensorInfo) -> float:
+        """L1 bytes of one input pixel of a tile (one chunk of its channels)."""
+        return self.tc * t.cbits / 8 if self.chunked else t.pix_bytes()
+
+    # byte sizes of the L1 buffers of one tile (one copy; everything but psum is doubled)
     def in_bytes(self, th: int) -> int:
         rows = self.rows_in(th) if self.kind != "add" else th
-        return sum(_al(rows * self.cols_in() * t.pix_bytes()) for t in self.tins)
+        return sum(_al(rows * self.cols_in() * self.pix_in(t)) for t in self.tins)
 
     def cols_in(self) -> int:
         """Largest number of input columns a tile of ``tw`` output columns loads."""
@@ -298,14 +355,22 @@ class _Layer:
         else:
             wb = cluster_bits(getattr(self.layer, "weight_bits", 8))
             if self.kind in ("conv", "fc"):
-                b["w"] = _al(kt * g.kh * g.kw * g.c * wb / 8) + _al(6 * kt)
+                b["w"] = _al(kt * g.kh * g.kw * self.tc * wb / 8) + _al(6 * kt)
             elif self.kind == "dw":
                 b["w"] = _al(kt * g.kh * g.kw * wb / 8) + _al(6 * kt)
             b["out"] = _al(th * self.tw * kt * self.tout.cbits / 8)
+            if self.chunked:  # int32 partial sums of the output tile, one copy
+                b["psum"] = _al(th * self.tw * kt * 4)
         return b
 
+    def l1_bytes(self, th: int, kt: int) -> int:
+        """L1 footprint: two copies of every buffer, one of the partial sums (the chunks of
+        an output tile run in order on the cores, the next tile's first chunk after them)."""
+        b = self.buffers(th, kt)
+        return 2 * sum(b.values()) - b.get("psum", 0)
+
     def fits(self, th: int, kt: int) -> bool:
-        return 2 * sum(self.buffers(th, kt).values()) <= self.cfg.L1_BYTES
+        return self.l1_bytes(th, kt) <= self.cfg.L1_BYTES
 
     def byte_ok(self, th: int, kt: int) -> bool:
         """Tile boundaries fall on whole bytes of the packed L2 tensors."""
@@ -318,10 +383,14 @@ class _Layer:
                 return False
         if kt < g.k and self.tout.layout == "hwc" and (kt * self.tout.cbits) % 8:
             return False
-        if self.tw < g.wo:  # column boundaries: whole bytes per pixel
+        if self.tw < g.wo or self.chunked:  # column boundaries: whole bytes per pixel
             if any(t.layout == "hwc" and (t.c * t.cbits) % 8 for t in self.tins):
                 return False
             if self.tout.layout == "hwc" and (g.k * self.tout.cbits) % 8:
+                return False
+        if self.chunked:  # chunk boundaries: whole bytes of the input pixels and weight rows
+            wb = cluster_bits(self.layer.weight_bits)
+            if (self.tc * self.tin.cbits) % 8 or (self.tc * wb) % 8 or (g.c * wb) % 8:
                 return False
         return True
 
@@ -344,24 +413,47 @@ class _Layer:
                 c += cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
                     cfg.CL_MARSHAL_BITS_PER_CYCLE
             return c
-        macs = th * self.tw * kt * g.kh * g.kw * (g.c if self.kind in ("conv", "fc") else 1)
+        macs = th * self.tw * kt * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
         rate = (cfg.cluster_macs_per_cycle(self.tin.cbits) if self.kind in ("conv", "fc")
                 else cfg.CL_DW_MACS_PER_CYCLE)
-        return cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * self.tw * kt
+        psum = 2 * th * self.tw * kt / cfg.CLUSTER_CORES if self.chunked else 0
+        return cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * self.tw * kt + psum
 
     def cost(self, th: int, kt: int) -> float:
+        """Estimated cycles of the layer: ``steps x`` the slowest engine per step (DMA_IN,
+        compute, DMA_OUT, the I/O DMA for L3 tensors and staged weights) plus fill / drain.
+        A step is one output tile, or one input-channel chunk of it under Kin tiling."""
         g, cfg = self.geo, self.cfg
         n_h, n_k, n_w = -(-g.ho // th), -(-g.k // kt), -(-g.wo // self.tw)
         bufs = self.buffers(th, kt)
         strided = self.tw < g.wo
-        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + (
-            self.rows_in(th) if strided else 0) * cfg.DMA_ROW_OVERHEAD_CYCLES
-        dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + (
-            th * self.tw if kt < g.k else th if strided else 0) * cfg.DMA_ROW_OVERHEAD_CYCLES
+        bursts = self.rows_in(th) * (self.cols_in() if self.chunked else 1) \
+            if strided or self.chunked else 0
+        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
+            bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
+        out_rows = th * self.tw if kt < g.k else th if strided else 0
+        dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + \
+            out_rows * cfg.DMA_ROW_OVERHEAD_CYCLES
+        w_step = bufs.get("w", 0) / cfg.DMA_BYTES_PER_CYCLE + cfg.DMA_LATENCY_CYCLES
+        nch = self.n_chunks
+        if self.chunked:  # every step loads its chunk of the weights
+            dma_in += w_step
         comp = self.compute_cycles(th, kt)
         n = n_h * n_w * n_k * self.tin.n
-        w_load = n_k * (bufs.get("w", 0) / cfg.DMA_BYTES_PER_CYCLE + cfg.DMA_LATENCY_CYCLES)
-        return n * max(dma_in, comp, dma_out) + dma_in + dma_out + w_load
+        steps = n * nch
+        # the I/O DMA (L3 <-> L2) runs the fetches, drains and weight staging of every step
+        l3 = cfg.L3_BYTES_PER_CYCLE
+        io = 0.0
+        if any(t.mem == "L3" for t in self.tins):
+            io += cfg.L3_LATENCY_CYCLES + bufs["in"] / l3 + bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
+        if self.tout.mem == "L3":
+            io += (cfg.L3_LATENCY_CYCLES + bufs["out"] / l3
+                   + out_rows * cfg.DMA_ROW_OVERHEAD_CYCLES) / nch
+        if self.w_l3 and "w" in bufs:
+            group = bufs["w"] * nch  # a whole weight group is staged, all chunks
+            io += n_k * (cfg.L3_LATENCY_CYCLES + group / l3) / steps
+        w_load = 0 if self.chunked else n_k * w_step
+        return steps * max(dma_in, comp, dma_out / nch, io) + dma_in + dma_out + w_load
 
     def candidates(self) -> list[tuple[int, int]]:
         g = self.geo
@@ -383,39 +475,60 @@ class _Layer:
         return best
 
     def solve_width(self) -> tuple[int, int, float]:
-        """:meth:`solve` at the full width, else at the widest tile width (W tiling) that has a
-        feasible tile: fewer column tiles, less halo reloaded. Leaves ``tw`` set."""
-        for tw in self.w_options():
-            self.tw = tw
-            try:
-                return self.solve()
-            except MappingError:
+        """:meth:`solve` with all input channels at the full width, else at the widest tile
+        width (W tiling) that has a feasible tile: fewer column tiles, less halo reloaded; when
+        no full-width tile holds all input channels, also every input-channel split (Kin
+        tiling) at its widest feasible width, the cheapest of all winning. Leaves ``tw`` and
+        ``tc`` set."""
+        g = self.geo
+        kmin = min(_k_options(g.k, self.engine, self.kind))
+        best = None
+        for tc in self.c_options():
+            self.tc = tc
+            self.tw = min(self.w_options())
+            if not self.fits(1, kmin):  # the smallest tile does not fit: fewer channels
                 continue
-        self.tw = self.geo.wo
-        return self.solve()  # raises with the full-width reason
+            for tw in self.w_options():
+                self.tw = tw
+                try:
+                    r = self.solve()
+                except MappingError:
+                    continue
+                if best is None or r[2] < best[2][2] - 1e-9:
+                    best = (tc, tw, r)
+                break
+            if best is not None and best[:2] == (g.c, g.wo):
+                break  # all channels at the full width: no reason to split
+        if best is None:
+            self.tw, self.tc = g.wo, g.c
+            return self.solve()  # raises with the full-width reason
+        self.tc, self.tw = best[0], best[1]
+        return best[2]
 
 
 def knob_space(lay: _Layer, rbe_ok: bool) -> KnobSpace:
-    """Knobs of a layer: ``tile_h``, ``tile_k`` (defaults from the solver) and, for convs the
-    RBE can run, ``engine``."""
+    """Knobs of a layer: ``tile_h``, ``tile_k``, ``tile_w``, ``tile_c`` (defaults from the
+    solver) and, for convs the RBE can run, ``engine``."""
     th, kt, _ = lay.solve_width()
-    g, tw = lay.geo, lay.tw
+    g, tw, tc = lay.geo, lay.tw, lay.tc
 
     def check(cfg: dict) -> None:
-        saved, lay.tw = lay.tw, cfg.get("tile_w", tw)
+        saved = lay.tw, lay.tc
+        lay.tw, lay.tc = cfg.get("tile_w", tw), cfg.get("tile_c", tc)
         try:
+            what = (f"tile_h {cfg['tile_h']} x tile_k {cfg['tile_k']} x tile_w {lay.tw} x "
+                    f"tile_c {lay.tc}")
             if not lay.byte_ok(cfg["tile_h"], cfg["tile_k"]):
-                raise ValueError(f"tile_h {cfg['tile_h']} / tile_k {cfg['tile_k']} / tile_w "
-                                 f"{lay.tw} split a byte of a sub-byte tensor")
+                raise ValueError(f"{what} split a byte of a sub-byte tensor")
             if not lay.fits(cfg["tile_h"], cfg["tile_k"]):
-                raise ValueError(f"tile_h {cfg['tile_h']} x tile_k {cfg['tile_k']} x tile_w "
-                                 f"{lay.tw} does not fit L1 double-buffered")
+                raise ValueError(f"{what} does not fit L1 double-buffered")
         finally:
-            lay.tw = saved
+            lay.tw, lay.tc = saved
 
     knobs = [Knob("tile_h", tuple(range(1, g.ho + 1)), th),
              Knob("tile_k", tuple(_k_options(g.k, lay.engine, lay.kind)), kt),
-             Knob("tile_w", tuple(lay.w_options()), tw)]
+             Knob("tile_w", tuple(lay.w_options()), tw),
+             Knob("tile_c", tuple(lay.c_options()), tc)]
     if rbe_ok:
         knobs.append(Knob("engine", ("rbe", "cluster"), lay.engine))
     return KnobSpace(knobs, check, name=lay.layer.name)
@@ -463,6 +576,7 @@ class Planner:
         self.l3 = False
         self.bounce_in = self.bounce_out = (0, 0)  # L2 bounce slots of L3 tensors' tiles
         self.stage: tuple[int, ...] = ()  # L2 slots of weight groups staged from L3
+        self.l3_costs = False  # the tile costs include the L3 transfers of the placement
 
     # L2 image (weights / NormQuant) bump allocation
     def _blob(self, data: bytes) -> int:
@@ -519,6 +633,9 @@ class Planner:
             user = self.user.get(ly.name, {})
             if kind == "conv":
                 reasons = rbe_reasons(ly, self.t[ly.input], self.t[ly.output], self.cfg)
+                tc = user.get("tile_c")
+                if isinstance(tc, int) and tc < self.t[ly.input].c:  # Kin tiling asked for
+                    reasons.append(RBE_NO_KIN)
                 want = user.get("engine")
                 if want is None:
                     want = "cluster" if reasons or self._cluster_much_faster(ly) else "rbe"
@@ -560,10 +677,24 @@ class Planner:
 
     def plan(self) -> cg.MarsProgram:
         self._choose()
-        progs = []
-        for ly in self.g.layers:
-            progs.append(self._layer(ly))
+        progs = [self._layer(ly) for ly in self.g.layers]
         l2_bytes, l3_bytes = self._place()
+        if self.l3:  # choose the tiles again with the I/O DMA transfers of this placement
+            first = (progs, l2_bytes, l3_bytes, dict(self.layers), bytes(self.image),
+                     dict(self.wrange), {n: (t.mem, t.offset) for n, t in self.t.items()},
+                     (self.bounce_in, self.bounce_out, self.stage))
+            self.l3_costs = True
+            self.image, self.wrange = bytearray(), {}
+            try:
+                progs = [self._layer(ly) for ly in self.g.layers]
+                l2_bytes, l3_bytes = self._place()
+            except MappingError:  # the new tiles need more L2: keep the first choice
+                progs, l2_bytes, l3_bytes, self.layers, img, self.wrange, mem, slots = first
+                self.image = bytearray(img)
+                for n, (m, off) in mem.items():
+                    self.t[n].mem, self.t[n].offset = m, off
+                self.bounce_in, self.bounce_out, self.stage = slots
+                self.l3 = True
         for lp, ly in zip(progs, self.g.layers, strict=True):
             lp.commands = self._emit(ly, lp)
         img = bytes(self.image)
@@ -604,6 +735,8 @@ class Planner:
         weights move to L3 first, then tensors, the largest first, until L2 fits (the fewest
         tensors in L3, then double-buffered weight slots). Returns the L2 and L3 bytes used."""
         cfg = self.cfg
+        for t in self.t.values():
+            t.mem = "L2"
         act = sum(_al(t.nbytes) for t in self.t.values())
         self.l3 = _al(len(self.image)) + act > cfg.L2_BYTES
         group = _al(max((size for lay in self.layers.values() for _, size in lay.wsrc),
@@ -651,6 +784,7 @@ class Planner:
             raise MappingError(f"layer {ly.name}: padding not smaller than the kernel (a window "
                                "would read padding only)")
         lay = _Layer(ly, kind, eng, geo, tins, tout, self.cfg)
+        lay.w_l3 = self.l3_costs and self.l3
         self.layers[ly.name] = lay
         rbe_ok = kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)
         space = knob_space(lay, rbe_ok)
@@ -660,27 +794,32 @@ class Planner:
         except ValueError as e:
             raise MappingError(f"layer {ly.name}: {e}") from None
         th, kt = kn["tile_h"], kn["tile_k"]
-        lay.tw = kn["tile_w"]
+        lay.tw, lay.tc = kn["tile_w"], kn["tile_c"]
         macs = 0
         if isinstance(ly, ConvLayer):
             macs = tout.n * geo.ho * geo.wo * geo.k * geo.kh * geo.kw * (
                 geo.c if kind in ("conv", "fc") else 1)
-        meta = {"tile_h": th, "tile_k": kt, "tile_w": lay.tw,
+        meta = {"tile_h": th, "tile_k": kt, "tile_w": lay.tw, "tile_c": lay.tc,
                 "shape": f"{list(tins[0].placement().shape)}",
                 "cost": round(lay.cost(th, kt), 1)}
         lp = cg.LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
                              meta=meta)
         lay.plan = _Plan(eng, th, kt)
         start = _al(len(self.image))
-        lay.wsrc = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)] \
+        groups = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)] \
             if isinstance(ly, ConvLayer) else []
+        lay.wsrc = [(off, size) for off, size, _ in groups]
+        lay.wparts = [parts for _, _, parts in groups]
         if lay.wsrc:
             self.wrange[ly.name] = (start, len(self.image))
         return lp
 
-    def _weights(self, lay: _Layer, k0: int, kt: int) -> tuple[int, int]:
+    def _weights(self, lay: _Layer, k0: int, kt: int) -> tuple[int, int, list]:
         """Pack the weights + NormQuant of output channels [k0, k0+kt) into the L2 image;
-        returns (L2 offset, byte size); the NormQuant records start at ``_al(weight bytes)``."""
+        returns (L2 offset, byte size, parts). The NormQuant records follow the weights at an
+        aligned offset. Under Kin tiling the weights are stored chunk after chunk, each
+        ``(kt, kh, kw, chunk)`` contiguous and aligned, and ``parts`` lists their (offset in
+        the group, bytes) then the NormQuant offset; else it is empty."""
         ly, g = lay.layer, lay.geo
         w = ly.weight[k0:k0 + kt].astype(np.int64)
         sumw = w.reshape(w.shape[0], -1).sum(axis=1)
@@ -702,38 +841,55 @@ class Planner:
             wbits = cluster_bits(ly.weight_bits)
             if lay.kind == "dw":
                 wb = cg.pack_hwc(w.reshape(kt, g.kh, g.kw), wbits).tobytes()
+            elif lay.chunked:
+                data, parts = b"", []
+                for c0 in range(0, g.c, lay.tc):
+                    chunk = cg.pack_hwc(w[:, c0:c0 + lay.tc].transpose(0, 2, 3, 1),
+                                        wbits).tobytes()
+                    parts.append((len(data), len(chunk)))
+                    data += chunk + bytes(_al(len(chunk)) - len(chunk))
+                parts.append(len(data))
+                data += cg.pack_normquant(kappa, lam).tobytes()
+                return self._blob(data), len(data), parts
             else:
                 wb = cg.pack_hwc(w.transpose(0, 2, 3, 1), wbits).tobytes()
         nq = cg.pack_normquant(kappa, lam).tobytes()
         data = wb + bytes(_al(len(wb)) - len(wb)) + nq
-        return self._blob(data), len(data)
+        return self._blob(data), len(data), []
 
     # --- command emission ------------------------------------------------------------------
     def _emit(self, ly, lp: cg.LayerProgram) -> list:
+        """Commands of one layer. A step is one output tile or, under Kin tiling, one input-
+        channel chunk of it: every step loads its input window (and weight chunk) into one of
+        the two input / weight buffers; the output buffers, stores and L3 drains go by output
+        tile, after the step of its last chunk."""
         lay = self.layers[ly.name]
         g, plan = lay.geo, lay.plan
         th, kt = plan.tile_h, plan.tile_k
         bufs = lay.buffers(th, kt)
-        # L1 map: two copies of every buffer
+        # L1 map: two copies of every buffer but the partial sums
         l1, addr = {}, 0
         for name, size in bufs.items():
-            l1[name] = (addr, addr + _al(size, 64))
-            addr += 2 * _al(size, 64)
+            one = _al(size, 64)
+            l1[name] = (addr, addr) if name == "psum" else (addr, addr + one)
+            addr += one if name == "psum" else 2 * one
         if addr > self.cfg.L1_BYTES:
             raise MappingError(f"layer {ly.name}: tile does not fit L1")
         cmds: list = [cg.Nop(engine="DMA_IN", signal=FREE_IN), cg.Nop(engine="DMA_IN",
                                                                        signal=FREE_IN),
                       cg.Nop(engine="DMA_IN", signal=FREE_OUT), cg.Nop(engine="DMA_IN",
                                                                        signal=FREE_OUT)]
-        tiles = []
+        chunks = [(c0, min(lay.tc, g.c - c0)) for c0 in range(0, g.c, lay.tc)] \
+            if lay.chunked else [(0, g.c)]
+        steps = []
         for gi, k0 in enumerate(range(0, g.k, kt)):
             kk = min(kt, g.k - k0)
-            wsrc = lay.wsrc[gi] if "w" in bufs else None
             for n in range(lay.tin.n):
                 for ho0 in range(0, g.ho, th):
                     for wo0 in range(0, g.wo, lay.tw):
-                        tiles.append((gi, k0, kk, n, ho0, min(th, g.ho - ho0), wo0,
-                                      min(lay.tw, g.wo - wo0), wsrc))
+                        tile = (gi, k0, kk, n, ho0, min(th, g.ho - ho0), wo0,
+                                min(lay.tw, g.wo - wo0))
+                        steps += [(tile, j, c0, cc) for j, (c0, cc) in enumerate(chunks)]
         staged = self.l3 and ly.name in self.wrange
         if staged:  # L2 slots for weight groups, filled by the I/O DMA from L3
             cmds += [cg.Nop(engine="IODMA", signal=STAGE_FREE)] * len(self.stage)
@@ -743,28 +899,48 @@ class Planner:
             cmds += [cg.Nop(engine="IODMA", signal=IO_IN_FREE)] * 2
         if io_out:  # two for output tiles, drained by the I/O DMA
             cmds += [cg.Nop(engine="DMA_OUT", signal=IO_OUT_FREE)] * 2
-        io_loads: list[list] = []  # per tile: its I/O DMA L3 -> L2 copies
-        prev_g = None
+        io_loads: list[list] = []  # per step: its I/O DMA L3 -> L2 copies
         body = []
-        for i, (gi, k0, kk, n, ho0, hh, wo0, ww, wsrc) in enumerate(tiles):
+        n_w = 0  # weight loads so far (they alternate between the two L1 weight buffers)
+        last_w = {}  # group -> index of its last step (frees a staged L2 slot)
+        for i, step in enumerate(steps):
+            last_w[step[0][0]] = i
+        o = -1  # output tiles so far
+        for i, (tile, j, c0, cc) in enumerate(steps):
+            gi, k0, kk, n, ho0, hh, wo0, ww = tile
+            first, final = j == 0, j == len(chunks) - 1
+            o += first
             s = i % 2
 
-            def buf(name, slot=s):
-                return l1[name][slot]
+            def buf(name, step_slot=s, out_slot=o % 2):
+                return l1[name][out_slot if name in ("out", "t3") else step_slot]
 
             loads, wfetch = [], []
-            if wsrc is not None and gi != prev_g:
-                src = wsrc[0]
+            new_group = i == 0 or steps[i - 1][0][0] != gi
+            wslot = l1["w"][n_w % 2] if "w" in l1 else 0
+            nq = None  # L1 NormQuant address of a chunked layer's last chunk
+            if "w" in bufs and (new_group or lay.chunked):
+                off, size = lay.wsrc[gi]
+                src = off
                 if staged:  # I/O DMA: this group's weights L3 -> an L2 slot, then to L1
                     src = self.stage[gi % len(self.stage)]
-                    wfetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=wsrc[0], dst=src,
-                                         length=wsrc[1], wait=(STAGE_FREE,), signal=(STAGED,)))
-                loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src,
-                                    dst=l1["w"][gi % 2], length=wsrc[1],
-                                    signal=(STAGE_FREE,) if staged else ()))
-            prev_g = gi
+                    if new_group:
+                        wfetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=off, dst=src,
+                                             length=size, wait=(STAGE_FREE,), signal=(STAGED,)))
+                if lay.chunked:  # this chunk's weights; the last one brings the NormQuant too
+                    rel, length = lay.wparts[gi][j]
+                    if final:
+                        nq, length = wslot + lay.wparts[gi][-1] - rel, size - rel
+                    src, size = src + rel, length
+                wslot = l1["w"][n_w % 2]
+                n_w += 1
+                free = staged and (not lay.chunked or last_w[gi] == i)
+                loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=wslot, length=size,
+                                    signal=(STAGE_FREE,) if free else ()))
+            elif "w" in l1:
+                wslot = l1["w"][(n_w - 1) % 2]
             acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
-                                      if io_in else 0)
+                                      if io_in else 0, c0, cc)
             loads += acts
             loads[0].wait = (FREE_IN, STAGED) if wfetch else (FREE_IN,)
             loads[-1].signal = tuple(loads[-1].signal) + (FULL_IN,)
@@ -774,30 +950,34 @@ class Planner:
                 reads[0].wait = tuple(reads[0].wait) + (IO_IN_FULL,)
                 reads[-1].signal = tuple(reads[-1].signal) + (IO_IN_FREE,)
             io_loads.append(wfetch + fetch)
-            comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf,
-                                            l1["w"][gi % 2] if "w" in l1 else 0)
+            comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot,
+                                            (j, len(chunks), cc, nq))
             # chain the compute commands across engines
-            comps[0].wait = (FULL_IN, FREE_OUT)
+            comps[0].wait = (FULL_IN, FREE_OUT) if final else (FULL_IN,)
             for a, b in zip(comps, comps[1:], strict=False):
                 if a.engine != b.engine:
                     sem = CL2RBE if a.engine == "CLUSTER" else RBE2CL
                     a.signal = tuple(a.signal) + (sem,)
                     b.wait = tuple(b.wait) + (sem,)
             comps[free_at].signal = tuple(comps[free_at].signal) + (FREE_IN,)
-            comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
+            if final:
+                comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
             for c in comps:
                 c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
+            if not final:
+                body.append(loads + comps)
+                continue
             stores, drain = self._stores(lay, n, ho0, hh, wo0, ww, k0, kk, buf("out"),
-                                         self.bounce_out[s] if io_out else None)
+                                         self.bounce_out[o % 2] if io_out else None)
             stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
-            last = i == len(tiles) - 1
+            last = i == len(steps) - 1
             stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
                 (DONE_IO,) if last and staged else ()) + ((IO_OUT_FULL,) if drain else ())
             if drain:
                 drain[0].wait, drain[-1].signal = (IO_OUT_FULL,), (IO_OUT_FREE,)
             body.append(loads + comps + stores + drain)
-        # the I/O DMA runs its commands in order: input tiles i + 2 are fetched after the
-        # output of tile i is drained, so fetches run two tiles ahead of the compute
+        # the I/O DMA runs its commands in order: the inputs of step i + 2 are fetched after
+        # the output of step i is drained, so fetches run two steps ahead of the compute
         cmds += [c for f in io_loads[:2] for c in f]
         for i, part in enumerate(body):
             cmds += part + [c for f in io_loads[i + 2:i + 3] for c in f]
@@ -811,14 +991,16 @@ class Planner:
         if staged:  # the next layer's I/O DMA may overwrite the staging area only now
             cmds += [cg.Nop(engine="IODMA", wait=STAGE_FREE)] * len(self.stage)
             cmds.append(cg.Nop(engine="IODMA", wait=DONE_IO))
-        lp.meta["tiles"] = len(tiles)
+        lp.meta["tiles"] = o + 1
+        lp.meta["chunks"] = len(chunks)
         return cmds
 
     def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, dst: int,
-               bounce: int) -> tuple[list, list]:
+               bounce: int, c0: int = 0, cc: int = 0) -> tuple[list, list]:
         """DMA_IN copies of one tile's input window into L1 (one strided copy of its rows when
-        the tile is narrower than the tensor) and the I/O DMA copies that first bring the
-        window of L3 tensors into the L2 bounce slot at ``bounce`` (contiguous there)."""
+        the tile is narrower than the tensor, a 3-D copy of its pixels' channels
+        ``[c0, c0 + cc)`` under Kin tiling) and the I/O DMA copies that first bring the window
+        of L3 tensors into the L2 bounce slot at ``bounce`` (contiguous there)."""
         g = lay.geo
         if lay.kind == "add":
             lo, hi, clo, chi = ho0, ho0 + hh, wo0, wo0 + ww
@@ -829,7 +1011,14 @@ class Planner:
         for t in lay.tins:
             row = g.w * t.pix_bytes()
             src = t.offset + int((n * g.h + lo) * row + clo * t.pix_bytes())
-            if chi - clo == g.w:  # whole rows: one contiguous block
+            if cc and cc < t.c:  # one chunk of the channels of every pixel: a 3-D copy
+                length = cc * t.cbits // 8
+                size = length * (chi - clo) * (hi - lo)
+                window = cg.Dma(src_mem="L2", dst_mem="L1", src=src + c0 * t.cbits // 8, dst=d,
+                                length=length, rows=chi - clo, planes=hi - lo,
+                                src_row_stride=int(t.pix_bytes()), src_plane_stride=int(row),
+                                dst_row_stride=length, dst_plane_stride=length * (chi - clo))
+            elif chi - clo == g.w:  # whole rows: one contiguous block
                 size = int(np.ceil((hi - lo) * row))
                 window = cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=d, length=size)
             else:  # a strided copy of the rows' column range, contiguous at the destination
@@ -892,8 +1081,11 @@ class Planner:
                        src_plane_stride=int(ww * tp), dst_plane_stride=int(g.wo * pix))]
 
     def _computes(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, k0: int,
-                  kk: int, buf, wslot: int) -> tuple[list, int]:
-        """Compute commands of one tile and the index of the last one reading input/weights."""
+                  kk: int, buf, wslot: int, chunk: tuple = (0, 1, 0, None)
+                  ) -> tuple[list, int]:
+        """Compute commands of one tile (``chunk`` = index, count, channels and L1 NormQuant
+        address of its input-channel chunk under Kin tiling) and the index of the last one
+        reading input/weights."""
         ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
         if lay.kind == "add":
             return [self._add(lay, hh, ww, buf)], 0
@@ -911,6 +1103,19 @@ class Planner:
         shift = int(ly.requant.shift)
         if lay.engine != "rbe":
             kern = {"conv": "CONV", "dw": "DWCONV", "fc": "FC"}[lay.kind]
+            j, nch, cc, nq_last = chunk
+            if nch > 1:  # Kin tiling: 32-bit partial sums in L1, NormQuant after the last chunk
+                c = cg.ClusterKernel(
+                    kernel=kern, relu=int(relu) if j == nch - 1 else 0,
+                    out_signed=int(tout.stored_signed), in_signed=int(tin.stored_signed),
+                    in_bits=tin.cbits, w_bits=cluster_bits(ly.weight_bits), out_bits=tout.cbits,
+                    shift=shift if j == nch - 1 else 0, in_addr=buf("in"), out_addr=buf("out"),
+                    w_addr=wslot, nq_addr=nq_last if j == nch - 1 else 0, h_in=rows, w_in=cols,
+                    c_in=cc, c_out=kk, h_out=hh, w_out=ww, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw,
+                    pad_top=ptop, pad_bottom=pbot, pad_left=pleft, pad_right=pright,
+                    pad_value=int(ly.input_zero_point) + tin.offset_value, psum_in=int(j > 0),
+                    psum_out=int(j < nch - 1), psum_addr=buf("psum"))
+                return [c], 0
             c = cg.ClusterKernel(
                 kernel=kern, relu=int(relu), out_signed=int(tout.stored_signed),
                 in_signed=int(tin.stored_signed), in_bits=tin.cbits,

@@ -336,8 +336,10 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
     c->w_bits = (int)fld(w2, 16, 4);
     c->out_bits = (int)fld(w2, 20, 4);
     c->shift = (int)fld(w2, 24, 5);
-    if (w2 >> 29)
-        FAIL(ACCEL_ERR_DECODE, CMDF "reserved bits [31:29] of word 2 set (0x%08x)", CMDA, w2);
+    c->psum_in = (int)fld(w2, 29, 1);
+    c->psum_out = (int)fld(w2, 30, 1);
+    if (w2 >> 31)
+        FAIL(ACCEL_ERR_DECODE, CMDF "reserved bit 31 of word 2 set (0x%08x)", CMDA, w2);
     c->x = wd(p, 3);
     c->y = wd(p, 4);
     c->w = wd(p, 5);
@@ -362,8 +364,15 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
         FAIL(ACCEL_ERR_DECODE, CMDF "reserved bits [31:8] of word 11 set (0x%08x)", CMDA, wd(p, 11));
     c->pad_value = (int)fld(wd(p, 11), 0, 8);
     c->lambda = accel_as_i32(wd(p, 12));
-    if (reserved_zero(e, idx, c, p, 13))
+    c->psum = wd(p, 13);
+    if (reserved_zero(e, idx, c, p, 14))
         return e->code;
+    if ((c->psum_in || c->psum_out) && k != MARS_CL_CONV && k != MARS_CL_FC)
+        FAIL(ACCEL_ERR_DECODE, CMDF "fields psum_in/psum_out: only CONV and FC accumulate partial sums",
+             CMDA);
+    if (!c->psum_in && !c->psum_out && c->psum)
+        FAIL(ACCEL_ERR_DECODE, CMDF "field psum_addr: 0x%llx set without psum_in/psum_out", CMDA,
+             (unsigned long long)c->psum);
     if (c->h_in < 1 || c->w_in < 1 || c->k_in < 1 || c->h_out < 1 || c->w_out < 1 || c->k_out < 1)
         FAIL(ACCEL_ERR_DECODE, CMDF "fields H/W/C: in %lldx%lldx%lld, out %lldx%lldx%lld must all be "
              ">= 1", CMDA, (long long)c->h_in, (long long)c->w_in, (long long)c->k_in,
@@ -435,17 +444,33 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
         uint64_t wb = packed_bytes(nw, c->w_bits);
         int prec = c->in_bits > c->w_bits ? c->in_bits : c->w_bits;
         if (check_range(e, idx, c, "weights", MARS_MEM_L1, c->w, wb, m) ||
-            check_range(e, idx, c, "normquant", MARS_MEM_L1, c->nq, 6 * (uint64_t)c->k_out, m))
+            (!c->psum_out &&
+             check_range(e, idx, c, "normquant", MARS_MEM_L1, c->nq, 6 * (uint64_t)c->k_out, m)))
             return e->code;
-        c->rd_bytes[MARS_MEM_L1] += wb + 6 * (uint64_t)c->k_out;
+        c->rd_bytes[MARS_MEM_L1] += wb + (c->psum_out ? 0 : 6 * (uint64_t)c->k_out);
         c->macs = n_out * taps * (k == MARS_CL_DWCONV ? 1 : (uint64_t)c->k_in);
-        outs_nq = n_out;
+        outs_nq = c->psum_out ? 0 : n_out;
+        if (c->psum_in || c->psum_out) {
+            uint64_t pb = accel_sat_mul(n_out, 4);
+            if (c->psum % 4)
+                FAIL(ACCEL_ERR_DECODE, CMDF "field psum_addr: 0x%llx is not a multiple of 4", CMDA,
+                     (unsigned long long)c->psum);
+            if (check_range(e, idx, c, "partial sums (psum_addr)", MARS_MEM_L1, c->psum, pb, m))
+                return e->code;
+            if (c->psum_in)
+                c->rd_bytes[MARS_MEM_L1] += pb;
+            if (c->psum_out)
+                c->wr_bytes[MARS_MEM_L1] = pb;
+            /* one 32-bit load and / or store per output and core */
+            work = ceil_rate((double)n_out * (c->psum_in + c->psum_out), (double)cfg->cluster_cores);
+        }
         if (k == MARS_CL_DWCONV)
             work = ceil_rate((double)c->macs, cfg->cl_dw_macs);
         else if (k == MARS_CL_FC)
-            work = ceil_rate((double)c->macs, matmul_rate(cfg, prec) * cfg->cl_fc_efficiency);
+            work = accel_sat_add(work, ceil_rate((double)c->macs,
+                                                 matmul_rate(cfg, prec) * cfg->cl_fc_efficiency));
         else {
-            work = ceil_rate((double)c->macs, matmul_rate(cfg, prec));
+            work = accel_sat_add(work, ceil_rate((double)c->macs, matmul_rate(cfg, prec)));
             if (taps > 1 || c->stride_h > 1 || c->stride_w > 1)
                 work = accel_sat_add(work, ceil_rate((double)(c->h_out * c->w_out) * (double)taps *
                                                          (double)c->k_in * c->in_bits / 8.0,

@@ -256,7 +256,8 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
                 if (accel_should_stop())
                     goto stopped;
                 for (int64_t o = 0; o < Co; o++) {
-                    int64_t acc = 0;
+                    uint64_t oi = (uint64_t)((ho * Wo + wo) * Co + o);
+                    int64_t acc = c->psum_in ? (int64_t)accel_as_i32(accel_ld_u32le(l1 + c->psum + 4 * oi)) : 0;
                     for (int ky = 0; ky < c->kh; ky++)
                         for (int kx = 0; kx < c->kw; kx++) {
                             int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
@@ -276,12 +277,14 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
                                 }
                             }
                         }
-                    {
+                    if (c->psum_out) {
+                        out[oi] = wrap32(acc);
+                    } else {
                         uint32_t kappa;
                         int32_t lambda;
                         nq_record(l1, c->nq, o, &kappa, &lambda);
-                        out[(ho * Wo + wo) * Co + o] = normquant(wrap32(acc), kappa, lambda, c->shift,
-                                                                 c->out_bits, c->out_signed, c->relu);
+                        out[oi] = normquant(wrap32(acc), kappa, lambda, c->shift, c->out_bits,
+                                            c->out_signed, c->relu);
                     }
                 }
             }
@@ -317,6 +320,11 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
                             : normquant(acc, c->kappa_a, c->lambda, c->shift, c->out_bits, c->out_signed, c->relu);
                 }
             }
+    }
+    if (c->psum_out) { /* partial sums stay 32-bit for the next input-channel chunk */
+        for (uint64_t i = 0; i < n_out; i++)
+            accel_st_u32le(l1 + c->psum + 4 * i, (uint32_t)((uint64_t)out[i] & 0xffffffffu));
+        goto done;
     }
 store:
     for (uint64_t i = 0; i < n_out; i++) {

@@ -25,6 +25,8 @@ typedef struct {
     int kernel;                             /* CLUSTER kernel id */
     uint32_t kappa_a, kappa_b;              /* CLUSTER ADD / AVGPOOL */
     int32_t lambda;
+    int psum_in, psum_out;                  /* CLUSTER CONV / FC: 32-bit partial sums (Kin tiling) */
+    uint64_t psum;                          /* L1 address of the (H_out, W_out, C_out) int32 sums */
     /* timing, computed at decode time */
     uint64_t cycles;                        /* duration without the RBE setup */
     uint64_t phases[4];                     /* RBE LOAD, COMPUTE, NORMQUANT, STREAMOUT */

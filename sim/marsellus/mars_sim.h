@@ -32,6 +32,8 @@
  *            CONV  ceil(MACs / matmul_rate(max(in, w bits))) + im2col bytes / im2col rate
  *                  (only for kernels > 1x1 or stride > 1) + outputs * nq_cycles / cores
  *            FC    like CONV with matmul_rate * fc_efficiency
+ *            CONV / FC with partial sums (Kin tiling): + outputs * (psum_in + psum_out) / cores
+ *                  (one 32-bit load / store per output); no NormQuant term when psum_out
  *            DW    ceil(MACs / dw_rate) + outputs * nq_cycles / cores
  *            ADD   elements / eltwise rate; MAXPOOL/AVGPOOL taps / pool rate;
  *            HWC<->RBE marshaling  element bits / marshal rate

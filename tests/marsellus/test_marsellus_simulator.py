@@ -530,6 +530,9 @@ def _base_streams():
                              out_addr=16384, w_addr=20000, nq_addr=24000, h_in=4, w_in=4,
                              c_in=8, c_out=8, h_out=4, w_out=4, kh=3, kw=3, pad_top=1,
                              pad_bottom=1, pad_left=1, pad_right=1),
+            cg.ClusterKernel(kernel="CONV", w_bits=4, in_addr=8192, out_addr=16384,
+                             w_addr=20000, h_in=4, w_in=4, c_in=8, c_out=8, h_out=4, w_out=4,
+                             psum_in=1, psum_out=1, psum_addr=36000),
             cg.ClusterKernel(kernel="AVGPOOL", in_addr=16384, out_addr=30000, h_in=4, w_in=4,
                              c_in=8, c_out=8, h_out=2, w_out=2, kh=2, kw=2, sh=2, sw=2,
                              kappa_a=64, shift=8),
@@ -602,7 +605,7 @@ def test_base_stream_of_the_fuzzer_is_valid():
     mem[:l1.size] = l1
     st = simulate(CFG, stream, l1=mem, l3=np.zeros(4096, np.uint8), l2=np.zeros(65536, np.uint8),
                   max_cycles=200_000)
-    assert st.rbe_cmds == 1 and st.cluster_cmds == 3
+    assert st.rbe_cmds == 1 and st.cluster_cmds == 4
 
 
 def test_mutated_streams_fail_cleanly_or_run():
