@@ -66,6 +66,13 @@ the partition report keys layers by it), ``<name>_biased``, ``<name>_rq_*`` the 
 steps, and ``<name>`` the 8-bit output (for max pool, upsample and concat without a rescale
 the core op is the output: ``<name>_acc``). Without ONNX names, layers are named
 ``conv2d_0``, ``dense_1``, ``add_2``, ...
+
+One layer name for the user: var names must be identifiers (``layer1_0_conv1``), but every name
+a user reads or writes (``--dump-offloads``, ``--profile``, knobs, precision configs, tuning
+records) is the ONNX node name (``layer1.0.conv1``). The core op's call carries the layer's var
+name as its span (``Span.source_name``), which survives partitioning even where the binding's
+var is renamed (a one-op composite), and the module attribute :data:`LAYER_NAMES_ATTR` maps
+each var name to its ONNX name where they differ.
 """
 
 from __future__ import annotations
@@ -263,6 +270,38 @@ class _Plan:
     def __init__(self, record: LayerRecord, emit: Callable):
         self.record = record
         self.emit = emit  # emit(bb, lookup) -> Expr
+
+
+#: module attribute: layer var name -> ONNX node name, where they differ
+LAYER_NAMES_ATTR = "tvm_accel_layer_names"
+
+
+def layer_span(name: str) -> tvm.ir.Span:
+    """The span naming a layer's core call (read back by :func:`span_layer`)."""
+    return tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
+
+
+def span_layer(call) -> str | None:
+    """The layer name a core call's span carries, if any."""
+    span = getattr(call, "span", None)
+    return str(span.source_name.name) if span is not None else None
+
+
+class _NamingBuilder:
+    """The block builder a plan emits through: it puts the layer's name on its core call
+    (the binding named ``<layer>_acc``) as the call's span."""
+
+    def __init__(self, bb: relax.BlockBuilder, layer: str):
+        self._bb, self._core = bb, f"{layer}_acc"
+
+    def emit(self, expr, name_hint: str = ""):
+        if name_hint == self._core and isinstance(expr, relax.Call):
+            expr = relax.Call(expr.op, expr.args, expr.attrs, expr.ty_args,
+                              span=layer_span(self._core[:-4]))
+        return self._bb.emit(expr, name_hint=name_hint)
+
+    def __getattr__(self, key):
+        return getattr(self._bb, key)
 
 
 class _Graph:
@@ -563,8 +602,14 @@ class _Canonicalizer:
         self.report.append(LayerRecord(name, onnx_name, op, False, out.dtype, out.scale, out.zp,
                                        detail={"reason": reason, "relax_vars": rvars}))
 
-    def _record(self, name, onnx_name, op, out: _Out, err=None, **detail) -> LayerRecord:
+    def _record(self, name, onnx_name, op, out: _Out, err=None, parts=(), **detail
+                ) -> LayerRecord:
+        """Record of an integer layer; ``parts``: other exprs of the layer (a bias add), whose
+        ONNX nodes are reported as fused into it (``detail["absorbed"]``, with the
+        activations)."""
         detail.setdefault("bits", {"w": None, "i": None, "o": out.bits})
+        detail["absorbed"] = [v.name for v in (*parts, *out.act_exprs)
+                              if isinstance(v, relax.Var) and v.name != name]
         if out.activation:
             detail["activation"] = out.activation
         detail.setdefault("qmin", out.qmin)
@@ -695,7 +740,7 @@ class _Canonicalizer:
             return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
                                          out_name=name)
 
-        rec = self._record(name, onnx_name, "conv2d", out, err, **attrs,
+        rec = self._record(name, onnx_name, "conv2d", out, err, parts=(core, op_e), **attrs,
                            bits=self._bits(out, [x], wbits),
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw).size > 1),
@@ -773,7 +818,8 @@ class _Canonicalizer:
             return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
                                          out_name=name)
 
-        rec = self._record(name, onnx_name, "conv2d_transpose", out, err, **attrs,
+        rec = self._record(name, onnx_name, "conv2d_transpose", out, err, parts=(core, op_e),
+                           **attrs,
                            bits=self._bits(out, [x], wbits),
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw_k).size > 1),
@@ -828,7 +874,8 @@ class _Canonicalizer:
             return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
                                          out_name=name)
 
-        rec = self._record(name, onnx_name, "dense", out, err, units=k, in_features=wt.shape[0],
+        rec = self._record(name, onnx_name, "dense", out, err, parts=(core, op_e), units=k,
+                           in_features=wt.shape[0],
                            bits=self._bits(out, [x], wbits),
                            weight_per_channel=bool(np.unique(sw).size > 1), bias=bias_kind,
                            input_scale=x.scale, input_zero_point=x.zp, input_dtype=x.dtype,
@@ -1168,7 +1215,7 @@ class _Rewriter(relax.PyExprMutator):
         plan = self.plans.get(binding.var)
         if plan is None:
             return super().visit_var_binding_(binding)
-        new = plan.emit(self.builder_, self.visit_expr)
+        new = plan.emit(_NamingBuilder(self.builder_, plan.record.name), self.visit_expr)
         if not isinstance(binding.var, relax.DataflowVar) and isinstance(new, relax.DataflowVar):
             new = self.builder_.emit_output(new, name_hint=binding.var.name)
         self.set_var_remap(binding.var, new)
@@ -1215,6 +1262,9 @@ def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
     out[func_name] = new_func
     entries = [gv.name_hint for gv, f in out.functions_items() if isinstance(f, relax.Function)]
     out = relax.transform.DeadCodeElimination(entries)(out)
+    renamed = {r.name: r.onnx_name for r in canon.report if r.integer and r.onnx_name != r.name}
+    if renamed:
+        out = out.with_attr(LAYER_NAMES_ATTR, renamed)
     if canon.layer_bits:
         out = out.with_attr(precision.LAYER_BITS_ATTR, {
             k: {kk: int(vv) for kk, vv in v.items() if vv is not None}

@@ -27,18 +27,26 @@ import numpy as np
 from tvm_accel.errors import AccelError, BlobError, MappingError
 
 ACCEL_TARGETS = ("vta", "dpu", "marsellus")
-HOSTS = ("llvm",)
+HOSTS = ("llvm", "c")
 
 
 def parse_target(text: str) -> tuple[str | None, str]:
-    """``"vta, llvm"`` -> ``("vta", "llvm")``; the host must come last."""
-    kinds = [t.strip() for t in text.split(",") if t.strip()]
+    """``"vta, llvm"`` -> ``("vta", "llvm")``; the host must come last and may be a full TVM
+    target string (``"vta, llvm -mcpu=skylake"``, ``"dpu, c"``)."""
+    kinds: list[str] = []
+    for piece in (t.strip() for t in text.split(",")):  # "-mattr=+avx2,+fma" keeps its comma
+        last = kinds[-1].split()[-1] if kinds else ""
+        if last.startswith("-") and "=" in last and piece and " " not in piece:
+            kinds[-1] += "," + piece
+        elif piece:
+            kinds.append(piece)
     if not kinds:
         raise AccelError("--target is empty; use e.g. --target \"vta, llvm\"")
     host = kinds[-1]
-    if host not in HOSTS:
-        raise AccelError(f"--target: the last target must be the host ({', '.join(HOSTS)}), "
-                         f"got '{host}'")
+    if host.split()[0] not in HOSTS:
+        raise AccelError(f"--target: the last target must be the host ({', '.join(HOSTS)}, "
+                         f"with options such as 'llvm -mcpu=skylake'), got '{host}'")
+    _check_host(host)
     accels = kinds[:-1]
     for k in accels:
         if k not in ACCEL_TARGETS:
@@ -49,9 +57,48 @@ def parse_target(text: str) -> tuple[str | None, str]:
     return (accels[0] if accels else None), host
 
 
-def _onnx_signature(path: str):
-    """``(inputs, outputs, quantized)``: the graph's input and output specs, and whether it
-    holds any Q/DQ (or other quantized) operator."""
+def _check_host(host: str) -> None:
+    """A host target string TVM accepts (``llvm -mcpu=...`` with a CPU LLVM knows)."""
+    from tvm_accel.pipeline import host_target
+
+    try:
+        host_target(host)
+    except Exception as e:
+        why = _one_line(str(e))
+        m = re.search(r"Attribute '([^']+)' is not available", why)
+        why = why.split(". Target creation")[0]
+        raise AccelError(f"--target: host '{host}' is not a valid TVM target: "
+                         + (f"{host.split()[0]} has no option -{m[1]}" if m else why)) from None
+
+
+#: ``name:[1,3,224,224]`` of ``--input-shapes`` (upstream tvmc's syntax)
+_SHAPE_ITEM = re.compile(r"\s*([^\s:][^:]*?)\s*:\s*\[([^\]]*)\]\s*")
+
+
+def parse_input_shapes(text: str | None) -> dict[str, list[int]] | None:
+    """``--input-shapes "input:[1,3,224,224] mask:[1,128]"`` -> ``{name: shape}``; each
+    dimension a positive integer."""
+    if not text:
+        return None
+    out, pos = {}, 0
+    while pos < len(text):
+        m = _SHAPE_ITEM.match(text, pos)
+        if m is None:
+            raise AccelError(f"--input-shapes: cannot read '{text[pos:].strip()}'; give "
+                             "name:[d0,d1,...] per input, space-separated, e.g. "
+                             "\"input:[1,3,224,224]\"")
+        dims = [d.strip() for d in m[2].split(",") if d.strip()]
+        if not dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise AccelError(f"--input-shapes: {m[1]}: dimensions must be positive integers, "
+                             f"got [{m[2]}]")
+        out[m[1]] = [int(d) for d in dims]
+        pos = m.end()
+    return out
+
+
+def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
+    """``(inputs, outputs, quantized)``: the graph's input and output specs (dynamic input
+    dimensions from ``shapes``), and whether it holds any Q/DQ (or other quantized) operator."""
     import onnx
 
     from tvm_accel.package import TensorSpec
@@ -66,8 +113,11 @@ def _onnx_signature(path: str):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
         return TensorSpec(vi.name, shape, dtype)
 
-    return ([spec(v) for v in model.graph.input if v.name not in inits],
-            [spec(v) for v in model.graph.output], is_quantized(model))
+    inputs = [spec(v) for v in model.graph.input if v.name not in inits]
+    for t in inputs:
+        if shapes and t.name in shapes:
+            t.shape = list(shapes[t.name])
+    return inputs, [spec(v) for v in model.graph.output], is_quantized(model)
 
 
 def _not_quantized(accel: str) -> str:
@@ -78,15 +128,16 @@ def _not_quantized(accel: str) -> str:
 
 def cmd_compile(args) -> int:
     from tvm_accel.frontend import load_onnx
+    from tvm_accel.lower import compile_progress
     from tvm_accel.package import PackageMetadata, save_package
-    from tvm_accel.pipeline import compile_model, compile_reference
+    from tvm_accel.pipeline import compile_reference
     from tvm_accel.quantize import default_output
     from tvm_accel.report import format_table
     from tvm_accel.target import get_target
 
     accel, host = parse_target(args.target)
     _check_output_path(args.output)
-    if args.dump_offloads not in (None, "-") and (
+    if args.dump_offloads not in (None, "-", "all") and (
             os.path.isdir(args.dump_offloads)
             or not os.path.isdir(os.path.dirname(os.path.abspath(args.dump_offloads)))):
         raise AccelError(f"--dump-offloads {args.dump_offloads}: not a file in an existing "
@@ -96,8 +147,9 @@ def cmd_compile(args) -> int:
         from tvm_accel.precision import load_precision
 
         precision = load_precision(args.precision_config)
-    mod, _ = load_onnx(args.model)
-    inputs, outputs, quantized = _onnx_signature(args.model)
+    shapes = parse_input_shapes(args.input_shapes)
+    mod, info = load_onnx(args.model, shapes=shapes)
+    inputs, outputs, quantized = _onnx_signature(args.model, shapes)
     t0 = time.perf_counter()
     if accel is None:
         ex = compile_reference(mod, None, host, precision=precision)
@@ -109,21 +161,15 @@ def cmd_compile(args) -> int:
         knobs = _target_knobs(accel, args)
         records = getattr(args, "tuning_records", None)
         try:
-            if records:
-                from tvm_accel.tuning.records import ApplyHistoryBest
-
-                with ApplyHistoryBest(records):
-                    ex, report = compile_model(mod, target, cfg, knobs, host,
-                                               precision=precision)
-            else:
-                ex, report = compile_model(mod, target, cfg, knobs, host, precision=precision)
+            with compile_progress(_ProgressLines(t0)):
+                ex, report = _compile(mod, target, cfg, knobs, host, precision, records)
         except MappingError as e:  # not one layer (those fall back): the whole config
             raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
                              f"config: use one with more memory, or --target-{accel}-config "
                              "of another instance)") from e
         config = cfg.name
     seconds = time.perf_counter() - t0
-    offloads = [asdict(r) for r in report.offloads] if report else []
+    offloads = [asdict(r) for r in report.nodes] if report else []
     float_model = accel is not None and not quantized
     reasons = {}  # layer -> reason shown (a float model: "not quantized" for the CPU layers)
     for r in offloads:
@@ -135,9 +181,10 @@ def cmd_compile(args) -> int:
         accel or "", host, config, inputs, outputs, offloads,
         host_functions=list(report.host_functions) if report else [], tool=_version_line(),
         config_fields=cfg.to_json() if cfg is not None else {}, knobs=knobs or {}), blobs)
-    n_acc = sum(1 for r in offloads if r["placement"] != "cpu")
+    layers = [r for r in offloads if r["kind"] == "layer"]
+    n_acc = sum(1 for r in layers if r["placement"] != "cpu")
     print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
-          f"{accel or 'cpu'}, {len(offloads) - n_acc} on the cpu -> {args.output}")
+          f"{accel or 'cpu'}, {len(layers) - n_acc} on the cpu -> {args.output}")
     if float_model and n_acc == 0:
         print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), so "
               f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "
@@ -147,10 +194,12 @@ def cmd_compile(args) -> int:
         print(f"config {config}; knobs {json.dumps(knobs or {}, sort_keys=True)}; "
               f"{_version_line()}")
     if args.dump_offloads and report:
-        err = {r.layer: r for r in report.numerics} if report.numerics else {}
+        err = {r.onnx_name: r for r in report.numerics} if report.numerics else {}
         rows = []
-        for r in report.offloads:
-            e = err.get(r.layer)
+        for r in report.nodes:
+            if r.kind in ("qdq", "const") and args.dump_offloads != "all":
+                continue
+            e = err.get(r.layer) if r.kind == "layer" else None
             bits = (e.detail.get("bits") or {}) if e is not None else {}
             wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
             rows.append((r.layer, r.op, r.shape, r.placement,
@@ -167,7 +216,7 @@ def cmd_compile(args) -> int:
             rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
             heads = [*heads[:-1], "embedding", "reason"]
         table = format_table(heads, rows)
-        if args.dump_offloads == "-":
+        if args.dump_offloads in ("-", "all"):
             print(table)
         else:
             try:
@@ -178,6 +227,36 @@ def cmd_compile(args) -> int:
                                  f"({e.strerror})") from None
             print(f"offloads -> {args.dump_offloads}")
     return 0
+
+
+def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None):
+    """:func:`tvm_accel.pipeline.compile_model`, with the tuning records applied if given."""
+    from tvm_accel.pipeline import compile_model
+
+    if not records:
+        return compile_model(mod, target, cfg, knobs, host, precision=precision)
+    from tvm_accel.tuning.records import ApplyHistoryBest
+
+    with ApplyHistoryBest(records):
+        return compile_model(mod, target, cfg, knobs, host, precision=precision)
+
+
+class _ProgressLines:
+    """Progress of a long compile on stderr: one line per step (offloaded function, VTA
+    embedding search) once the compile has run for :attr:`AFTER` seconds (short compiles stay
+    quiet)."""
+
+    AFTER = 3.0
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+
+    def __call__(self, stage: str, index: int, count: int, name: str, seconds: float) -> None:
+        elapsed = time.perf_counter() - self.t0
+        if elapsed >= self.AFTER:
+            of = f"/{count}" if count else ""
+            print(f"  [{stage} {index}{of}] {name}: {seconds:.1f} s (total {elapsed:.0f} s)",
+                  file=sys.stderr, flush=True)
 
 
 def _version_line() -> str:
@@ -282,9 +361,26 @@ def cmd_run(args) -> int:
                          "(at most 2^62)")
     pkg = load_package(args.package)
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
+    outs = _run_checked(pkg, inputs, args)
+    names = [o.name for o in pkg.meta.outputs]
+    names += [f"output_{i}" for i in range(len(names), len(outs))]
+    if args.outputs:
+        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))
+        print(f"outputs written to {args.outputs}")
+    else:
+        for n, o in zip(names, outs, strict=False):
+            flat = o.reshape(-1)
+            print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
+    return 0
+
+
+def _run_checked(pkg, inputs: list, args) -> list[np.ndarray]:
+    """:func:`_execute` under the ``--max-cycles`` budget, its user errors as one line."""
+    from tvm_accel import simlib
+
     try:
         with simlib.cycle_budget(args.max_cycles):
-            outs = _execute(pkg, inputs, args)
+            return _execute(pkg, inputs, args)
     except simlib.CycleBudgetError as e:
         msg = _one_line(str(e)).removesuffix("; raise max_cycles if the program is legitimate")
         budget = args.max_cycles or f"default 2^34 = {simlib.DEFAULT_MAX_CYCLES}"
@@ -295,15 +391,31 @@ def cmd_run(args) -> int:
         if translated is None:
             raise
         raise translated from e
-    names = [o.name for o in pkg.meta.outputs]
-    names += [f"output_{i}" for i in range(len(names), len(outs))]
-    if args.outputs:
-        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))
-        print(f"outputs written to {args.outputs}")
-    else:
-        for n, o in zip(names, outs, strict=False):
-            flat = o.reshape(-1)
-            print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
+
+
+def cmd_timeline(args) -> int:
+    """``tvmc timeline``: run a package of any target once, traced, and draw the trace (one
+    lane per unit, one bar per instruction; :func:`tvm_accel.timeline.trace_to_png`)."""
+    import tvm
+
+    from tvm_accel.package import load_package
+    from tvm_accel.timeline import trace_to_png
+
+    png = args.output or os.path.splitext(os.path.basename(args.package))[0] + "_timeline.png"
+    _check_output_path(png, "timeline.png", "picture")
+    args.trace = args.trace or os.path.splitext(png)[0] + ".json"
+    _check_output_path(args.trace, "timeline.json", "trace")
+    args.profile = args.print_time = False
+    args.profile_csv = None
+    pkg = load_package(args.package)
+    if not pkg.meta.target:
+        raise AccelError(f"{args.package}: compiled for the CPU only; there is no accelerator "
+                         "program to draw")
+    inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
+    _run_checked(pkg, inputs, args)
+    trace_to_png(args.trace, png, title=args.title or
+                 f"{os.path.basename(args.package)} on {pkg.meta.target} ({pkg.meta.config})")
+    print(f"timeline written to {png} (trace {args.trace})")
     return 0
 
 
@@ -326,7 +438,7 @@ def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
         if args.profile_csv:
             prof.write_csv(args.profile_csv)
             print(f"per-layer profile written to {args.profile_csv}")
-        if args.trace:
+        if args.trace and args.verb == "run":  # tvmc timeline names both of its files
             print(f"timeline written to {args.trace}")
     else:
         result = vm["main"](*inputs)
@@ -401,6 +513,56 @@ def cmd_quantize(args) -> int:
     return 0
 
 
+#: zoo models ``tvmc zoo`` writes (whole networks; the single-layer builders are for tests)
+ZOO_NETWORKS = ("tiny_cnn", "resnet20", "resnet18", "resnet50", "mobilenet_tiny", "vgg16",
+                "googlenet", "yolov3_tiny", "encoder_decoder")
+
+
+def cmd_zoo(args) -> int:
+    """``tvmc zoo``: list the model zoo, or write one of its float networks as ONNX (seeded
+    weights, no download), optionally with seeded random calibration samples."""
+    import inspect
+
+    from tvm_accel import zoo
+
+    if not args.model:
+        for name in ZOO_NETWORKS:
+            doc = (inspect.getdoc(zoo.MODELS[name]) or "").split(". ")[0].split("\n")[0]
+            print(f"{name:16s} {doc}")
+        return 0
+    if args.model not in ZOO_NETWORKS:
+        import difflib
+
+        near = difflib.get_close_matches(args.model, ZOO_NETWORKS, n=1)
+        raise AccelError(f"zoo: no model '{args.model}'"
+                         + (f" (did you mean {near[0]}?)" if near else "")
+                         + f"; available: {', '.join(ZOO_NETWORKS)}")
+    out = args.output or f"{args.model}_fp32.onnx"
+    _check_output_path(out, f"{args.model}_fp32.onnx", "model")
+    builder = zoo.MODELS[args.model]
+    kw = {"seed": args.seed, "batch": args.batch}
+    if args.hw is not None:
+        if "hw" not in inspect.signature(builder).parameters:
+            raise AccelError(f"zoo: {args.model} has a fixed input size; drop --hw")
+        kw["hw"] = args.hw
+    if args.batch < 1 or (args.hw is not None and args.hw < 8):
+        raise AccelError("zoo: --batch must be >= 1 and --hw >= 8")
+    model = builder(**kw)
+    import onnx
+
+    onnx.save(model, out)
+    shape = zoo.input_shape(model)
+    print(f"wrote {args.model} (float, input {list(shape)}) -> {out}")
+    if args.calibration_out:
+        _check_output_path(args.calibration_out, "inputs.npz", "calibration file")
+        samples = zoo.random_calibration(model, seed=args.seed, n=args.samples)
+        stacked = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
+        np.savez(args.calibration_out, **stacked)
+        print(f"wrote {args.samples} seeded random calibration sample(s) -> "
+              f"{args.calibration_out} (use your own data for representative scales)")
+    return 0
+
+
 def cmd_disassemble(args) -> int:
     from tvm_accel.blob import unpack_blob
     from tvm_accel.package import read_blobs
@@ -440,6 +602,13 @@ def add_target_options(c: argparse.ArgumentParser) -> None:
                    help="MARSELLUS adaptive body biasing on")
 
 
+def add_input_shapes_option(p: argparse.ArgumentParser) -> None:
+    """``--input-shapes`` (compile, tune): static shapes for a model with dynamic inputs."""
+    p.add_argument("--input-shapes", metavar="SHAPES",
+                   help='shapes of inputs with dynamic dimensions, e.g. '
+                   '"input:[1,3,224,224] mask:[1,128]"')
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's error convention: one line, exit 2 (no usage block)."""
 
@@ -459,12 +628,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
     add_target_options(c)
     c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
+    add_input_shapes_option(c)
     c.add_argument("--precision-config", metavar="FILE",
                    help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
                    '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
     c.add_argument("--dump-offloads", nargs="?", const="-", metavar="FILE",
                    help="list every layer, where it runs and why (to FILE, or stdout: '-' "
-                   "or no value)")
+                   "or no value; 'all': stdout, with the folded Q/DQ and constant nodes)")
     c.add_argument("--tuning-records", metavar="FILE",
                    help="apply the best configuration per workload from 'tvmc tune' records")
     c.set_defaults(func=cmd_compile)
@@ -488,6 +658,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cycle budget of each simulator run (one per accelerator layer, "
                    "default 2^34); a run that exceeds it stops with an error")
     r.set_defaults(func=cmd_run)
+    tl = sub.add_parser("timeline", help="run a package once, traced, and draw its timeline "
+                        "(PNG: one lane per unit, one bar per instruction)")
+    tl.add_argument("package")
+    tl.add_argument("-o", "--output", metavar="PNG",
+                    help="picture to write (default: <package>_timeline.png)")
+    tl.add_argument("--trace", metavar="JSON",
+                    help="also keep the Chrome trace here (default: beside the picture)")
+    tl.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz)")
+    tl.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
+                    help="fill inputs missing from --inputs (default random)")
+    tl.add_argument("--max-cycles", type=int, metavar="N",
+                    help="cycle budget of each simulator run (default 2^34)")
+    tl.add_argument("--title", help="title of the picture")
+    tl.set_defaults(func=cmd_timeline)
     from tvm_accel.quantize import ACTIVATION_TYPES, DEFAULT_SAMPLES, SCHEMES
 
     q = sub.add_parser(
@@ -514,6 +698,19 @@ def build_parser() -> argparse.ArgumentParser:
                    f"N random ones (default {DEFAULT_SAMPLES})")
     q.add_argument("--seed", type=int, default=0, help="seed of the random calibration data")
     q.set_defaults(func=cmd_quantize)
+    z = sub.add_parser("zoo", help="list the model zoo, or write one of its float networks "
+                       "as ONNX (seeded weights, nothing downloaded)")
+    z.add_argument("model", nargs="?", help="network to write (no name: list them)")
+    z.add_argument("-o", "--output", metavar="ONNX",
+                   help="model file to write (default: <model>_fp32.onnx)")
+    z.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    z.add_argument("--hw", type=int, help="input height = width, for the models that take it")
+    z.add_argument("--seed", type=int, default=0, help="weight (and sample) seed")
+    z.add_argument("--calibration-out", metavar="NPZ",
+                   help="also write seeded random calibration samples for 'tvmc quantize "
+                   "--calibration'")
+    z.add_argument("--samples", type=int, default=8, help="samples in --calibration-out")
+    z.set_defaults(func=cmd_zoo)
     d = sub.add_parser("disassemble", help="print the accelerator programs of a package or blob")
     d.add_argument("package", help="compiled package (.tar) or a raw program blob")
     d.add_argument("--layer", help="only this layer")

@@ -102,30 +102,64 @@ def _check(model: onnx.ModelProto, where: str) -> None:
 
 
 def _static_inputs(model: onnx.ModelProto, where: str, shapes: dict | None):
+    """Input name -> (static shape, dtype): the model's, or ``shapes`` (which must name model
+    inputs and agree with every dimension the model fixes)."""
     inits = {t.name for t in model.graph.initializer}
+    graph_inputs = [vi for vi in model.graph.input if vi.name not in inits]
     shapes = dict(shapes or {})
+    unknown = sorted(set(shapes) - {vi.name for vi in graph_inputs})
+    if unknown:
+        raise ModelError(f"{where}: shape given for unknown input(s) {', '.join(unknown)}; the "
+                         f"model's inputs are {', '.join(vi.name for vi in graph_inputs)}")
     out: dict[str, tuple[tuple[int, ...], str]] = {}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
+    for vi in graph_inputs:
         tt = vi.type.tensor_type
         dtype = _ONNX_DTYPES.get(tt.elem_type, f"onnx_type_{tt.elem_type}")
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                for d in tt.shape.dim] if tt.HasField("shape") else None
+        shown = "[" + ", ".join(str(d) for d in dims) + "]" if dims is not None else "unknown"
         if vi.name in shapes:
-            shape = tuple(int(d) for d in shapes.pop(vi.name))
+            shape = tuple(int(d) for d in shapes[vi.name])
+            if dims is not None and (len(shape) != len(dims) or any(
+                    isinstance(d, int) and d > 0 and d != g
+                    for d, g in zip(dims, shape, strict=True))):
+                raise ModelError(f"{where}: input '{vi.name}' is {shown} in the model; the given "
+                                 f"shape {list(shape)} does not match it")
         else:
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                    for d in tt.shape.dim]
-            if not tt.HasField("shape") or any(not isinstance(d, int) or d <= 0 for d in dims):
-                shown = "[" + ", ".join(str(d) for d in dims) + "]" if tt.HasField("shape") \
-                    else "unknown"
+            if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):
+                example = ",".join(str(d) if isinstance(d, int) and d > 0 else "1"
+                                   for d in dims) if dims else "1,3,224,224"
                 raise ModelError(
-                    f"{where}: input '{vi.name}' has a dynamic shape {shown}; give a static shape, "
-                    f"e.g. shapes={{'{vi.name}': [1, 3, 224, 224]}} (tvmc: --input-shapes)")
+                    f"{where}: input '{vi.name}' has a dynamic shape {shown}; give a static "
+                    f"shape: tvmc --input-shapes \"{vi.name}:[{example}]\" (Python: "
+                    f"shapes={{'{vi.name}': [{example.replace(',', ', ')}]}})")
             shape = tuple(dims)
         out[vi.name] = (shape, dtype)
-    if shapes:
-        raise ModelError(f"{where}: shape given for unknown input(s) {sorted(shapes)}; the model's "
-                         f"inputs are {sorted(out)}")
+    return out
+
+
+#: module attribute: the model's named nodes in graph order, ``[name, op_type, kind]`` with
+#: kind ``op``, ``const`` (a Constant, or a Q/DQ of a constant: folded into its consumer's
+#: weights) or ``qdq`` (of an activation); the compile report lists the nodes from it
+ONNX_NODES_ATTR = "tvm_accel_onnx_nodes"
+
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def onnx_node_list(model: onnx.ModelProto) -> list[list[str]]:
+    """``[name, op_type, kind]`` per named node (see :data:`ONNX_NODES_ATTR`)."""
+    const = {i.name for i in model.graph.initializer}
+    out = []
+    for n in model.graph.node:
+        kind = "op"
+        if n.op_type == "Constant":
+            kind = "const"
+        elif n.op_type in _QDQ_OPS:
+            kind = "const" if n.input and n.input[0] in const else "qdq"
+        if kind == "const":
+            const.update(n.output)
+        if n.name:
+            out.append([n.name, n.op_type, kind])
     return out
 
 
@@ -270,6 +304,8 @@ def load_onnx(path_or_model, shapes: dict | None = None) -> tuple[tvm.IRModule, 
                 names.setdefault(sanitize_name(n.name), n.name)
     mod = fold_constants_keep_qweights(mod)
     mod = mod.with_attr("onnx_node_names", names)
+    if naming == "onnx":
+        mod = mod.with_attr(ONNX_NODES_ATTR, onnx_node_list(model))
     if sub.activations:
         mod = mod.with_attr(QRANGE_ATTR, {sanitize_name(k): [int(lo), int(hi)]
                                           for k, (lo, hi) in sub.activations.items()})

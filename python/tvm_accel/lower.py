@@ -10,14 +10,17 @@ travels inside the compiled module (``export_library`` keeps it).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_accel.canonicalize import _AUTO_NAME
+from tvm_accel.canonicalize import _AUTO_NAME, span_layer
 from tvm_accel.errors import AccelError, MappingError
+from tvm_accel.frontend import sanitize_name
 from tvm_accel.layers import (
     AddLayer,
     ConcatLayer,
@@ -34,6 +37,7 @@ from tvm_accel.partition import (
     const_value,
     layer_name,
     module_layer_bits,
+    module_layer_names,
     static_shape,
 )
 from tvm_accel.precision import range_bits, signed_bits
@@ -107,10 +111,10 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
     if m is None:
         raise AccelError(f"composite {pat.name} does not match its own pattern")
     ann = {k: m[p] for k, p in pat.annotations.items() if p in m}
-    core_name = next((b.var.name for blk in body.blocks for b in blk.bindings
-                      if b.value.same_as(ann["core"])), output)
-    name = layer_name(core_name)
     core = ann["core"]
+    name = span_layer(core) or layer_name(next(
+        (b.var.name for blk in body.blocks for b in blk.bindings if b.value.same_as(core)),
+        output))
     op = core.op.name
     if "weight" in ann:
         w = const_value(ann["weight"]).astype(np.int64)
@@ -223,8 +227,12 @@ def _output_bits(layer, dtype: str, tensors: dict[str, Tensor]) -> int:
 
 def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern],
                         layer_bits: dict[str, dict[str, int]] | None = None,
-                        input_bits: list[int] | None = None) -> LayerGraph:
+                        input_bits: list[int] | None = None,
+                        onnx_names: dict[str, str] | None = None) -> LayerGraph:
     """Read an offloaded ``Codegen`` function back into a :class:`LayerGraph`.
+
+    Layers are named by their ONNX node (``onnx_names``: var name -> ONNX name, see
+    :func:`tvm_accel.partition.module_layer_names`); tensors keep the var names.
 
     Precision (:mod:`tvm_accel.precision`): each output tensor's ``bits`` comes from the clip
     range of its producing requantize; function inputs take ``input_bits`` (one per parameter,
@@ -233,6 +241,7 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern],
     minus zero point need more, else the smallest signed width holding the values (>= 2).
     """
     layer_bits = layer_bits or {}
+    onnx_names = onnx_names or {}
     by_name = {p.name: p for p in patterns}
     tensors: dict[str, Tensor] = {}
     names: dict[int, str] = {}
@@ -266,13 +275,13 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern],
                 args = [names[a.__chandle__()] for a in v.args]
                 layer = _layer_from_composite(comp, pat, args, "")
                 if isinstance(layer, ConvLayer):
-                    rec = layer_bits.get(layer.name, {}).get("w")
+                    rec = layer_bits.get(layer.name, {}).get("w")  # still the var name
                     vb = signed_bits(layer.weight)
                     layer.weight_bits = max(int(rec), vb) if rec is not None else vb
                 if _AUTO_NAME.fullmatch(layer.name):  # a one-op composite loses its var name
                     layer.name = f"{args[0]}_{pat.name.split('.')[-1]}"
                 layer.output = out = unique(layer.name)
-                layer.name = out  # layer names are unique, like their output tensors
+                layer.name = onnx_names.get(out, out)  # unique, like the output tensors
                 names[b.var.__chandle__()] = out
                 dtype = str(b.var.ty.dtype)
                 tensors[out] = _tensor(out, b.var, _output_bits(layer, dtype, tensors))
@@ -308,7 +317,7 @@ def _offload_input_bits(mod: tvm.IRModule, offloaded: dict, patterns, layer_bits
                         if isinstance(a, relax.Var) else 8 for a in v.args]
                 result[v.op] = bits
                 graph = graphs[v.op] = extract_layer_graph(offloaded[v.op], patterns, layer_bits,
-                                                           bits)
+                                                           bits, module_layer_names(mod))
                 outs = [graph.tensors[o].bits for o in graph.outputs]
                 var_bits[b.var] = max(outs) if outs else 8
                 for j, ob in enumerate(outs):
@@ -353,6 +362,29 @@ def _unmappable_layers(target: AccelTarget, graph: LayerGraph, config, knobs: di
     return {(named or [graph.layers[-1].name])[0]: f"{error} (with the layers around it)"}
 
 
+#: progress listeners: (stage, index from 1, count, name, seconds)
+_progress: list[Callable[[str, int, int, str, float], None]] = []
+
+
+@contextmanager
+def compile_progress(callback: Callable[[str, int, int, str, float], None]) -> Iterator[None]:
+    """Call ``callback`` for each step of a compile that :func:`report_progress` announces:
+    each offloaded function :func:`lower_offloads` finishes (stage ``lower``) and the steps
+    targets announce (e.g. VTA's per-layer embedding search). ``tvmc compile`` prints a line
+    per step once a compile takes more than a few seconds."""
+    _progress.append(callback)
+    try:
+        yield
+    finally:
+        _progress.remove(callback)
+
+
+def report_progress(stage: str, index: int, count: int, name: str, seconds: float) -> None:
+    """Announce one finished step of a compile to the :func:`compile_progress` listeners."""
+    for listener in _progress:
+        listener(stage, index, count, name, seconds)
+
+
 def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict | None = None,
                    report: list[LoweredFunction] | None = None) -> tvm.IRModule:
     """Compile every ``Codegen`` function of ``target`` and call its blob from ``main``. Raises
@@ -368,8 +400,9 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
     unmapped: dict[str, str] = {}
     for i, (gv, f) in enumerate(offloaded.items()):
         t0 = time.perf_counter()
-        graph = graphs[gv] if gv in graphs else extract_layer_graph(f, patterns, layer_bits)
-        first = graph.layers[0].name if graph.layers else "empty"
+        graph = graphs[gv] if gv in graphs else extract_layer_graph(
+            f, patterns, layer_bits, onnx_names=module_layer_names(mod))
+        first = sanitize_name(graph.layers[0].name) if graph.layers else "empty"
         name = f"{target.name}_{i}_{first}"
         fn_knobs, tuned = apply_history(target, graph, config, knobs)
         try:
@@ -377,6 +410,7 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
         except MappingError as e:
             unmapped.update(_unmappable_layers(target, graph, config, fn_knobs, e))
             continue
+        report_progress("lower", i + 1, len(offloaded), name, time.perf_counter() - t0)
         blobs[gv] = relax.const(np.frombuffer(data, dtype=np.uint8), "uint8")
         if report is not None:
             report.append(LoweredFunction(name, graph, data,

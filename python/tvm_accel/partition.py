@@ -279,6 +279,19 @@ def module_layer_bits(mod: tvm.IRModule) -> dict[str, dict[str, int]]:
             for k, v in mod.attrs[LAYER_BITS_ATTR].items()}
 
 
+def module_layer_names(mod: tvm.IRModule) -> dict[str, str]:
+    """Layer var name -> ONNX node name where they differ (the import's ``onnx_node_names``
+    and canonicalize's :data:`~tvm_accel.canonicalize.LAYER_NAMES_ATTR`): the name users see
+    and write."""
+    from tvm_accel.canonicalize import LAYER_NAMES_ATTR
+
+    out: dict[str, str] = {}
+    for attr in ("onnx_node_names", LAYER_NAMES_ATTR):
+        if mod.attrs is not None and attr in mod.attrs:
+            out.update((str(k), str(v)) for k, v in mod.attrs[attr].items())
+    return out
+
+
 def subbyte_activation_bits(m: dict) -> int | None:
     """Narrowest activation width (input or output) below 8 bits of a matched layer, from
     ``m["precision"]``; None when its activations are 8-bit (or nothing was recorded)."""
@@ -300,6 +313,9 @@ def partition(mod: tvm.IRModule, patterns: list[OffloadPattern],
     come in without dataflow blocks (``MergeCompositeFunctions`` only groups dataflow blocks of
     the functions it partitions) and get them afterwards, so ``FuseOps`` fuses their ops."""
     bits = module_layer_bits(mod)
+    if excluded:  # keyed by the ONNX names users see; the checks see var names
+        var_of = {v: k for k, v in module_layer_names(mod).items()}
+        excluded = {var_of.get(k, k): r for k, r in excluded.items()}
     entries = [p.as_fusion_entry(bits, excluded) for p in patterns]
     mod = relax.transform.FuseOpsByPattern(entries, bind_constants=True,
                                            annotate_codegen=False)(mod)
@@ -320,6 +336,9 @@ class OffloadRecord:
     shape: str
     placement: str
     reason: str
+    #: ``layer`` (runs somewhere), ``fused`` (part of another row's layer), ``folded`` (gone
+    #: at import), ``qdq`` / ``const`` (activation / constant Q/DQ; listed on request)
+    kind: str = "layer"
 
 
 _ANCHORS = {"relax.nn.conv2d": "conv2d", "relax.matmul": "dense",
@@ -356,7 +375,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             partitioned: tvm.IRModule | None = None,
             numerics: list | None = None,
             excluded: Mapping[str, str] | None = None) -> list[OffloadRecord]:
-    """Candidate layers of ``main`` in order, with placement and reason.
+    """Every layer of ``main`` in model order, with placement and reason, named by its ONNX
+    node.
 
     A layer matched by a pattern whose checks pass is offloaded (confirmed against the partitioned
     module when given); one whose checks fail stays on the CPU with the failed checks' reasons;
@@ -365,6 +385,12 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     canonicalize left float and gives its reason (e.g. a scale the target's recipe cannot
     represent) instead of "no pattern". ``excluded`` gives the reason of each layer lowering
     could not map (it stayed on the CPU).
+
+    Every other operator node of the ONNX model gets a row too (module attribute
+    :data:`~tvm_accel.frontend.ONNX_NODES_ATTR`): a ReLU or bias add fused into a layer has the
+    layer's placement, an operator left in the graph (a Sigmoid, an Einsum) is on the CPU, a
+    node the import folded away says so; Q/DQ nodes of activations and of constants (weights,
+    biases: folded into their layer) are rows of kind ``qdq`` / ``const``.
     """
     func = mod["main"]
     var2val = relax.analysis.get_var2val(func)
@@ -372,6 +398,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     host = _host_op_names(partitioned) if partitioned is not None else None
     floats = _float_reasons(numerics)
     bits = module_layer_bits(mod)
+    onnx = module_layer_names(mod)
     matches: list[tuple[str, OffloadRecord]] = []
     covered: set[int] = set()
     for block in func.body.blocks:
@@ -387,9 +414,10 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 core = annotated.get("core", annotated.get("root"))
                 covered.add(core.__chandle__())
                 core_name = bound_name.get(core.__chandle__(), binding.var.name)
-                name = layer_name(core_name)
+                var_name = layer_name(core_name)
+                name = onnx.get(var_name, var_name)
                 if bits:
-                    annotated["precision"] = bits.get(name, {})
+                    annotated["precision"] = bits.get(var_name, {})
                 failed = pat.failed_checks(annotated)
                 shape = _shape_str(binding.var)
                 if failed:
@@ -415,14 +443,68 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             if op in _ANCHORS and value.__chandle__() not in covered:
                 fl = floats.get(binding.var.name)
                 if fl is not None:
-                    records.append(OffloadRecord(fl.name, fl.op, _shape_str(binding.var), "cpu",
-                                                 f"left float by canonicalize: "
+                    records.append(OffloadRecord(fl.onnx_name, fl.op, _shape_str(binding.var),
+                                                 "cpu", f"left float by canonicalize: "
                                                  f"{fl.detail.get('reason', '?')}"))
                     continue
-                records.append(OffloadRecord(layer_name(binding.var.name), _ANCHORS[op],
+                var_name = layer_name(binding.var.name)
+                records.append(OffloadRecord(onnx.get(var_name, var_name), _ANCHORS[op],
                                              _shape_str(binding.var), "cpu",
                                              f"no {target_name} pattern for {_ANCHORS[op]}"))
-    return records
+    return _with_node_rows(mod, records, numerics, target_name, host)
+
+
+def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
+                    target_name: str, host: set[str] | None) -> list[OffloadRecord]:
+    """``records`` plus one row per ONNX node they do not name, all in model order (see
+    :func:`explain`)."""
+    from tvm_accel.frontend import ONNX_NODES_ATTR, sanitize_name
+
+    if mod.attrs is None or ONNX_NODES_ATTR not in mod.attrs:
+        return records
+    nodes = [(str(n[0]), str(n[1]), str(n[2])) for n in mod.attrs[ONNX_NODES_ATTR]]
+    by_layer = {r.layer: r for r in records}
+    owner = {}  # var name of a fused node -> its layer's row
+    integer = {r.onnx_name: r for r in numerics or () if getattr(r, "integer", False)}
+    for rec in numerics or ():
+        row = by_layer.get(rec.onnx_name)
+        for v in (rec.detail.get("absorbed", ()) if row is not None else ()):
+            owner.setdefault(v, row)
+    bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
+    order = {name: i for i, (name, _, _) in enumerate(nodes)}
+    keyed, last = [], -1.0
+    for r in records:  # a record without a node stays after its predecessor
+        last = order.get(r.layer, last + 1e-6)
+        keyed.append((last, r))
+    for i, (name, op_type, kind) in enumerate(nodes):
+        if name in by_layer:
+            continue
+        var = sanitize_name(name)
+        op = {"QuantizeLinear": "quantize", "DequantizeLinear": "dequantize"}.get(
+            op_type, op_type.lower())
+        if kind == "const":
+            row = OffloadRecord(name, op, "-", "-", "constant: folded into the layer using it",
+                                "const")
+        elif kind == "qdq":
+            row = OffloadRecord(name, op, "-", "-",
+                                "activation quantization: part of the integer graph", "qdq")
+        elif var in owner:
+            lay = owner[var]
+            row = OffloadRecord(name, op, lay.shape, lay.placement, f"fused into {lay.layer}",
+                                "fused")
+        elif var in bound or name in integer:
+            if var not in bound:  # an integer op of canonicalize's (a standalone ReLU's max)
+                var = next(v for v in reversed(bound) if v.startswith(integer[name].name))
+            where = "cpu" if host is None or var in host else target_name
+            row = OffloadRecord(name, op, _shape_str(bound[var]), where,
+                                f"no {target_name} pattern for {op_type}" if where == "cpu"
+                                else f"inside an offloaded {target_name} function")
+        else:
+            row = OffloadRecord(name, op, "-", "-", "folded away at import (constant or no-op)",
+                                "folded")
+        keyed.append((float(i), row))
+    keyed.sort(key=lambda kr: kr[0])
+    return [r for _, r in keyed]
 
 
 def _host_op_names(mod: tvm.IRModule) -> set[str]:

@@ -25,7 +25,11 @@ class CompileReport:
 
     target: str
     config_name: str = ""
+    #: the model's layers (an offloaded layer, or an operator on the CPU) with placement
     offloads: list[OffloadRecord] = field(default_factory=list)
+    #: every ONNX node in model order: the layers, plus nodes fused into a layer, folded
+    #: away at import, and the Q/DQ nodes (``OffloadRecord.kind``; ``--dump-offloads``)
+    nodes: list[OffloadRecord] = field(default_factory=list)
     numerics: list = field(default_factory=list)
     functions: list[LoweredFunction] = field(default_factory=list)
     #: per-layer layout decisions of the target (objects with ``layer`` and ``summary()``)
@@ -86,7 +90,8 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
                 raise
             excluded.update(e.reasons)
     if report is not None:
-        report.offloads = explain(mod, patterns, target.name, parted, report.numerics, excluded)
+        report.nodes = explain(mod, patterns, target.name, parted, report.numerics, excluded)
+        report.offloads = [r for r in report.nodes if r.kind == "layer"]
         report.functions += functions
     return target.finish_offload(lowered, config, report)
 
@@ -102,11 +107,50 @@ def target_pipeline(target: AccelTarget, config: Any = None, knobs: dict | None 
     def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
         mod = canonicalize_for(mod, target, report, prec)
         mod = offload(mod, target, cfg, knobs, report)
-        host = tvm.target.Target.current()
-        default = relax.get_default_pipeline(host) if host else relax.get_pipeline("default")
-        return default(mod)
+        return host_pipeline()(mod)
 
     return _pipeline
+
+
+def host_target(host: str | dict | tvm.target.Target) -> tvm.target.Target:
+    """The host as a TVM target. Besides what TVM 0.27 takes (a kind, a JSON dict), it reads
+    the command-line form upstream tvmc users type, ``llvm -mcpu=skylake -mattr=+avx2,+fma``
+    (TVM 0.27 no longer parses it): ``-key=value`` options, comma lists for ``-mattr``/
+    ``-keys``/``-libs``, integers and ``true``/``false`` as such. Raises ``ValueError`` for
+    what TVM refuses."""
+    if not isinstance(host, str) or " " not in host.strip():
+        return tvm.target.Target(host.strip() if isinstance(host, str) else host)
+    kind, *opts = host.split()
+    spec: dict[str, Any] = {"kind": kind}
+    for opt in opts:
+        key, eq, value = opt.lstrip("-").partition("=")
+        if not opt.startswith("-") or not key:
+            raise ValueError(f"option '{opt}' is not -key=value")
+        if not eq:
+            spec[key] = True
+        elif key in ("mattr", "keys", "libs", "cl-opt"):
+            spec[key] = [v for v in value.split(",") if v]
+        elif value.lstrip("-").isdigit():
+            spec[key] = int(value)
+        elif value in ("true", "false"):
+            spec[key] = value == "true"
+        else:
+            spec[key] = value
+    return tvm.target.Target(spec)
+
+
+def host_pipeline() -> tvm.transform.Pass:
+    """TVM's default Relax pipeline for the current host target; a ``c`` host (C source, built
+    by the system compiler when the package is exported) takes the generic CPU one, which TVM
+    does not pick for it."""
+    host = tvm.target.Target.current()
+    if host is None:
+        return relax.get_pipeline("default")
+    if host.kind.name == "c":
+        from tvm.relax.backend import cpu_generic
+
+        return cpu_generic.get_default_pipeline(host)
+    return relax.get_default_pipeline(host)
 
 
 def _load_precision(precision: Any):
@@ -125,9 +169,7 @@ def reference_pipeline(target: AccelTarget | None, precision: Any = None) -> tvm
     @tvm.transform.module_pass(opt_level=0, name="reference_pipeline")
     def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
         mod = canonicalize_for(mod, target, precision=prec)
-        host = tvm.target.Target.current()
-        default = relax.get_default_pipeline(host) if host else relax.get_pipeline("default")
-        return default(mod)
+        return host_pipeline()(mod)
 
     return _pipeline
 
@@ -147,7 +189,7 @@ def compile_model(mod: tvm.IRModule, target: AccelTarget, config: Any = None,
     :mod:`tvm_accel.precision`) applied to the canonical graph."""
     cfg = target.load_config(config)
     report = CompileReport(target=target.name, config_name=getattr(cfg, "name", ""))
-    ex = tvm.compile(mod, target=host,
+    ex = tvm.compile(mod, target=host_target(host),
                      relax_pipeline=target_pipeline(target, cfg, knobs, report, precision))
     return ex, report
 
@@ -156,4 +198,5 @@ def compile_reference(mod: tvm.IRModule, target: AccelTarget | None, host: str =
                       precision: Any = None):
     """Compile the CPU reference of ``mod`` for ``target``'s numerics (with the same
     ``precision`` config as :func:`compile_model`, it is what the accelerator must match)."""
-    return tvm.compile(mod, target=host, relax_pipeline=reference_pipeline(target, precision))
+    return tvm.compile(mod, target=host_target(host),
+                       relax_pipeline=reference_pipeline(target, precision))

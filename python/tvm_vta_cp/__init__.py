@@ -107,11 +107,17 @@ class VTATarget(AccelTarget):
                   if isinstance(v, dict) and EMBEDDING_KNOB in v}
         if strat == "static" and not forced:
             return mod
+        import time
+
+        from tvm_accel.lower import report_progress
         from tvm_vta_cp.rewrite import apply_layout_rewrites
+
+        searched = [0]
 
         def decide(info):
             if info.layer is None:
                 return None
+            t0 = time.perf_counter()
             key = (info.input_shape, info.input_dtype, info.output_dtype, info.weight_shape,
                    info.strides, info.padding, info.dilation, config.fingerprint, strat,
                    weights, top_k, forced.get(info.name))
@@ -120,6 +126,8 @@ class VTATarget(AccelTarget):
                 dec = choose(info.layer, info.input_shape, info.input_dtype, info.output_dtype,
                              config, strat, weights, top_k, limit, forced.get(info.name))
                 _DECISIONS[key] = dec
+            searched[0] += 1
+            report_progress("embedding", searched[0], 0, info.name, time.perf_counter() - t0)
             if report is not None:
                 from dataclasses import asdict, replace
 

@@ -66,11 +66,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_accel.frontend import sanitize_name
 from tvm_accel.layers import ConvLayer
 from tvm_accel.partition import (
     HOST_FUNCTION_ATTR,
     dtype_of,
     layer_name,
+    module_layer_names,
     qlinear_pattern,
     static_shape,
 )
@@ -343,8 +345,9 @@ class HostFunction:
 
 
 def host_symbol(layer: str, op: str) -> str:
-    """Global name of the host function doing ``op`` for ``layer``."""
-    return f"{HOST_PREFIX}{layer}_{op}"
+    """Global name of the host function doing ``op`` for ``layer`` (an identifier: the ONNX
+    name's dots become underscores)."""
+    return f"{HOST_PREFIX}{sanitize_name(layer)}_{op}"
 
 
 @dataclass
@@ -389,9 +392,11 @@ def _users(func: relax.Function) -> dict[relax.Var, set]:
     return users
 
 
-def _find_convs(fname: str, func: relax.Function) -> list[_Match]:
+def _find_convs(fname: str, func: relax.Function, onnx_names: Mapping[str, str]
+                ) -> list[_Match]:
     """The canonical convs of ``func`` that VTA offloads (a conv failing a check of VTA's
-    pattern table stays on the CPU, so rewriting its layout would only cost host time)."""
+    pattern table stays on the CPU, so rewriting its layout would only cost host time), named
+    by their ONNX nodes (``onnx_names``: var name -> ONNX name where they differ)."""
     from tvm_vta_cp.patterns import pattern_table
 
     checks = next(p for p in pattern_table() if p.op == "conv2d")
@@ -409,11 +414,11 @@ def _find_convs(fname: str, func: relax.Function) -> list[_Match]:
                 continue
             ann = {k: m[p] for k, p in ann_pats.items() if p in m}
             if not checks.failed_checks(ann):
-                found.append(_match(fname, b, ann, bound, users, var2val))
+                found.append(_match(fname, b, ann, bound, users, var2val, onnx_names))
     return [f for f in found if f is not None]
 
 
-def _match(fname, binding, ann, bound, users, var2val) -> _Match | None:
+def _match(fname, binding, ann, bound, users, var2val, onnx_names) -> _Match | None:
     core, data = ann["core"], ann["data"]
     a = core.attrs
     xshape, wshape = static_shape(data), static_shape(ann["weight"])
@@ -439,6 +444,7 @@ def _match(fname, binding, ann, bound, users, var2val) -> _Match | None:
     conv_index = next(i for i, (_, c) in enumerate(chain) if c.same_as(core))
     core_var = bound.get(core.__chandle__())
     name = layer_name(core_var.name if core_var is not None else binding.var.name)
+    name = onnx_names.get(name, name)
     dilation = tuple(int(d) for d in a.dilation)
     zx = int(ann["input_zero_point"].value.numpy().reshape(-1)[0])
     data_name = data.name if isinstance(data, relax.Var) else "input"
@@ -518,7 +524,7 @@ def _host_call(bb: relax.BlockBuilder, t, steps, layer: str, op: str, recipe: st
     call to ``<layer>_<op>``."""
     symbol = host_symbol(layer, op)
     gv = bb.add_func(_host_function(symbol, t.ty, steps, recipe), symbol)
-    call, name = relax.Call(gv, [t]), f"{layer}_{op}"
+    call, name = relax.Call(gv, [t]), f"{sanitize_name(layer)}_{op}"
     return bb.emit_output(call, name) if output else bb.emit(call, name)
 
 
@@ -596,7 +602,7 @@ def apply_layout_rewrites(mod: tvm.IRModule, decide: Decide
                 k in func.attrs for k in ("Codegen", "Composite", "Primitive"))):
             continue
         edits, drop = {}, set()
-        for match in _find_convs(gv.name_hint, func):
+        for match in _find_convs(gv.name_hint, func, module_layer_names(mod)):
             spec = choose(match.info.name) if choose else decide(match.info)
             if spec is None or spec.is_identity:
                 continue

@@ -304,6 +304,30 @@ CASES = [
     ("trace-dir-missing", run(vta, "--trace", "/nonexistent/t.json"), ["t.json"]),
     ("disassemble-truncated", lambda w: ["disassemble", w.file(
         "dt.tar", Path(vta(w)).read_bytes()[:3000])], ["dt.tar"]),
+    # conventions (item 7): input shapes, host target strings, timeline and zoo verbs
+    ("input-shapes-syntax", compile_("vta", "--input-shapes", "input=1,16,8,8"),
+     ["--input-shapes", "name:[d0,d1,...]"]),
+    ("input-shapes-zero-dim", compile_("vta", "--input-shapes", "input:[0,16,8,8]"),
+     ["--input-shapes", "positive"]),
+    ("input-shapes-unknown-input", compile_("vta", "--input-shapes", "image:[1,16,8,8]"),
+     ["unknown input", "image", "input"]),
+    ("input-shapes-wrong-rank", compile_("vta", "--input-shapes", "input:[1,16,8]"),
+     ["input 'input'", "does not match"]),
+    ("input-shapes-fixed-dim", compile_("vta", "--input-shapes", "input:[1,3,8,8]"),
+     ["[1, 16, 8, 8]", "[1, 3, 8, 8]"]),
+    ("host-unknown-option", lambda w: ["compile", w.model("vta"), "--target",
+                                       "vta, llvm -bogus=1", "-o", w.out], ["bogus"]),
+    ("host-option-not-key-value", lambda w: ["compile", w.model("vta"), "--target",
+                                             "vta, llvm mcpu", "-o", w.out], ["-key=value"]),
+    ("host-unknown-kind", lambda w: ["compile", w.model("vta"), "--target", "vta, cuda",
+                                     "-o", w.out], ["host", "cuda"]),
+    ("timeline-missing-package", lambda w: ["timeline", str(w.root / "none.tar")],
+     ["none.tar"]),
+    ("timeline-output-dir-missing", lambda w: ["timeline", vta(w), "-o", "/nonexistent/t.png"],
+     ["t.png"]),
+    ("zoo-unknown-model", lambda w: ["zoo", "resnet21"], ["resnet21", "resnet20"]),
+    ("zoo-fixed-input-size", lambda w: ["zoo", "resnet20", "--hw", "64", "-o",
+                                        str(w.root / "r.onnx")], ["--hw"]),
 ]
 
 

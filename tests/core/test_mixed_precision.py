@@ -213,11 +213,11 @@ def test_vta_keeps_sub8bit_activation_layers_on_the_cpu_and_stays_bit_exact(resn
     mod, info = load_onnx(resnet20_mixed)
     ex, report = compile_model(mod, tvm_vta_cp.TARGET, "vta_1x16x16")
     where = {r.layer: r for r in report.offloads}
-    assert where["layer1_0_conv1"].placement == "cpu"
+    assert where["layer1.0.conv1"].placement == "cpu"
     assert "sub-8-bit (2..7-bit) activations: VTA computes int8 only" in \
-        where["layer1_0_conv1"].reason
-    assert where["layer1_0_conv2"].placement == "cpu"  # reads a 4-bit tensor
-    assert where["layer3_0_downsample"].placement == "vta"  # 6-bit weights, 8-bit activations
+        where["layer1.0.conv1"].reason
+    assert where["layer1.0.conv2"].placement == "cpu"  # reads a 4-bit tensor
+    assert where["layer3.0.downsample"].placement == "vta"  # 6-bit weights, 8-bit activations
     x = zoo.random_input(resnet20_mixed, 0)[0]
     np.testing.assert_array_equal(_run(ex, x), _run(compile_reference(mod, tvm_vta_cp.TARGET),
                                                      x))

@@ -97,6 +97,9 @@ def add_tune_parser(sub, add_target_options) -> None:
     t.add_argument("model", help="ONNX model (float or QDQ-quantized)")
     t.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
     add_target_options(t)
+    from tvm_accel.cli import add_input_shapes_option
+
+    add_input_shapes_option(t)
     t.add_argument("-o", "--output", required=True,
                    help="tuning records (JSON lines, appended; an existing file resumes)")
     t.add_argument("--tuner", default="xgb", help=f"search ({', '.join(TUNERS)}; default xgb)")
@@ -148,7 +151,7 @@ def tune_model(args: argparse.Namespace) -> list[TaskOutcome]:
     """The work of ``tvmc tune`` for parsed arguments: extract the tasks, tune each, append
     the records; prints the header and the progress lines, returns one outcome per task
     (empty when the model has no tunable layer)."""
-    from tvm_accel.cli import _target_knobs, parse_target
+    from tvm_accel.cli import _target_knobs, parse_input_shapes, parse_target
     from tvm_accel.frontend import load_onnx
     from tvm_accel.target import get_target
     from tvm_accel.tuning.extract import extract_tasks
@@ -170,7 +173,7 @@ def tune_model(args: argparse.Namespace) -> list[TaskOutcome]:
     known = load_records(args.tuning_records) if args.tuning_records else []
     if os.path.exists(args.output):
         known += load_records(args.output)
-    mod, _ = load_onnx(args.model)
+    mod, _ = load_onnx(args.model, shapes=parse_input_shapes(args.input_shapes))
     tasks = extract_tasks(mod, target, cfg, _target_knobs(accel, args), host, precision)
     if not tasks:
         print(f"no tunable layers for {accel} in {args.model}")

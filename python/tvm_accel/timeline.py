@@ -1,0 +1,124 @@
+"""Timeline picture of a simulator trace (any target), like the execution figures of the
+DPUV3INT8 paper.
+
+:func:`trace_to_png` reads a Chrome/Perfetto trace written by the simulator (``tvmc run --trace``,
+:func:`tvm_accel.profiler.profiling`; possibly several runs appended) and draws one horizontal
+lane per unit (track) with one bar per instruction, coloured by instruction kind: the DPU's
+LOAD to FM blue, LOAD to PM black, CONV purple, MAXPOOL green, ELTADD yellow, SAVE light purple
+(the colours of the paper's Fig. 9-15); kinds of other targets (VTA's GEMM, MARSELLUS's RBE
+jobs) get colours from a qualitative palette. The x axis is time in microseconds.
+``tvmc timeline PACKAGE`` runs a compiled package once and writes the trace and the picture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tvm_accel.errors import AccelError
+
+#: colours of the paper's timelines (LOAD FM light blue, LOAD PM black, CONV purple, pool green,
+#: element-wise yellow, SAVE light purple)
+KIND_COLORS = {
+    "LOAD FM": "#4fa3e0",
+    "LOAD PM": "#000000",
+    "CONV": "#7b2d8e",
+    "CONV DW": "#b04fc4",
+    "MAXPOOL": "#2ca02c",
+    "AVGPOOL": "#7fbf3f",
+    "ELTADD": "#f2c500",
+    "UPSAMPLE": "#e08a00",
+    "COPY": "#c9a227",
+    "SAVE": "#d7a6e8",
+    "NOP": "#b0b0b0",
+}
+#: lane order (top to bottom) for the DPU units; other tracks follow in trace order
+LANE_ORDER = ("LOAD", "CONV", "MISC", "SAVE")
+
+
+def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str]]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise AccelError(f"{path}: cannot read trace: {e}") from None
+    except json.JSONDecodeError as e:
+        raise AccelError(f"{path}: not a JSON trace: {e.msg} at line {e.lineno}") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise AccelError(f"{path}: no traceEvents list (not a Chrome trace)")
+    names: dict[tuple, str] = {}
+    xs = []
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", e.get("tid")))
+        elif e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)) \
+                and isinstance(e.get("dur"), (int, float)):
+            xs.append(e)
+    return xs, names
+
+
+def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str | None = None,
+                 width_in: float = 14.0) -> Path:
+    """Draw the trace as a PNG timeline (one lane per unit, one colour per instruction kind).
+
+    Bars shorter than 1/2000 of the time span are widened to that so every instruction stays
+    visible. Returns the PNG path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    xs, names = _load_events(trace_json_path)
+    if not xs:
+        raise AccelError(f"{trace_json_path}: the trace has no instruction events to draw")
+    tracks = []
+    for e in xs:
+        key = (e.get("pid"), e.get("tid"))
+        if key not in tracks:
+            tracks.append(key)
+    pids = {k[0] for k in tracks}
+    tracks += [k for k in names if k[0] in pids and k not in tracks]  # idle units keep a lane
+    label = {k: names.get(k, f"track {k[1]}") for k in tracks}
+    order = {n: i for i, n in enumerate(LANE_ORDER)}
+    first = {k: i for i, k in enumerate(tracks)}
+    tracks.sort(key=lambda k: (order.get(label[k], len(order)), first[k]))
+    lane = {k: i for i, k in enumerate(tracks)}
+
+    t0 = min(e["ts"] for e in xs)
+    t1 = max(e["ts"] + e["dur"] for e in xs)
+    min_w = max(t1 - t0, 1e-9) / 2000.0
+    kinds: dict[str, dict[int, list]] = {}
+    for e in xs:
+        kinds.setdefault(str(e.get("name", "?")), {}).setdefault(
+            lane[(e.get("pid"), e.get("tid"))], []).append((e["ts"], max(e["dur"], min_w)))
+
+    palette = plt.get_cmap("tab20").colors
+    extra = [k for k in sorted(kinds) if k not in KIND_COLORS]
+    color = dict(KIND_COLORS)
+    color.update({k: palette[i % len(palette)] for i, k in enumerate(extra)})
+
+    fig, ax = plt.subplots(figsize=(width_in, 1.0 + 0.6 * len(tracks)))
+    for kind, per_lane in kinds.items():
+        for ln, bars in per_lane.items():
+            ax.broken_barh(bars, (ln - 0.4, 0.8), facecolors=color[kind], edgecolor="white",
+                           linewidth=0.3)
+    ax.set_yticks(range(len(tracks)))
+    ax.set_yticklabels([label[k] for k in tracks])
+    ax.invert_yaxis()
+    ax.set_xlim(t0, t1 + (t1 - t0) * 0.01 + 1e-9)
+    ax.set_xlabel("time (us)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title or Path(trace_json_path).name)
+    shown = [k for k in list(KIND_COLORS) + extra if k in kinds]
+    ax.legend(handles=[Patch(color=color[k], label=k) for k in shown], loc="upper center",
+              bbox_to_anchor=(0.5, -0.25 if len(tracks) > 2 else -0.45), ncol=min(len(shown), 8),
+              fontsize="small", frameon=False)
+    fig.tight_layout()
+    out = Path(png_path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
