@@ -13,7 +13,13 @@ conv whose clip is a ReLU):
 - ``pool+conv``  a max/avg pool whose only consumer is a conv (an Inception pool-projection
   branch): MISC pools the input tile into FM and the CONV reads it there;
 - ``horizontal`` two or more convs with the same kernel, stride and padding that read the same
-  tensor: one LOAD per input tile feeds every CONV (the input is read once).
+  tensor: one LOAD per input tile feeds every CONV (the input is read once);
+- ``chain``      DPUV3INT8's on-chip chains: ``MAX_CHAIN`` >= k >= 2 convs each reading only the
+  previous one's output (conv -> conv, conv -> conv -> conv), optionally closed by an element-wise
+  add that reads the last conv (a whole ResNet bottleneck block: 1x1 -> 3x3 -> 1x1 + add). Row
+  bands of every layer stay in FM and line up across the chain (halo keep, see
+  ``strategy._chain_plan``); only the chain's input, the add's other operand and the last
+  output touch DDR.
 
 :func:`find_candidates` enumerates every embedding of every template (not greedily) with a
 VF2/Ullmann-style backtracking matcher (:func:`match`, DNNVM Algorithm 1: candidate filtering by
@@ -28,9 +34,11 @@ over positions with an edge for every single node and every fused candidate it c
 special cases at barriers are candidates that cross chains -- a ``conv+add`` takes the last node
 of one chain and the add that starts another (so the add's other branch edges into it are
 pruned: it runs once), a horizontal group takes the first nodes of several chains leaving a
-shared tensor. Crossing candidates that share a node or a chain are decided together: every
-node-disjoint subset of such a cluster is tried, each touched chain solved by its shortest path
-with its first/last node removed as the subset requires, and the cheapest kept. Costs are
+shared tensor, an on-chip ``chain`` closed by an add takes a suffix of one chain (e.g. a whole
+bottleneck branch) and the add; in general a crossing candidate takes a prefix or a suffix of
+every chain it touches. Crossing candidates that share a node or a chain are decided together:
+every node-disjoint subset of such a cluster is tried, each touched chain solved by its shortest
+path with the prefix / suffix the subset takes removed, and the cheapest kept. Costs are
 additive because the streams run one after another, so the result is optimal for the measured
 costs.
 """
@@ -44,6 +52,7 @@ from itertools import combinations
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
 
 MAX_CLUSTER = 12  # crossing candidates decided jointly; a larger cluster keeps its most beneficial
+MAX_CHAIN = 3  # convs in an on-chip chain candidate (a bottleneck branch is 3)
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,11 @@ def _same_geometry(a: ConvLayer, b: ConvLayer) -> bool:
             and tuple(a.padding) == tuple(b.padding))
 
 
+def _chain_conv(ly) -> bool:
+    return _is_conv(ly) and tuple(getattr(ly, "dilation", (1, 1))) == (1, 1) and (
+        ly.groups == 1 or ly.is_depthwise)
+
+
 def templates(max_horizontal: int) -> list[Template]:
     conv = _is_conv
     tpls = [
@@ -162,6 +176,11 @@ def templates(max_horizontal: int) -> list[Template]:
     for k in range(2, max_horizontal + 1):
         plain = [lambda ly: conv(ly) and ly.groups == 1] * k
         tpls.append(Template("horizontal", plain, [("share", 0, j) for j in range(1, k)]))
+    for k in range(2, MAX_CHAIN + 1):
+        flow = [("flow", i, i + 1) for i in range(k - 1)]
+        tpls.append(Template("chain", [_chain_conv] * k, flow))
+        tpls.append(Template("chain", [*[_chain_conv] * k, lambda ly: isinstance(ly, AddLayer)],
+                             [*flow, ("flow", k - 1, k)]))
     return tpls
 
 
@@ -223,6 +242,12 @@ def _chain_cost(chain: list[str], lo: int, hi: int, single: dict[str, float],
     return best[hi]
 
 
+def _prefix_or_suffix(chain: list[str], part: set[str]) -> bool:
+    """``part`` (nodes of ``chain``) is a contiguous run that starts or ends the chain."""
+    idx = sorted(chain.index(n) for n in part)
+    return idx == list(range(idx[0], idx[-1] + 1)) and (idx[0] == 0 or idx[-1] == len(chain) - 1)
+
+
 def choose(graph: LayerGraph, cands: list[Candidate], single: dict[str, float],
            fused: dict[Candidate, float], forced: dict[str, bool] | None = None
            ) -> tuple[list[tuple[str, ...]], float]:
@@ -247,7 +272,8 @@ def choose(graph: LayerGraph, cands: list[Candidate], single: dict[str, float],
         ci, k0 = pos[0]
         if all(p == (ci, k0 + i) for i, p in enumerate(pos)):
             inner[c.layers] = cost_of[c]
-        elif all(k in (0, len(chains[cj]) - 1) for cj, k in pos):
+        elif all(_prefix_or_suffix(chains[cj], {n for n in c.layers if where[n][0] == cj})
+                 for cj in {p[0] for p in pos}):
             crossing.append(c)
     touched = {c: {where[n][0] for n in c.layers} for c in crossing}
 
@@ -259,8 +285,12 @@ def choose(graph: LayerGraph, cands: list[Candidate], single: dict[str, float],
 
     def chain_with(ci: int, taken: set[str]) -> tuple[float, list]:
         ch = chains[ci]
-        lo = 1 if ch[0] in taken else 0
-        hi = len(ch) - 1 if ch[-1] in taken and len(ch) > lo else len(ch)
+        lo = 0
+        while lo < len(ch) and ch[lo] in taken:
+            lo += 1
+        hi = len(ch)
+        while hi > lo and ch[hi - 1] in taken:
+            hi -= 1
         if hi <= lo:
             return 0.0, []
         if any(n in taken for n in ch[lo:hi]):

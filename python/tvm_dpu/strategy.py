@@ -27,6 +27,11 @@ Tiling (knobs per layer, :func:`knob_space`):
 - ``pipeline`` -- software pipelining on (default) or off (serial: each tile waits for the
   previous tile's SAVE).
 
+On-chip chains (fusion template ``chain``, :func:`_chain_plan`, :meth:`_Planner.chain`): convs
+each reading the previous one's output, optionally closed by an add, run as one stream of row
+bands that line up across the chain (halo keep: the rows a consumer reads again are COPYed to
+its next band's buffer); their windows are packed first-fit into the FM memories.
+
 FM allocation. FM memory 0 holds the input tile (memory 2 the second add operand), memory 1 the
 output tile; each memory is split into two halves (ping-pong buffers, tile ``i`` uses half
 ``i % 2``) that every tile must fit; the addresses stay inside the circular memory.
@@ -389,8 +394,11 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> K
     ``pool+conv``: the conv's ``oc_tile``, ``tile_h``/``tile_w`` in conv output rows/columns
     (each tile pools the input window its conv window reads).
     ``horizontal``: ``tile_h``/``tile_w`` shared by the convs (all output channels of every
-    conv stay in the PM)."""
+    conv stay in the PM).
+    ``chain``: ``tile_h`` in output rows of the chain's last layer (:func:`_chain_plan`)."""
     half = cfg.fm_memory_bytes // 2
+    if template == "chain":
+        return _chain_knob_space(layers, in_shape, cfg)
     if template == "pool+conv":
         pool, conv = layers
         c = in_shape[1]
@@ -498,6 +506,200 @@ def _validate_knobs(space: KnobSpace, user: dict | None, layer: str) -> dict:
         raise MappingError(f"layer {layer}: {e}") from None
 
 
+# --- on-chip chains ------------------------------------------------------------------------------
+@dataclass
+class _Window:
+    """An FM-resident tensor of a chain. At step ``j`` its buffer holds rows ``[a[j], e[j])``;
+    rows ``[s[j], e[j])`` are new (computed by member ``producer``, or LOADed from DDR when it is
+    None), rows ``[a[j], s[j])`` are the halo kept from step ``j - 1`` (COPY)."""
+
+    name: str
+    hwc: tuple[int, int, int]
+    producer: int | None
+    a: list[int]
+    s: list[int]
+    e: list[int]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.hwc[1] * self.hwc[2]
+
+    @property
+    def rows(self) -> int:
+        return max(e - a for a, e in zip(self.a, self.e, strict=True))
+
+
+@dataclass
+class _ChainPlan:
+    """Row bands of an on-chip chain (see :func:`_chain_plan`)."""
+
+    layers: list
+    s: list[list[int]]  # member i computes its output rows [s[i][j], e[i][j]) at step j
+    e: list[list[int]]
+    reads: list[list]  # member i's input rows at step j: _in_window tuple, or None (idle)
+    windows: dict[str, _Window]
+    final: str  # the window the SAVEs read (the last conv's; the closing add works in place)
+    place: dict[tuple[str, int], tuple[int, int]]  # (window, ping-pong half) -> (memory, address)
+
+
+def _chain_inputs(layers: list) -> list[list[str]]:
+    return [list(ly.inputs) if isinstance(ly, AddLayer) else [ly.input] for ly in layers]
+
+
+def _chain_shapes(layers: list, in_shape) -> dict[str, tuple[int, int, int, int]]:
+    """NCHW shapes of the tensors a chain touches, from its input's shape."""
+    shapes = {layers[0].input: tuple(in_shape)}
+    for ly in layers:
+        if isinstance(ly, AddLayer):
+            shapes[ly.output] = shapes[ly.inputs[0] if ly.inputs[0] in shapes else ly.inputs[1]]
+            for t in ly.inputs:
+                shapes.setdefault(t, shapes[ly.output])
+        else:
+            shapes[ly.output] = conv_output_shape(ly, shapes[ly.input])
+    return shapes
+
+
+def _chain_plan(layers: list, shapes: dict, th: int, cfg: DPUConfig) -> _ChainPlan:
+    """Row bands of an on-chip chain (convs, each reading the previous one's output, optionally
+    closed by an add reading the last conv): step ``j`` computes output rows ``[j th, (j+1) th)``
+    of the last layer and, going backwards, exactly the rows of every earlier layer that its
+    consumer needs by then and has not had yet. The H-split tiles line up across the chain with
+    **halo keep**: a consumer with a ``kh``-row kernel lags its producer by the kernel's reach,
+    the ``kh - stride`` rows it reads again at the next step stay in FM and are copied (MISC
+    COPY) to the top of the next step's buffer instead of being recomputed. Halo keep because
+    the CONV engine computes ``CONV_ROW_PAR`` = 8 rows per pass: recomputing the 2-row halo of a
+    3x3 consumer on an 8-row band costs a whole extra row pass of its producer on every band
+    (2x for a 1x1 producer), while keeping it costs a 2-row COPY on the otherwise idle MISC unit
+    and one band of FM. The chain's input (and the add's other operand) are LOADed the same way
+    (new rows from DDR, halo rows copied), so an identity shortcut is **kept on chip**: the add
+    reads it from the input window the first conv read (no second DDR read). Every window is
+    ping-ponged (two buffers) and the buffers are packed first-fit into the FM memories; raises
+    ValueError when they do not fit or a tile exceeds the ISA fields."""
+    n = len(layers)
+    ins = _chain_inputs(layers)
+    h_of = {t: sh[2] for t, sh in shapes.items()}
+    hf = h_of[layers[-1].output]
+    nb = _cdiv(hf, th)
+    e = [[0] * nb for _ in layers]
+    for j in range(nb):
+        e[-1][j] = min(hf, (j + 1) * th)
+    for i in range(n - 2, -1, -1):
+        nxt, h_i = layers[i + 1], h_of[layers[i].output]
+        for j in range(nb):
+            end = e[i + 1][j]
+            if end and not isinstance(nxt, AddLayer):
+                end = min(h_i, (end - 1) * nxt.strides[0] - nxt.padding[0] + nxt.kernel[0])
+            e[i][j] = max(e[i][j - 1] if j else 0, end)
+    s = [[row[j - 1] if j else 0 for j in range(nb)] for row in e]
+    reads: list[list] = []
+    for i, ly in enumerate(layers):
+        rd = []
+        for j in range(nb):
+            cnt = e[i][j] - s[i][j]
+            if cnt <= 0:
+                rd.append(None)
+            elif isinstance(ly, AddLayer):
+                rd.append((s[i][j], cnt, 0, 0))
+            else:
+                rd.append(_in_window(s[i][j], cnt, ly.strides[0], ly.padding[0], ly.kernel[0],
+                                     h_of[ly.input]))
+        reads.append(rd)
+    made = {ly.output: i for i, ly in enumerate(layers)}
+    names = list(dict.fromkeys(t for x in ins for t in x))
+    final = layers[-1].output
+    if isinstance(layers[-1], AddLayer):
+        final = layers[-2].output
+    else:
+        names.append(final)
+    windows: dict[str, _Window] = {}
+    for t in names:
+        readers = [i for i in range(n) if t in ins[i]]
+        p = made.get(t)
+        if p is not None:
+            et = list(e[p])
+        else:
+            et, top = [], 0
+            for j in range(nb):
+                for i in readers:
+                    if reads[i][j] is not None:
+                        top = max(top, reads[i][j][0] + reads[i][j][1])
+                et.append(top)
+        st = [et[j - 1] if j else 0 for j in range(nb)]
+        at, nxt_read = [0] * nb, {i: None for i in readers}
+        for j in reversed(range(nb)):  # a: the first row any reader still needs
+            for i in readers:
+                if reads[i][j] is not None:
+                    nxt_read[i] = reads[i][j][0]
+            at[j] = min([st[j], *[r for r in nxt_read.values() if r is not None]])
+        if any(at[j] < at[j - 1] for j in range(1, nb)):
+            raise ValueError(f"tile_h {th}: the rows of {t} do not advance monotonically")
+        _, c, h, w = shapes[t]
+        windows[t] = _Window(t, (h, w, c), p, at, st, et)
+    cap = cfg.fm_memory_bytes
+    used = [0] * cfg.FM_MEMORIES
+    place: dict[tuple[str, int], tuple[int, int]] = {}
+    blocks = sorted(((w.rows * w.row_bytes, t, q) for t, w in windows.items() for q in (0, 1)),
+                    reverse=True)
+    for size, t, q in blocks:
+        h, wd, c = windows[t].hwc
+        if wd > 4095 or c > 4095 or windows[t].rows > 4095 or wd * c >= 1 << 20:
+            raise ValueError(f"tile_h {th}: a band of {t} exceeds the ISA's tile fields")
+        mem = next((m for m in range(cfg.FM_MEMORIES) if used[m] + size <= cap), None)
+        if mem is None:
+            raise ValueError(f"tile_h {th}: the chain's ping-pong band buffers "
+                             f"({2 * sum(w.rows * w.row_bytes for w in windows.values())} "
+                             f"bytes) do not fit the {cfg.FM_MEMORIES} FM memories")
+        place[(t, q)] = (mem, used[mem])
+        used[mem] += _cdiv(size, 64) * 64
+    return _ChainPlan(layers, s, e, reads, windows, final, place)
+
+
+def _chain_knob_space(layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
+    """Knobs of an on-chip chain: ``tile_h`` (output rows of the last layer per step, multiples
+    of ``CONV_ROW_PAR`` and the full height) and ``pipeline``. Every conv keeps all its output
+    channels and weights resident (the PM holds the whole chain's parameters) and the bands are
+    full width. Default: the band with the fewest CONV row passes over the chain (lagging
+    bands that straddle 8-row boundaries cost extra passes), the larger one on ties, at most
+    about a quarter of the height."""
+    shapes = _chain_shapes(layers, in_shape)
+    convs = [ly for ly in layers if isinstance(ly, ConvLayer)]
+    pm = sum(_pm_bytes(_param_bytes(ly, ly.weight.shape[0], shapes[ly.input][1])) for ly in convs)
+    hf = shapes[layers[-1].output][2]
+    ths = _options(hf, cfg.CONV_ROW_PAR)
+
+    def check(kn):
+        if pm > cfg.PM_BYTES:
+            raise ValueError(f"the chain's parameters ({pm} bytes) exceed the PM "
+                             f"({cfg.PM_BYTES})")
+        _chain_plan(layers, shapes, kn["tile_h"], cfg)
+
+    def passes(th: int) -> float:
+        plan_ = _chain_plan(layers, shapes, th, cfg)
+        total = 0
+        for i, ly in enumerate(layers):
+            if not isinstance(ly, ConvLayer):
+                continue
+            _, k, _, wo = shapes[ly.output]
+            ic = 1 if ly.is_depthwise else _cdiv(shapes[ly.input][1], cfg.CONV_IC_PAR)
+            per = wo * _cdiv(k, cfg.CONV_OC_PAR) * ic * ly.kernel[0] * ly.kernel[1]
+            total += sum(_cdiv(b - a, cfg.CONV_ROW_PAR) * per + cfg.CONV_LATENCY_CYCLES
+                         for a, b in zip(plan_.s[i], plan_.e[i], strict=True) if b > a)
+        return total
+
+    ok = []
+    for th in ths:
+        try:
+            check({"tile_h": th})
+            ok.append(th)
+        except ValueError:
+            pass
+    target = max(cfg.CONV_ROW_PAR, _cdiv(_cdiv(hf, 4), cfg.CONV_ROW_PAR) * cfg.CONV_ROW_PAR)
+    pick = [t for t in ok if t <= target] or ok or ths
+    th = min(pick, key=lambda t: (passes(t) if t in ok else 0, -t))
+    return KnobSpace([Knob("tile_h", tuple(ths), th), Knob("pipeline", (True, False), True)],
+                     check=check, name="+".join(ly.name for ly in layers))
+
+
 # --- dependency scheduling ---------------------------------------------------------------------
 @dataclass
 class _Tile:
@@ -544,13 +746,20 @@ def resolve_tokens(items: list[tuple[object, list[int]]]) -> list:
     return out
 
 
-def _buffers(insn, pm_keys: dict[int, list]) -> tuple[list, list]:
+def _buffers(insn, pm_keys: dict[int, list], fm_keys: dict[int, tuple[list, list]]
+             ) -> tuple[list, list]:
     """``(read, written)`` buffer keys of an instruction: ``("FM", mem, base address)`` and
     ``("PM", slot)``. Buffers are identified by their base address (the planner never places two
-    live buffers that overlap at different bases)."""
+    live buffers that overlap at different bases), unless ``fm_keys[id(insn)]`` names the FM
+    buffers explicitly (a chain's band windows, written and read at row offsets)."""
+    if id(insn) in fm_keys:
+        reads, writes = fm_keys[id(insn)]
+        if isinstance(insn, cg.Conv):
+            reads = [*reads, *pm_keys.get(insn.param_addr, [("PM", insn.param_addr)])]
+        return list(reads), list(writes)
     if isinstance(insn, cg.Load):
-        if insn.to_pm:
-            return [], pm_keys[insn.dst_addr]
+        if insn.to_pm:  # a PM LOAD inside a tile (not a segment's) is its own slot
+            return [], pm_keys.setdefault(insn.dst_addr, [("PM", insn.dst_addr)])
         return [], [("FM", insn.fm_mem, insn.dst_addr)]
     if isinstance(insn, cg.Save):
         return [("FM", insn.fm_mem, insn.src_addr)], []
@@ -562,6 +771,11 @@ def _buffers(insn, pm_keys: dict[int, list]) -> tuple[list, list]:
     return reads, [("FM", insn.out_mem, insn.out_addr)]
 
 
+#: a chain window's buffer is keyed as two parts (halo rows, new rows) whose rows differ from
+#: step to step: a write to one part also waits for the readers of the other (write after read)
+_PARTS = {"halo": "new", "new": "halo"}
+
+
 class _Stream(list):
     """A scheduled stream; ``items`` keeps ``(instruction, dependencies)`` for merging."""
 
@@ -569,7 +783,8 @@ class _Stream(list):
 
 
 def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool,
-             pm_half: int = 1 << 30) -> list:
+             pm_half: int = 1 << 30, fm_keys: dict[int, tuple[list, list]] | None = None
+             ) -> list:
     """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
     module docstring); returns the instructions including the final END.
 
@@ -582,7 +797,9 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
     ``(pm_loads, tiles, True)`` reads what earlier SAVEs wrote to DDR: its first tile's LOAD
     waits for the last SAVE so far (in-order units make that wait for every earlier SAVE).
     ``pipeline=False`` additionally makes every tile's first LOAD wait for the previous tile's
-    last SAVE (serial)."""
+    last SAVE (serial). ``fm_keys`` overrides the FM buffers of some instructions
+    (:func:`_buffers`)."""
+    fm_keys = fm_keys or {}
     items: list[tuple[object, list[int]]] = []
     writer: dict[tuple, int] = {}
     readers: dict[tuple, list[int]] = {}
@@ -590,13 +807,15 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
     prev_save = None
 
     def add(insn, extra: list[int]) -> int:
-        reads, writes = _buffers(insn, pm_keys)
+        reads, writes = _buffers(insn, pm_keys, fm_keys)
         deps = list(extra)
         deps += [writer[k] for k in reads if k in writer]
         for k in writes:
             deps += readers.get(k, [])
             if k in writer:
                 deps.append(writer[k])
+            if len(k) == 3 and k[2] in _PARTS:  # the rows of the other part may overlap
+                deps += readers.get((*k[:2], _PARTS[k[2]]), [])
         items.append((insn, deps))
         i = len(items) - 1
         for k in reads:
@@ -1110,7 +1329,173 @@ class _Planner:
             return self.conv_horizontal(layers, user)
         if template == "pool+conv":
             return self.pool_conv(layers[0], layers[1], user)
+        if template == "chain":
+            return self.chain(layers, user)
         return self.conv_pool(layers[0], layers[1], template, user)
+
+    def chain(self, layers: list, user: dict | None) -> LayerProgram:
+        """An on-chip chain (DPUV3INT8): convs each reading the previous one's output, optionally
+        closed by an add, run band by band (:func:`_chain_plan`). All the chain's weights are
+        LOADed into the PM once (the first conv's at the head, the others behind the first
+        input band, so they overlap the first CONVs); per step: LOAD the new rows of the
+        chain's input (and of the add's other operand when that is not the input), one CONV per
+        conv computing its new rows from its producer's window into its own, each window's
+        halo rows COPYed to the top of its next buffer, ELTADD in place, SAVE the last layer's
+        rows.
+        Only the chain's input, the add's other operand and its output move over DDR."""
+        name = "+".join(ly.name for ly in layers)
+        x = layers[0].input
+        shapes = {t: tuple(int(v) for v in self.g.tensors[t].shape)
+                  for ly in layers for t in [*_chain_inputs([ly])[0], ly.output]}
+        if any(len(sh) != 4 for sh in shapes.values()):
+            raise MappingError(f"{name}: an on-chip chain needs NCHW tensors")
+        for ly in layers:
+            if isinstance(ly, AddLayer):
+                if len({shapes[t] for t in (*ly.inputs, ly.output)}) != 1:
+                    raise MappingError(f"{name}: the add operands differ in shape")
+            elif (ly.is_dense or ly.kernel[0] > 15 or ly.kernel[1] > 15
+                  or conv_output_shape(ly, shapes[ly.input]) != shapes[ly.output]):
+                raise MappingError(f"{name}: {ly.name} cannot run in an on-chip chain")
+        kn = _validate_knobs(_chain_knob_space(layers, shapes[x], self.cfg), user, name)
+        try:
+            cp = _chain_plan(layers, shapes, kn["tile_h"], self.cfg)
+        except ValueError as e:
+            raise MappingError(f"{name}: {e}") from None
+        pms, params, pm_at = [], {}, 0
+        for ly in layers:
+            if isinstance(ly, ConvLayer):
+                folded = self._conv_params(ly, shapes[ly.input][1])
+                ld, addr = self._pm_chunk(folded, 0, ly.weight.shape[0], pm_addr=pm_at)
+                pm_at += ld.rows * ld.cols * ld.chans
+                pms.append(ld)
+                params[ly.name] = (folded, addr)
+            else:
+                try:
+                    params[ly.name] = fold_add(ly)
+                except XGraphError as e:
+                    raise MappingError(str(e)) from None
+        if pm_at > self.cfg.PM_BYTES:
+            raise MappingError(f"{name}: the chain's parameters ({pm_at} bytes) exceed the PM")
+        keys: dict[int, tuple[list, list]] = {}
+        tout = self.tensors[layers[-1].output]
+        nb = len(cp.e[-1])
+        tiles, step = [], 0
+        for g in range(tout.n_alloc // self.P):
+            for j in range(nb):
+                tiles.append(self._chain_step(cp, params, keys, g, j, step % 2))
+                step += 1
+        tiles[0].loads += pms[1:]  # later convs' weights load behind the first input band
+        insns = self._schedule([(pms[:1], tiles)], "CONV", kn["pipeline"], fm_keys=keys)
+        n = shapes[x][0]
+        macs = sum(n * ly.weight.shape[0] * shapes[ly.output][2] * shapes[ly.output][3]
+                   * ly.kernel[0] * ly.kernel[1] * (1 if ly.is_depthwise else shapes[ly.input][1])
+                   for ly in layers if isinstance(ly, ConvLayer))
+        ops = "+".join(ly.op_name for ly in layers)
+        return LayerProgram(name, f"{ops} (on-chip chain)", cg.encode_stream(insns), len(insns),
+                            int(macs), f"{list(shapes[x])}->{list(tout.shape)} {len(layers)} "
+                            f"layers, bands of {kn['tile_h']} rows", kn)
+
+    def _chain_step(self, cp: _ChainPlan, params: dict, keys: dict, g: int, j: int,
+                    q: int) -> _Tile:
+        """The instructions of step ``j`` of image group ``g`` of a chain, in ping-pong half
+        ``q``; records each instruction's FM buffers in ``keys``: a window's buffer is two
+        buffers for the dependencies, its halo rows and its new rows, so the COPY of the halo
+        and the producer of the new rows do not wait for each other. The halo COPY of step
+        ``j + 1`` is issued right after the producer of step ``j`` (it reads the rows just
+        made), ahead of the MISC work of step ``j`` that the next CONVs do not need."""
+        loads, computes, saves = [], [], []
+        nb = len(cp.e[-1])
+
+        def at(t: str, row: int) -> tuple[int, int]:
+            w = cp.windows[t]
+            mem, base = cp.place[(t, q)]
+            return mem, base + (row - w.a[j]) * w.row_bytes
+
+        def rows_keys(t: str, r0: int, r1: int, jj: int, qq: int) -> list:
+            w = cp.windows[t]
+            return ([(t, qq, "halo")] if r0 < w.s[jj] else []) + \
+                ([(t, qq, "new")] if r1 > w.s[jj] else [])
+
+        def next_halo(t: str) -> None:
+            w = cp.windows[t]
+            if j + 1 >= nb or w.a[j + 1] >= w.s[j + 1]:
+                return
+            h, wd, c = w.hwc
+            mem_s, base_s = cp.place[(t, q)]
+            mem_d, base_d = cp.place[(t, 1 - q)]
+            op = cg.Copy(in_mem=mem_s, in_addr=base_s + (w.a[j + 1] - w.a[j]) * w.row_bytes,
+                         in_pix_stride=c, in_row_stride=wd * c, out_mem=mem_d,
+                         out_addr=base_d, out_pix_stride=c, out_row_stride=wd * c,
+                         out_h=w.s[j + 1] - w.a[j + 1], out_w=wd, chans=c)
+            keys[id(op)] = (rows_keys(t, w.a[j + 1], w.s[j + 1], j, q), [(t, 1 - q, "halo")])
+            computes.append(op)
+
+        for t, w in cp.windows.items():
+            if w.producer is None and w.e[j] > w.s[j]:
+                h, wd, c = w.hwc
+                mem, addr = at(t, w.s[j])
+                ld = self._load(self.tensors[t], mem, addr, g, w.s[j], w.e[j] - w.s[j], 0, wd,
+                                0, c)
+                keys[id(ld)] = ([], [(t, q, "new")])
+                loads.append(ld)
+        for t, w in cp.windows.items():
+            if w.producer is None:
+                next_halo(t)
+        for i, ly in enumerate(cp.layers):
+            rd = cp.reads[i][j]
+            if rd is None:
+                continue
+            s0, cnt = cp.s[i][j], cp.e[i][j] - cp.s[i][j]
+            if isinstance(ly, AddLayer):
+                chained = cp.layers[i - 1].output
+                (ma, aa), (mb, ba) = at(ly.inputs[0], s0), at(ly.inputs[1], s0)
+                mo, ao = at(chained, s0)
+                c = cp.windows[chained].hwc[2]
+                wd = cp.windows[chained].hwc[1]
+                rq = ly.requant
+                op = cg.EltAdd(in_mem=ma, in_addr=aa, in_pix_stride=c, in_row_stride=wd * c,
+                               out_mem=mo, out_addr=ao, out_pix_stride=c, out_row_stride=wd * c,
+                               out_h=cnt, out_w=wd, chans=c, b_mem=mb, b_addr=ba,
+                               b_pix_stride=c, b_row_stride=wd * c,
+                               shift_a=params[ly.name]["shift_a"],
+                               shift_b=params[ly.name]["shift_b"], shift=int(rq.shift),
+                               clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+                keys[id(op)] = ([k for t in ly.inputs for k in rows_keys(t, s0, s0 + cnt, j, q)],
+                                rows_keys(chained, s0, s0 + cnt, j, q))
+                computes.append(op)
+                continue
+            folded, pm_addr = params[ly.name]
+            r0, nr, ptop, pbot = rd
+            _, wi, ci = cp.windows[ly.input].hwc
+            _, wo, k = cp.windows[ly.output].hwc
+            _, _, pleft, pright = _in_window(0, wo, ly.strides[1], ly.padding[1], ly.kernel[1],
+                                             wi)
+            mi, ai = at(ly.input, r0)
+            mo, ao = at(ly.output, s0)
+            rq = ly.requant
+            cv = cg.Conv(in_mem=mi, in_addr=ai, in_pix_stride=ci, in_row_stride=wi * ci,
+                         ic=k if ly.is_depthwise else ci, out_mem=mo, out_addr=ao,
+                         out_pix_stride=k, out_row_stride=wo * k, out_h=cnt, out_w=wo, oc=k,
+                         kernel_h=ly.kernel[0], kernel_w=ly.kernel[1], stride_h=ly.strides[0],
+                         stride_w=ly.strides[1], pad_top=ptop, pad_bottom=pbot,
+                         pad_left=pleft, pad_right=pright,
+                         pad_value=folded["pad_value"], param_addr=pm_addr,
+                         shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
+                         depthwise=ly.is_depthwise)
+            keys[id(cv)] = (rows_keys(ly.input, r0, r0 + nr, j, q), [(ly.output, q, "new")])
+            computes.append(cv)
+            if ly.output in cp.windows and ly.output != cp.final:
+                next_halo(ly.output)
+        last = len(cp.layers) - 1
+        if cp.e[last][j] > cp.s[last][j]:
+            w = cp.windows[cp.final]
+            s0, e0 = cp.s[last][j], cp.e[last][j]
+            mem, addr = at(cp.final, s0)
+            sv = self._save(self.tensors[cp.layers[-1].output], addr, g, s0, e0 - s0, 0,
+                            w.hwc[1], 0, w.hwc[2], fm_mem=mem)
+            keys[id(sv)] = (rows_keys(cp.final, s0, e0, j, q), [])
+            saves.append(sv)
+        return _Tile(loads, computes, saves)
 
     def pool_conv(self, pool: PoolLayer, conv: ConvLayer, user: dict | None) -> LayerProgram:
         """pool+conv: per conv output tile, LOAD the input window the pool windows read, MISC
@@ -1365,11 +1750,19 @@ def fusion_candidates(graph: LayerGraph, cfg: DPUConfig) -> tuple[LayerGraph, li
     return p.g, [(c, [by[n] for n in c.layers]) for c in fusion.find_candidates(p.g, fits)]
 
 
+#: hill-climbing moves over ``tile_h`` per fusion candidate in the search (0: default knobs only)
+LOCAL_SEARCH_MOVES = 3
+
+
 def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[str, bool]
-                   ) -> tuple[list[tuple[str | None, tuple[str, ...]]], FusionReport]:
+                   ) -> tuple[list[tuple[str | None, tuple[str, ...]]], FusionReport, dict]:
     """DNNVM's search (``tvm_dpu.fusion``): candidates by subgraph isomorphism, each planned and
     simulated (cycles on a zeroed DDR image; the timing does not depend on the data) together
-    with its layers alone, then the cheapest strategy between barriers."""
+    with its layers alone, then the cheapest strategy between barriers. Each candidate without
+    user knobs is measured in a good version, not only with the heuristic defaults: a small
+    local search (hill climbing over the ``tile_h`` options, ``LOCAL_SEARCH_MOVES`` moves from
+    the default, each point simulated) keeps its fastest knobs, which the chosen groups then
+    compile with (returned as the third value)."""
     from tvm_dpu import fusion
     from tvm_dpu.simulator import simulate
 
@@ -1391,18 +1784,27 @@ def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[
         raise MappingError(f"{FUSION_KNOB}: no fusion candidate named {unknown[0]} (candidates: "
                            f"{', '.join(c.name for c in cands) or 'none'})")
     if not cands:
-        return [(None, (ly.name,)) for ly in graph.layers], FusionReport([], [], 0)
+        return [(None, (ly.name,)) for ly in graph.layers], FusionReport([], [], 0), {}
     names = sorted({n for c in cands for n in c.layers}, key=[ly.name for ly in graph.layers].index)
     singles = {n: p.layer(by[n], knobs.get(n)) for n in names}
+    # the search's variants re-plan a candidate's parameters at the end of the PARAM image and
+    # drop them after the run: room for the largest candidate's parameters
+    room = max(_cdiv(sum(ld.rows * ld.cols * ld.chans for ld in cg.decode_stream(pr.insns)
+                         if isinstance(ld, cg.Load) and ld.to_pm), 64) * 64
+               for pr in progs.values())
     sizes = {r: max(64, v) for r, v in p.region_use.items()}
-    sizes.update(PARAM=max(64, len(p.params)), INSN=64)
+    sizes.update(PARAM=max(64, len(p.params) + room), INSN=64)
     layout = cfg.region_layout(sizes)
     ddr = np.zeros(cfg.ddr_bytes(layout), dtype=np.uint8)
 
     def cycles(prog: LayerProgram) -> int:
         return simulate(cfg, prog.insns, ddr, regions=layout).cycles
     single = {n: cycles(pr) for n, pr in singles.items()}
-    fused = {c: cycles(progs[c]) for c in cands}
+    fused, tuned = {}, {}
+    for c in cands:
+        fused[c], kn = _local_search(p, c, [by[n] for n in c.layers], cycles(progs[c]), cycles)
+        if kn is not None and c.name not in knobs:
+            tuned[c.name] = kn
     try:
         groups, total = fusion.choose(graph, cands, single, fused, forced)
     except ValueError as e:
@@ -1412,7 +1814,46 @@ def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[
     report = FusionReport(
         [(c.name, c.template, fused[c], sum(single[n] for n in c.layers)) for c in cands],
         ["+".join(g) for g in ordered if len(g) > 1], int(total))
-    return [(template.get(g) if len(g) > 1 else None, g) for g in ordered], report
+    chosen = {"+".join(g) for g in ordered}
+    return ([(template.get(g) if len(g) > 1 else None, g) for g in ordered], report,
+            {k: v for k, v in tuned.items() if k in chosen})
+
+
+def _local_search(p: _Planner, c, layers: list, base: int, cycles) -> tuple[int, dict | None]:
+    """Hill climbing over ``tile_h`` for fusion candidate ``c`` from its default knobs
+    (measured at ``base`` cycles): try the neighbouring options, move to the fastest while it
+    improves, at most ``LOCAL_SEARCH_MOVES`` moves. Returns the best cycles and the knobs that
+    gave them (None: the default is best or the space has no ``tile_h``)."""
+    try:
+        space = fused_knob_space(c.template, layers, p._in_shape(layers[0].input), p.cfg)
+    except (MappingError, ValueError, KeyError):
+        return base, None
+    if "tile_h" not in space or LOCAL_SEARCH_MOVES <= 0:
+        return base, None
+    opts = space["tile_h"].options
+    best_kn, best = space.default(), base
+    i, tried, found = opts.index(best_kn["tile_h"]), {opts.index(best_kn["tile_h"])}, None
+    for _ in range(LOCAL_SEARCH_MOVES):
+        step = None
+        for k in (i - 1, i + 1):
+            if k in tried or not 0 <= k < len(opts):
+                continue
+            tried.add(k)
+            kn = {**best_kn, "tile_h": opts[k]}
+            mark = len(p.params)
+            try:
+                cyc = cycles(p.group(c.template, layers, kn))
+            except MappingError:
+                continue
+            finally:
+                del p.params[mark:]
+            if cyc < best:
+                best, step = cyc, (k, kn)
+        if step is None:
+            break
+        i, best_kn = step
+        found = best_kn
+    return best, found
 
 
 PARALLEL_WINDOW = 8  # partners of a pool stream are looked for this many streams around it
@@ -1548,7 +1989,8 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
     groups = [(None, (ly.name,)) for ly in graph.layers]
     report = None
     if enabled:
-        groups, report = _fusion_search(graph, cfg, knobs, fk)
+        groups, report, tuned = _fusion_search(graph, cfg, knobs, fk)
+        knobs = {**tuned, **knobs}
     by = {ly.name: ly for ly in graph.layers}
     parallel = []
     if enabled and par:
@@ -1556,7 +1998,8 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
         if report is not None:
             report.parallel = parallel
     flat = [x for t, g in groups for x in (g if t == "parallel" else [(t, g)])]
-    on_chip = {by[g[0]].output for t, g in flat if t is not None and t != "horizontal"}
+    on_chip = {by[n].output for t, g in flat if t is not None and t != "horizontal"
+               for n in g[:-1]}
     views = _concat_in_place(graph, flat, on_chip) if enabled else {}
     if views:
         placed = {whole for whole, _ in views.values()}
