@@ -494,14 +494,14 @@ class _Canonicalizer:
             if lp.w is not None and weighted:
                 self.cfg_w[onnx_name] = lp.w
             if lp.o is not None:
-                self._constrain(b.var, lp.o, out.dtype)
+                self._constrain(b.var, lp.o, out.dtype, out.zp, f"layers.{onnx_name}.o")
             if lp.i is not None:
                 c = self.g.value(op_e if weighted else core)
                 x = self.g.dq_act(c.args[0]) if isinstance(c, relax.Call) and c.args else None
                 if x is None or not isinstance(x.var, relax.Var):
                     raise ConfigError(f"{cfg.source}: layers.{onnx_name}.i: the layer's input is "
                                       "not a quantized activation that can be clipped")
-                self._constrain(x.var, lp.i, x.dtype)
+                self._constrain(x.var, lp.i, x.dtype, x.zp, f"layers.{onnx_name}.i")
         missing = sorted(set(cfg.layers) - self.cfg_seen)
         if missing:
             known = sorted({self.g.names.get(v.name, v.name) for v in self.g.bind
@@ -509,8 +509,17 @@ class _Canonicalizer:
             raise ConfigError(f"{cfg.source}: layers.{missing[0]}: no quantized layer of that "
                               f"name in the model (e.g. {', '.join(known[:5])})")
 
-    def _constrain(self, var: relax.Var, bits: int, dtype: str) -> None:
+    def _constrain(self, var: relax.Var, bits: int, dtype: str, zp: int, field: str) -> None:
+        """Clip ``var`` to ``bits``; refused when the b-bit range excludes the zero point
+        (real 0.0 unrepresentable: an asymmetric int8 activation, zero point -128, clipped
+        to 4 bits keeps only its bottom 16 codes)."""
         lo, hi = precision.bits_range(bits, dtype)
+        if not lo <= zp <= hi:
+            raise ConfigError(
+                f"{self.config.source}: {field}: the {bits}-bit {dtype} range [{lo}, {hi}] "
+                f"excludes the tensor's zero point {zp}, so clipping would destroy it; "
+                "narrow only tensors whose zero point the range holds (symmetric int8, or "
+                "uint8 ReLU outputs: zero point 0), or keep this tensor at 8 bits")
         old = self.g.ranges.get(var, DTYPE_RANGE[dtype])
         self.g.ranges[var] = (max(old[0], lo), min(old[1], hi))
 

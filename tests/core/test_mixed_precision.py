@@ -97,9 +97,12 @@ def test_clipped_range_model_loads_and_matches_onnxruntime(conv8, w, o):
 
 
 # --- precision config ----------------------------------------------------------------------------
-def test_precision_config_changes_the_layer_bits_in_the_canonical_graph(conv8, tmp_path):
+def test_precision_config_changes_the_layer_bits_in_the_canonical_graph(tmp_path):
+    """(int8 symmetric activations: a 4-bit clip keeps the zero point, see
+    test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact for the refusal.)"""
     cfg = tmp_path / "bits.json"
     cfg.write_text(json.dumps({"layers": {"conv": {"w": 3, "i": 4, "o": 4}}}))
+    conv8 = zoo.quantize(zoo.single_conv(relu=True), "int8", symmetric_activations=True)
     mod, _ = load_onnx(conv8)
     cmod, report = canonicalize(mod, precision_config=str(cfg))
     assert _bits(report, "conv") == {"w": 3, "i": 4, "o": 4}
@@ -113,7 +116,7 @@ def test_precision_config_changes_the_layer_bits_in_the_canonical_graph(conv8, t
     y = _run(ex, x)
     s, z = report[-1].output_scale, report[-1].output_zero_point
     q = np.rint(y / s) + z
-    assert q.min() >= 0 and q.max() <= 15 and len(np.unique(q)) > 4
+    assert q.min() >= 0 and q.max() <= 7 and len(np.unique(q)) > 4  # ReLU, int4 [-8, 7]
     ref8 = _run(compile_reference(mod, None), x)
     assert not np.array_equal(y, ref8)
 
@@ -174,7 +177,13 @@ def resnet20_mixed():
 def test_extract_layer_graph_reports_activation_bits_and_weight_bits(resnet20_mixed):
     import tvm_vta_cp.patterns as vp
 
-    mod, _ = load_onnx(resnet20_mixed)
+    q = onnx.ModelProto()
+    q.CopyFrom(resnet20_mixed)
+    qin = next(n for n in q.graph.node if n.input[0] == q.graph.input[0].name)
+    for t in q.graph.initializer:  # input zero point 0: a 4-bit clip of it keeps real 0.0
+        if t.name == qin.input[2]:
+            t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
+    mod, _ = load_onnx(q)
     # i=4 on conv1 clips the model's input quantize: a 4-bit function input
     cmod, _ = canonicalize(mod, "vta", precision_config={"layers": {"conv1": {"i": 4}}})
     pats = vp.pattern_table()
@@ -261,3 +270,25 @@ def test_mixed_precision_networks_compile_for_the_cpu_and_match_onnxruntime(buil
     lsb = _lsb_vs_ort(q)
     print(f"{build} vs onnxruntime: {lsb} LSB")
     assert lsb <= LSB_BOUND
+
+
+def test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact():
+    """The issue-12 case: ``{"o": 4}`` on a layer of an 8-bit model. With uint8 activations
+    (ReLU outputs have zero point 0) the 4-bit output and the conv reading it run on the RBE,
+    bit-exact; on asymmetric int8 activations (zero point -128) the 4-bit range cannot hold the
+    zero point and the config is refused in one line instead of crashing the encoder."""
+    import tvm_marsellus
+
+    bits = {"layers": {"layer1.0.conv1": {"w": 4, "o": 4}}}
+    q = zoo.quantized("resnet20", activation_type="uint8")
+    mod, info = load_onnx(q)
+    ex, report = compile_model(mod, tvm_marsellus.TARGET, precision=bits)
+    where = {r.layer: r.placement for r in report.offloads}
+    assert where["layer1.0.conv1"] == where["layer1.0.conv2"] == "marsellus"
+    ref = compile_reference(mod, tvm_marsellus.TARGET, precision=bits)
+    x = zoo.random_input(q, 0)[0]
+    np.testing.assert_array_equal(_run(ex, x), _run(ref, x))
+    mod8, _ = load_onnx(zoo.quantized("resnet20"))
+    with pytest.raises(ConfigError, match=r"layers\.layer1\.0\.conv1\.o: the 4-bit int8 range "
+                                          r"\[-8, 7\] excludes the tensor's zero point -128"):
+        compile_model(mod8, tvm_marsellus.TARGET, precision=bits)
