@@ -64,7 +64,9 @@ def _inputs(graph: LayerGraph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def run(graphs: list[LayerGraph], cfg) -> tuple[list[tuple], bool]:
-    """Per-layer rows ``(layer, engine, W/I/O, stats)`` of all functions and bit-exactness."""
+    """Per-layer rows ``(layer, engine, W/I/O, stats, MACs)`` of all functions and
+    bit-exactness; MACs are the layer's own (conv / dense), not the identity-weight MACs an
+    add runs on the RBE."""
     rows, exact = [], True
     for g in graphs:
         x = _inputs(g)
@@ -78,7 +80,7 @@ def run(graphs: list[LayerGraph], cfg) -> tuple[list[tuple], bool]:
             tin = g.tensors[ly.inputs[0] if isinstance(ly, AddLayer) else ly.input]
             wb = getattr(ly, "weight_bits", "-")
             rows.append((name, "RBE" if lp.engine == "rbe" else "cluster",
-                         f"{wb}/{tin.bits}/{g.tensors[ly.output].bits}", st))
+                         f"{wb}/{tin.bits}/{g.tensors[ly.output].bits}", st, lp.macs))
     return rows, exact
 
 
@@ -101,7 +103,7 @@ def resnet20(cfg, layers: bool) -> None:
             print(f"\nResNet-20 {label} ({how if label == 'mixed' else 'zoo QDQ int8'}), "
                   f"bit-exact vs reference: {exact}")
             table = []
-            for name, eng, prec, st in rows:
+            for name, eng, prec, st, _ in rows:
                 table.append((name, eng, prec, st.cycles,
                               *[f"{st.cycles / op.freq_mhz:.1f}" for _, op in POINTS],
                               *[f"{energy_uj(st, op):.3f}" for _, op in POINTS], _bound(st)))
@@ -131,14 +133,14 @@ def resnet18(cfg, layers: bool) -> None:
         print(format_table(["layer", "engine", "W/I/O", "cycles", "us", "uJ", "bound"],
                            [(name, eng, prec, st.cycles, f"{st.cycles / op.freq_mhz:.1f}",
                              f"{energy_uj(st, op):.2f}", _bound(st))
-                            for name, eng, prec, st in rows]))
+                            for name, eng, prec, st, _ in rows]))
     cyc = sum(r[3].cycles for r in rows)
     uj = sum(energy_uj(r[3], op) for r in rows)
-    ops = 2 * sum(r[3].rbe_macs + r[3].cluster_macs for r in rows)
+    ops = 2 * sum(r[4] for r in rows)
     ms = cyc / op.freq_mhz / 1e3
     bounds = {}
-    for *_, st in rows:
-        b = _bound(st)
+    for r in rows:
+        b = _bound(r[3])
         bounds[b] = bounds.get(b, 0) + 1
     print("\nResNet-18 / ImageNet 224x224, 4-bit (zoo.resnet18_mixed), 0.8 V 420 MHz")
     print(format_table(

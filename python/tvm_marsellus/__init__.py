@@ -38,7 +38,7 @@ OP_KNOB = "operating_point"
 class MarsellusTarget(AccelTarget):
     name = "marsellus"
     package = "tvm_marsellus"
-    global_knobs = frozenset({OP_KNOB, "biased_hwc"})
+    global_knobs = frozenset({OP_KNOB, "biased_hwc", "cluster_marshals_out"})
 
     def load_config(self, path_or_name=None) -> MarsellusConfig:
         return hw_config.load_config(path_or_name)
@@ -72,7 +72,7 @@ class MarsellusTarget(AccelTarget):
 
         knobs = dict(knobs or {})
         op = operating_point_of(knobs.pop(OP_KNOB, None))
-        program = strategy.plan(graph, config, knobs)
+        program = strategy.plan(graph, config, knobs, op)
         for ly in program.layers:
             ly.meta["op"] = [op.vdd, op.freq_mhz, bool(op.abb)]
         return codegen.build_blob(program, config, name)

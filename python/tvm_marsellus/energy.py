@@ -153,6 +153,21 @@ def energy_breakdown_uj(stats, op: OperatingPoint) -> dict[str, float]:
     }
 
 
+def energy_coefficients(op: OperatingPoint) -> dict[str, float]:
+    """The terms of :func:`energy_breakdown_uj` in pJ at the operating point, for compile-time
+    estimates: ``static`` per cycle (idle + leakage), ``cluster`` per busy core cycle (above
+    idle), ``dma`` per busy DMA cycle, ``rbe_op`` per RBE operation (a MAC is two) and
+    ``rbe_binop`` per 1-bit RBE operation."""
+    cyc = 1e9 / (op.freq_mhz * 1e6)  # mW x ns = pJ
+    s = _dyn_scale(op)
+    idle = DYN_NOM_MW["idle"]
+    v2 = (op.vdd / V_NOM) ** 2
+    return {"static": (idle * s + leakage_mw(op)) * cyc,
+            "cluster": (DYN_NOM_MW["cluster"] - idle) * s * cyc,
+            "dma": (DYN_NOM_MW["dma"] - idle) * s * cyc,
+            "rbe_op": RBE_PJ_PER_OP * v2, "rbe_binop": RBE_PJ_PER_BINOP * v2}
+
+
 def energy_uj(stats, op: OperatingPoint) -> float:
     """CLUSTER energy of a run at the operating point, in microjoules."""
     return float(sum(energy_breakdown_uj(stats, op).values()))

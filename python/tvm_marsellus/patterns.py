@@ -2,7 +2,8 @@
 takes. Each check is named; its docstring is the reason a layer stays on the host CPU.
 
 Offloaded: quantized conv2d (the strategy puts 3x3 / 1x1, stride 1 / 2 convs on the RBE and the
-rest, including depthwise, on the cores), dense (cluster FC), the residual add (cluster ADD), max
+rest, including depthwise, on the cores), dense (cluster FC), the residual add (a 1x1 BinConv on
+the RBE between RBE layers, else the cluster ADD: one recipe fits both), max
 pool with the same quantization in and out, and average / global average pool (cluster
 AVGPOOL). Requantization must be expressible as NormQuant: no pre-shift, 16-bit kappa, shift
 0..31, a 32-bit lambda once bias and zero points are folded, and a clip equal to the output
@@ -152,7 +153,7 @@ def add_operands_8bit(m: dict) -> bool:
 
 def add_recipe_fits(m: dict) -> bool:
     """add multipliers above 16 bits or lambda above 32 bits (cluster ADD: kappa_a, kappa_b,
-    lambda)"""
+    lambda; on the RBE the same integers as W-bit weights times one kappa)"""
     ma, mb = (int(const_value(m[k])) for k in ("lhs_multiplier", "rhs_multiplier"))
     sh = int(const_value(m["shift"]))
     za, zb = (int(const_value(m[k])) for k in ("lhs_zero_point", "rhs_zero_point"))

@@ -6,13 +6,29 @@ Engines. A conv layer goes to the RBE when it is a 3x3 or 1x1 convolution with s
 groups 1, 2..8-bit W/I/O and padding <= 15, unless the cores are estimated at least twice as fast
 (a 3-channel stem; knob ``engine``); otherwise (other kernels,
 depthwise, dense) it runs on the 16-core cluster (XpulpNN CONV / DWCONV / FC kernels), as do
-ADD, MAXPOOL and AVGPOOL. Anything else never reaches the strategy (the pattern table keeps it
-on the host).
+MAXPOOL and AVGPOOL. Anything else never reaches the strategy (the pattern table keeps it on the
+host).
+
+Residual adds on the RBE. The ADD recipe (``numerics.add_recipe``) is ``ma = wa * kappa``,
+``mb = wb * kappa`` with W-bit unsigned ``wa, wb``, so an add is a 1x1 BinConv: for each
+32-channel tile j one RBE job reads 64 input channels, tile j of operand ``a`` then tile j of
+``b`` (weights ``w[k, k] = wa``, ``w[k, 32 + k] = wb``, one 32 x 64 block shared by all jobs;
+NormQuant kappa, and lambda with both zero points and storage offsets folded in). DMA_IN puts
+both operand tiles into one L1 input buffer with 3-D strided copies, the pair ``[a_j, b_j]`` side
+by side in every pixel, and job j reads it through its pixel stride (the RBE job format is
+unchanged: bit-plane words of 32 channels, Kin tiles). It runs there when the recipe's weights
+fit W <= 8, both operands have one precision and both are in the RBE layout, unless the knob
+``engine`` says ``cluster`` or the estimated energy (at the compile-time operating point) of
+the add and of the layers whose layouts follow its engine (its operands' producers and readers,
+its output's readers) is lower with the cluster ADD: the RBE add takes longer than ``CL.ADD``
+(the RBE streams 3x3 output patches) but spares the marshaling on both sides.
 
 Layouts and marshaling. Tensors live in L2 in one of two layouts: ``rbe`` (the RBE bit-plane
 layout, I/O bits = the tensor's ``bits``; a signed tensor is stored unsigned with the offset
-``2^(bits-1)``, since the RBE reads unsigned activations) when it is produced by an RBE layer and
-read only by RBE layers, else ``hwc`` (bit-packed HWC at the cluster width 2, 4 or 8 that holds
+``2^(bits-1)``, since the RBE reads unsigned activations) when it is produced by an RBE layer (or
+by a cluster CONV / DWCONV / ADD, which then marshals its output tile once, ``CL.HWC2RBE``
+after the kernel; global knob ``cluster_marshals_out``) and read only by RBE layers, else
+``hwc`` (bit-packed HWC at the cluster width 2, 4 or 8 that holds
 ``bits``, true values). Where the layout changes the cluster marshals inside the tile loop:
 HWC -> bit planes (``CL.ADD`` adding the offset for signed tensors, then ``CL.HWC2RBE``) before an
 RBE job and bit planes -> HWC (``CL.RBE2HWC``) after it. The offset, the input zero point, the
@@ -66,8 +82,11 @@ Synchronisation (semaphores; balanced per layer so every layer is also a valid s
 0 input-buffer free (2 credits), 1 input full, 2 output-buffer free (2 credits), 3 output full,
 4 layer done (last DMA_OUT -> next layer's DMA_IN), 5 cluster -> RBE, 6 RBE -> cluster, 7 layer
 done for the I/O DMA, 8 weight group staged, 9 / 10 input bounce slot free (2 credits) / full,
-11 / 12 output bounce slot free (2 credits) / full, 13 weight slot free. The L1 weight slot is
-freed with the input credit by the command that reads the weights last.
+11 / 12 output bounce slot free (2 credits) / full, 13 weight slot free, 14 input full for a
+step that starts on the RBE (1 is for steps starting on the cluster: one semaphore per engine,
+so an RBE job of the next layer never takes the token of a layer still running on the cores;
+each engine takes its tokens in order). The L1 weight slot is freed with the input credit by
+the command that reads the weights last.
 
 L3 (three-level tiling, as DORY does). When the weights plus the activations do not fit L2, the
 weight image moves to L3 and the I/O DMA copies each weight group (the ``tile_k`` output
@@ -104,13 +123,16 @@ from tvm_accel import errors
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
 from tvm_marsellus import codegen as cg
+from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_coefficients
 from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
-from tvm_marsellus.numerics import normquant_params
+from tvm_marsellus.numerics import add_factors, normquant_params
 
 FREE_IN, FULL_IN, FREE_OUT, FULL_OUT, DONE, CL2RBE, RBE2CL, DONE_IO, STAGED = range(9)
 #: L3: L2 bounce slot of an input tile free / filled by the I/O DMA, of an output tile free /
 #: filled by DMA_OUT, of a weight group free (STAGED: filled)
 IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
+#: "input full" for a step whose first compute command is an RBE job (FULL_IN: the cluster)
+FULL_IN_RBE = 14
 ALIGN = 8
 #: Kin tiling: the input channels are split in this many near-equal chunks (whole 8-channel
 #: groups), the widest feasible tile of each scored by the cost model
@@ -255,6 +277,26 @@ def rbe_reasons(layer: ConvLayer, tin: TensorInfo, tout: TensorInfo,
     return r
 
 
+def add_rbe_reasons(layer: AddLayer, ta: TensorInfo, tb: TensorInfo, tout: TensorInfo,
+                    cfg: MarsellusConfig) -> list[str]:
+    """Why a residual add cannot run on the RBE as a 1x1 BinConv over its operands stacked
+    along the input channels (empty = it can, once both operands are in the RBE layout)."""
+    r = []
+    if ta.bits != tb.bits:
+        r.append(f"operands of {ta.bits} and {tb.bits} bits (one input precision per RBE job)")
+    lo, hi = cfg.RBE_MIN_BITS, cfg.RBE_MAX_BITS
+    for what, b in (("I", ta.bits), ("O", tout.bits)):
+        if not lo <= b <= hi:
+            r.append(f"{what} = {b} bits outside {lo}..{hi}")
+    wa, wb, kappa, wbits = add_factors(layer.a_multiplier, layer.b_multiplier)
+    if wbits > hi or kappa > 0xFFFF:
+        r.append(f"multipliers {layer.a_multiplier}, {layer.b_multiplier} need {wbits}-bit "
+                 "weights (the recipe fell back to the cluster ADD's 16-bit multipliers)")
+    if ta.dense or tb.dense:
+        r.append("operands are not 4-D")
+    return r
+
+
 def _clip_mode(layer, tout: TensorInfo, cbits: int | None = None) -> tuple[bool, bool]:
     """``(relu, full)`` of the output clip at ``cbits`` (default the tensor's bits); MappingError
     when NormQuant cannot clamp to ``[qmin, qmax]``."""
@@ -273,10 +315,10 @@ def _clip_mode(layer, tout: TensorInfo, cbits: int | None = None) -> tuple[bool,
 
 
 # --- knobs and the tile solver -------------------------------------------------------------
-def _k_options(k: int, engine: str, kind: str) -> list[int]:
+def _k_options(k: int, engine: str, kind: str, rbe_out: bool = False) -> list[int]:
     if kind in ("dw", "pool", "add"):
         return [k]
-    step = RBE_CHANNELS if engine == "rbe" else 8
+    step = RBE_CHANNELS if engine == "rbe" or rbe_out else 8
     opts = sorted({min(k, m) for m in range(step, k + step, step)} | {k})
     return opts
 
@@ -294,9 +336,35 @@ class _Layer:
         self.w_l3 = False  # the weights are staged from L3 (the planner's second pass)
 
     @property
+    def w_bits(self) -> int:
+        """Weight precision W (an add on the RBE: the width of its two identity blocks)."""
+        if self.kind == "add":
+            return add_factors(self.layer.a_multiplier, self.layer.b_multiplier)[3]
+        return self.layer.weight_bits
+
+    @property
+    def k_in(self) -> int:
+        """Input channels of an RBE job (an add: a 32-channel tile of each operand)."""
+        return 2 * RBE_CHANNELS if self.kind == "add" else self.geo.c
+
+    @property
     def chunked(self) -> bool:
         """The reduction is split over several L1 input-channel chunks (Kin tiling)."""
         return self.tc < self.geo.c
+
+    def k_options(self) -> list[int]:
+        """Output channels per tile to try (whole 32-channel tiles for a bit-plane output)."""
+        return _k_options(self.geo.k, self.engine, self.kind, self.tout.layout == "rbe")
+
+    @property
+    def marshals_out(self) -> bool:
+        """A cluster layer writing the RBE layout: ``CL.HWC2RBE`` after its kernel."""
+        return self.engine != "rbe" and self.tout.layout == "rbe"
+
+    @property
+    def stacked(self) -> bool:
+        """An add on the RBE: its operands interleave per pixel in one Kin-stacked L1 tile."""
+        return self.kind == "add" and self.engine == "rbe"
 
     @property
     def n_chunks(self) -> int:
@@ -342,9 +410,10 @@ class _Layer:
         b = {"in": self.in_bytes(th)}
         out_rbe = self.engine == "rbe"
         if out_rbe:
-            b["w"] = _al(cg.weight_bytes(kt, g.c, g.kh, self.layer.weight_bits)) + _al(6 * kt)
+            wk = min(kt, RBE_CHANNELS) if self.kind == "add" else kt  # one block, every job
+            b["w"] = _al(cg.weight_bytes(wk, self.k_in, g.kh, self.w_bits)) + _al(6 * wk)
             rows, cols = self.rows_in(th), self.cols_in()
-            if t.layout == "hwc":
+            if t.layout == "hwc" and self.kind != "add":
                 if t.stored_signed:
                     b["t1"] = _al(rows * cols * g.c * t.cbits / 8)
                 b["t2"] = _al(cg.activation_bytes(rows, cols, g.c, t.bits))
@@ -359,6 +428,9 @@ class _Layer:
             elif self.kind == "dw":
                 b["w"] = _al(kt * g.kh * g.kw * wb / 8) + _al(6 * kt)
             b["out"] = _al(th * self.tw * kt * self.tout.cbits / 8)
+            if self.marshals_out:  # the kernel's HWC tile, then its bit planes
+                b["t4"] = b["out"]
+                b["out"] = _al(cg.activation_bytes(th, self.tw, kt, self.tout.bits))
             if self.chunked:  # int32 partial sums of the output tile, one copy
                 b["psum"] = _al(th * self.tw * kt * 4)
         return b
@@ -401,23 +473,32 @@ class _Layer:
 
             lo, hi, pt, pb = g.in_rows(0, th)
             clo, chi, pl, pr = g.in_cols(0, self.tw)
-            job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw, k_in=g.c,
-                            k_out=kt, in_bits=self.tin.bits, w_bits=self.layer.weight_bits,
-                            out_bits=self.tout.bits, kernel=g.kh, stride=g.sh, pad_top=pt,
-                            pad_bottom=pb, pad_left=pl, pad_right=pr)
-            c = sum(rbe_job_phases(cfg, job).values())
-            bits_in = (hi - lo) * (chi - clo) * g.c * self.tin.bits
-            if self.tin.layout == "hwc":
-                c += cfg.CL_KERNEL_OVERHEAD_CYCLES + bits_in / cfg.CL_MARSHAL_BITS_PER_CYCLE
-            if self.tout.layout == "hwc":
-                c += cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
-                    cfg.CL_MARSHAL_BITS_PER_CYCLE
+            if self.kind == "add":  # one job per 32-channel tile
+                kts = [min(RBE_CHANNELS, kt - k0) for k0 in range(0, kt, RBE_CHANNELS)]
+                lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
+            else:
+                kts = [kt]
+            c = self.cluster_cycles(th, kt)
+            for k in kts:
+                job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
+                                k_in=self.k_in, k_out=k, in_bits=self.tin.bits,
+                                w_bits=self.w_bits, out_bits=self.tout.bits, kernel=g.kh,
+                                stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
+                                pad_right=pr)
+                c += sum(rbe_job_phases(cfg, job).values())
             return c
+        out = 0.0
+        if self.marshals_out:
+            out = cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
+                cfg.CL_MARSHAL_BITS_PER_CYCLE / self.n_chunks
+        if self.kind == "add":  # CL.ADD: elements at the element-wise rate
+            return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt / \
+                cfg.CL_ELTWISE_ELEMS_PER_CYCLE
         macs = th * self.tw * kt * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
         rate = (cfg.cluster_macs_per_cycle(self.tin.cbits) if self.kind in ("conv", "fc")
                 else cfg.CL_DW_MACS_PER_CYCLE)
         psum = 2 * th * self.tw * kt / cfg.CLUSTER_CORES if self.chunked else 0
-        return cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * self.tw * kt + psum
+        return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * self.tw * kt + psum
 
     def cost(self, th: int, kt: int) -> float:
         """Estimated cycles of the layer: ``steps x`` the slowest engine per step (DMA_IN,
@@ -429,6 +510,8 @@ class _Layer:
         strided = self.tw < g.wo
         bursts = self.rows_in(th) * (self.cols_in() if self.chunked else 1) \
             if strided or self.chunked else 0
+        if self.stacked:  # a burst per 32-channel tile, pixel and operand (stacked tile)
+            bursts = len(self.tins) * th * self.tw * -(-g.k // RBE_CHANNELS)
         dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
             bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
         out_rows = th * self.tw if kt < g.k else th if strided else 0
@@ -444,8 +527,11 @@ class _Layer:
         # the I/O DMA (L3 <-> L2) runs the fetches, drains and weight staging of every step
         l3 = cfg.L3_BYTES_PER_CYCLE
         io = 0.0
-        if any(t.mem == "L3" for t in self.tins):
-            io += cfg.L3_LATENCY_CYCLES + bufs["in"] / l3 + bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
+        if any(t.mem == "L3" for t in self.tins):  # fetched contiguous to the bounce slot
+            io_bursts = self.rows_in(th) if strided and not self.chunked else (
+                bursts if self.chunked else 0)
+            io += cfg.L3_LATENCY_CYCLES + bufs["in"] / l3 + io_bursts * \
+                cfg.DMA_ROW_OVERHEAD_CYCLES
         if self.tout.mem == "L3":
             io += (cfg.L3_LATENCY_CYCLES + bufs["out"] / l3
                    + out_rows * cfg.DMA_ROW_OVERHEAD_CYCLES) / nch
@@ -455,10 +541,42 @@ class _Layer:
         w_load = 0 if self.chunked else n_k * w_step
         return steps * max(dma_in, comp, dma_out / nch, io) + dma_in + dma_out + w_load
 
+    def steps(self, th: int, kt: int) -> int:
+        """Steps of the layer (output tiles, times the input-channel chunks)."""
+        g = self.geo
+        return -(-g.ho // th) * -(-g.k // kt) * -(-g.wo // self.tw) * self.tin.n * \
+            self.n_chunks
+
+    def cluster_cycles(self, th: int, kt: int) -> float:
+        """Cluster busy cycles of one step: the kernel, or the marshaling around an RBE job."""
+        if self.engine != "rbe":
+            return self.compute_cycles(th, kt)
+        g, cfg = self.geo, self.cfg
+        c = 0.0
+        if self.tin.layout == "hwc" and self.kind != "add":
+            bits_in = self.rows_in(th) * self.cols_in() * g.c * self.tin.bits
+            c += cfg.CL_KERNEL_OVERHEAD_CYCLES + bits_in / cfg.CL_MARSHAL_BITS_PER_CYCLE
+        if self.tout.layout == "hwc":
+            c += cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
+                cfg.CL_MARSHAL_BITS_PER_CYCLE
+        return c
+
+    def energy(self, th: int, kt: int, coef: dict[str, float]) -> float:
+        """Estimated energy (pJ, :func:`~tvm_marsellus.energy.energy_coefficients`) of the
+        layer: static power over its estimated time, the cores' busy cycles, the RBE's
+        operations (2 x MACs, and 2 x MACs x W x I 1-bit ones)."""
+        g = self.geo
+        e = coef["static"] * self.cost(th, kt) + \
+            coef["cluster"] * self.steps(th, kt) * self.cluster_cycles(th, kt)
+        if self.engine == "rbe":
+            macs = self.tin.n * g.ho * g.wo * g.k * self.k_in * g.kh * g.kw
+            e += 2 * macs * (coef["rbe_op"] + self.w_bits * self.tin.bits * coef["rbe_binop"])
+        return e
+
     def candidates(self) -> list[tuple[int, int]]:
         g = self.geo
         ths = range(1, g.ho + 1)
-        return [(th, kt) for kt in _k_options(g.k, self.engine, self.kind) for th in ths
+        return [(th, kt) for kt in self.k_options() for th in ths
                 if self.byte_ok(th, kt) and self.fits(th, kt)]
 
     def solve(self) -> tuple[int, int, float]:
@@ -481,7 +599,7 @@ class _Layer:
         tiling) at its widest feasible width, the cheapest of all winning. Leaves ``tw`` and
         ``tc`` set."""
         g = self.geo
-        kmin = min(_k_options(g.k, self.engine, self.kind))
+        kmin = min(self.k_options())
         best = None
         for tc in self.c_options():
             self.tc = tc
@@ -526,7 +644,7 @@ def knob_space(lay: _Layer, rbe_ok: bool) -> KnobSpace:
             lay.tw, lay.tc = saved
 
     knobs = [Knob("tile_h", tuple(range(1, g.ho + 1)), th),
-             Knob("tile_k", tuple(_k_options(g.k, lay.engine, lay.kind)), kt),
+             Knob("tile_k", tuple(lay.k_options()), kt),
              Knob("tile_w", tuple(lay.w_options()), tw),
              Knob("tile_c", tuple(lay.c_options()), tc)]
     if rbe_ok:
@@ -565,8 +683,12 @@ def _geometry(layer, tin: TensorInfo, tout: TensorInfo) -> Geometry:
 class Planner:
     """Builds the program of one layer graph (see the module docstring)."""
 
-    def __init__(self, graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None):
+    def __init__(self, graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
+                 op: OperatingPoint | None = None):
         self.g, self.cfg, self.user = graph, cfg, dict(knobs or {})
+        self.coef = energy_coefficients(op or NOMINAL)
+        self.add_reasons: dict[str, list[str]] = {}
+        self.consumers: dict[str, list] = {}
         self.t = _tensor_infos(graph)
         self.image = bytearray()
         self.engines: dict[str, str] = {}
@@ -645,16 +767,9 @@ class Planner:
                 else:
                     eng = want
             self.engines[ly.name] = eng
-        # layouts: rbe when produced by the RBE, read only by the RBE, and not a function I/O
+        self.consumers = consumers
+        self._choose_adds()
         io = set(self.g.inputs) | set(self.g.outputs)
-        for ly in self.g.layers:
-            out = ly.output
-            if (self.engines[ly.name] == "rbe" and out not in io and consumers.get(out)
-                    and all(self.engines[c.name] == "rbe" for c in consumers[out])):
-                rq = ly.requant
-                lo, hi = _rng(self.t[out].bits, self.t[out].signed)
-                if rq.qmin == lo and rq.qmax == hi:
-                    self.t[out].layout = "rbe"
         # biased HWC: a signed tensor between kernels that all fold an offset (not max pool,
         # whose clamp cannot subtract it) is stored unsigned, so the RBE reads it without the
         # CL.ADD marshaling step
@@ -674,6 +789,102 @@ class Planner:
                 continue
             if self.user.get("biased_hwc", True):
                 t.biased = True
+
+    def _layouts(self) -> None:
+        """Tensor layouts from the engines: ``rbe`` when produced by the RBE, read only by the
+        RBE, not a function input or output, and clipped to its full range; else ``hwc``."""
+        io = set(self.g.inputs) | set(self.g.outputs)
+        for t in self.t.values():
+            t.layout = "hwc"
+        for ly in self.g.layers:
+            out, cons = ly.output, self.consumers.get(ly.output)
+            if ((self.engines[ly.name] == "rbe" or self._cluster_marshals(ly)) and out not in io
+                    and cons and all(self.engines[c.name] == "rbe" for c in cons)):
+                rq = ly.requant
+                lo, hi = _rng(self.t[out].bits, self.t[out].signed)
+                if rq.qmin == lo and rq.qmax == hi:
+                    self.t[out].layout = "rbe"
+
+    def _cluster_marshals(self, ly) -> bool:
+        """A cluster conv, depthwise conv or ADD whose output only RBE layers read writes it in
+        the RBE layout (``CL.HWC2RBE`` on its output tile): marshaled once, where the readers
+        would each marshal it again, with their halos. Its container must be the tensor's width
+        (a cluster kernel clamps to its container) and inside the RBE's precisions."""
+        t = self.t[ly.output]
+        return (self.engines[ly.name] == "cluster" and self.kinds[ly.name] in ("conv", "dw", "add")
+                and not t.dense and t.bits == t.cbits
+                and self.cfg.RBE_MIN_BITS <= t.bits <= self.cfg.RBE_MAX_BITS
+                and self.user.get("cluster_marshals_out", True))
+
+    def _choose_adds(self) -> None:
+        """Engines of the residual adds, then the layouts. An add runs on the RBE (a 1x1
+        BinConv over its operands stacked along Kin, ``numerics.add_recipe``) when the recipe
+        allows it and both operands end up in the RBE layout (they are produced by the RBE and
+        read only by it), unless the knob ``engine`` says otherwise or the cost model finds the
+        cluster ADD cheaper in energy: the add with the layer(s) producing its operands, those
+        reading them and those reading its output, whose layouts (and marshaling) change with
+        the add's engine (:meth:`_add_energy`)."""
+        adds = [ly for ly in self.g.layers if self.kinds[ly.name] == "add"]
+        for ly in adds:
+            a, b = (self.t[n] for n in ly.inputs)
+            r = add_rbe_reasons(ly, a, b, self.t[ly.output], self.cfg)
+            want = self.user.get(ly.name, {}).get("engine")
+            if want == "rbe" and r:
+                raise MappingError(f"layer {ly.name}: engine rbe: {r[0]}")
+            self.add_reasons[ly.name] = r
+            self.engines[ly.name] = "rbe" if not r and want != "cluster" else "cluster"
+        self._settle_adds(adds)
+        for ly in adds:
+            if self.engines[ly.name] != "rbe" or "engine" in self.user.get(ly.name, {}):
+                continue
+            if self._add_energy(ly, "cluster") < self._add_energy(ly, "rbe"):
+                self.engines[ly.name] = "cluster"
+                self._settle_adds(adds)
+        self._layouts()
+
+    def _settle_adds(self, adds: list) -> None:
+        """Move to the cluster every RBE add with an operand that is not in the RBE layout
+        (until none is left: an add's output may be another add's operand)."""
+        while True:
+            self._layouts()
+            bad = [ly for ly in adds if self.engines[ly.name] == "rbe"
+                   and any(self.t[n].layout != "rbe" for n in ly.inputs)]
+            if not bad:
+                return
+            for ly in bad:
+                n = next(n for n in ly.inputs if self.t[n].layout != "rbe")
+                why = (f"operand {n} is not in the RBE layout (a function input or output, made "
+                       "by the cluster, or also read by the cluster)")
+                if self.user.get(ly.name, {}).get("engine") == "rbe":
+                    raise MappingError(f"layer {ly.name}: engine rbe: {why}")
+                self.add_reasons[ly.name].append(why)
+                self.engines[ly.name] = "cluster"
+
+    def _add_energy(self, add: AddLayer, eng: str) -> float:
+        """Estimated energy (pJ) of an add and of the layers whose layouts depend on its
+        engine, with the add on ``eng`` (each layer at its own best tile)."""
+        saved = self.engines[add.name]
+        self.engines[add.name] = eng
+        self._layouts()
+        names = set(add.inputs) | {add.output}
+        near = [ly for ly in self.g.layers if ly.output in names or any(
+            n in names for n in (ly.inputs if isinstance(ly, AddLayer) else (ly.input,)))]
+        total = 0.0
+        for ly in near:
+            ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
+            tins = [self.t[n] for n in ins]
+            lay = _Layer(ly, self.kinds[ly.name], self.engines[ly.name],
+                         _geometry(ly, tins[0], self.t[ly.output]), tins, self.t[ly.output],
+                         self.cfg)
+            try:
+                th, kt, _ = lay.solve_width()
+                total += lay.energy(th, kt, self.coef)
+            except MappingError:
+                total = float("inf")
+                break
+        self.engines[add.name] = saved
+        self._layouts()
+        return total
 
     def plan(self) -> cg.MarsProgram:
         self._choose()
@@ -786,7 +997,8 @@ class Planner:
         lay = _Layer(ly, kind, eng, geo, tins, tout, self.cfg)
         lay.w_l3 = self.l3_costs and self.l3
         self.layers[ly.name] = lay
-        rbe_ok = kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)
+        rbe_ok = (kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)) or (
+            kind == "add" and not self.add_reasons.get(ly.name))
         space = knob_space(lay, rbe_ok)
         user = {k: v for k, v in self.user.get(ly.name, {}).items()}
         try:
@@ -806,8 +1018,10 @@ class Planner:
                              meta=meta)
         lay.plan = _Plan(eng, th, kt)
         start = _al(len(self.image))
-        groups = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)] \
-            if isinstance(ly, ConvLayer) else []
+        if isinstance(ly, ConvLayer):
+            groups = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)]
+        else:
+            groups = [self._add_weights(lay)] if lay.stacked else []
         lay.wsrc = [(off, size) for off, size, _ in groups]
         lay.wparts = [parts for _, _, parts in groups]
         if lay.wsrc:
@@ -855,6 +1069,32 @@ class Planner:
                 wb = cg.pack_hwc(w.transpose(0, 2, 3, 1), wbits).tobytes()
         nq = cg.pack_normquant(kappa, lam).tobytes()
         data = wb + bytes(_al(len(wb)) - len(wb)) + nq
+        return self._blob(data), len(data), []
+
+    def _add_weights(self, lay: _Layer) -> tuple[int, int, list]:
+        """Weights + NormQuant of an add on the RBE (``numerics.add_recipe``) in the L2 image:
+        the 1x1 BinConv of one 32-channel output tile from its Kin-stacked operand tiles (``a``
+        in input channels 0..31, ``b`` in 32..63) with unsigned weights ``w[k, k] = wa``,
+        ``w[k, 32 + k] = wb``, shared by the jobs of every tile (a partial last tile uses the
+        first rows); kappa per channel, and lambda with the rounding, the zero points of both
+        operands and their unsigned storage offsets, the output zero point and offset folded
+        in."""
+        ly, (a, b), tout = lay.layer, lay.tins, lay.tout
+        wa, wb, kappa, wbits = add_factors(ly.a_multiplier, ly.b_multiplier)
+        c = min(lay.geo.c, RBE_CHANNELS)
+        w = np.zeros((c, lay.k_in, 1, 1), np.int64)
+        w[np.arange(c), np.arange(c)] = wa
+        w[np.arange(c), RBE_CHANNELS + np.arange(c)] = wb
+        rq = ly.requant
+        lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + tout.offset_value) << rq.shift) \
+            - kappa * (wa * (ly.a_zero_point + a.offset_value)
+                       + wb * (ly.b_zero_point + b.offset_value))
+        if not -(1 << 31) <= lam < 1 << 31 or not 0 <= rq.shift <= 31:
+            raise MappingError(f"layer {ly.name}: add recipe does not fit NormQuant (lambda "
+                               f"{lam}, shift {rq.shift})")
+        wbytes = cg.pack_weights(w, wbits, signed=False).tobytes()
+        nq = cg.pack_normquant(np.full(c, kappa), np.full(c, lam)).tobytes()
+        data = wbytes + bytes(_al(len(wbytes)) - len(wbytes)) + nq
         return self._blob(data), len(data), []
 
     # --- command emission ------------------------------------------------------------------
@@ -943,7 +1183,6 @@ class Planner:
                                       if io_in else 0, c0, cc)
             loads += acts
             loads[0].wait = (FREE_IN, STAGED) if wfetch else (FREE_IN,)
-            loads[-1].signal = tuple(loads[-1].signal) + (FULL_IN,)
             if fetch:  # the bounce slot: filled before the first read, freed after the last
                 fetch[0].wait, fetch[-1].signal = (IO_IN_FREE,), (IO_IN_FULL,)
                 reads = [c for c in loads if c.src_mem == "L2" and self._in_bounce(c.src)]
@@ -952,8 +1191,10 @@ class Planner:
             io_loads.append(wfetch + fetch)
             comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot,
                                             (j, len(chunks), cc, nq))
+            full = FULL_IN_RBE if comps[0].engine == "RBE" else FULL_IN
+            loads[-1].signal = tuple(loads[-1].signal) + (full,)
             # chain the compute commands across engines
-            comps[0].wait = (FULL_IN, FREE_OUT) if final else (FULL_IN,)
+            comps[0].wait = (full, FREE_OUT) if final else (full,)
             for a, b in zip(comps, comps[1:], strict=False):
                 if a.engine != b.engine:
                     sem = CL2RBE if a.engine == "CLUSTER" else RBE2CL
@@ -1008,7 +1249,7 @@ class Planner:
             lo, hi, _, _ = g.in_rows(ho0, hh)
             clo, chi, _, _ = g.in_cols(wo0, ww)
         out, fetch, d, b = [], [], dst, bounce
-        for t in lay.tins:
+        for i, t in enumerate(lay.tins):
             row = g.w * t.pix_bytes()
             src = t.offset + int((n * g.h + lo) * row + clo * t.pix_bytes())
             if cc and cc < t.c:  # one chunk of the channels of every pixel: a 3-D copy
@@ -1030,9 +1271,31 @@ class Planner:
                 fetch.append(replace(window, src_mem="L3", dst_mem="L2", dst=b))
                 window = cg.Dma(src_mem="L2", dst_mem="L1", src=b, dst=d, length=size)
                 b += _al(size)
-            out.append(window)
+            if lay.stacked:  # the operand's tiles into its half of every stacked tile pair
+                out += self._stacked(window, t, chi - clo, dst + i * t.bits * 4)
+            else:
+                out.append(window)
             d += _al(size)
         return out, fetch
+
+    @staticmethod
+    def _stacked(window: cg.Dma, t: TensorInfo, cols: int, dst: int) -> list[cg.Dma]:
+        """An add on the RBE: the copy of one operand's tile (``window``: a block of pixels, or
+        rows of ``cols`` pixels) rewritten as 3-D copies of its 32-channel tiles (``bits``
+        words each) to ``dst``, ``dst + 2 x tile``, ... in every pixel. With ``dst`` at byte 0
+        for the first operand and one tile further for the second, each L1 pixel holds the
+        pairs ``[a tile j, b tile j]`` that RBE job j reads as 64 input channels."""
+        tb = t.bits * 4
+        nt = -(-t.c // RBE_CHANNELS)
+        pix = nt * tb
+        if window.rows == 1:  # a contiguous block of pixels
+            blocks = [(window.src, window.length // pix, dst)]
+        else:
+            blocks = [(window.src + r * window.src_row_stride, cols, dst + r * cols * 2 * pix)
+                      for r in range(window.rows)]
+        return [cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=src, dst=d, length=tb, rows=nt,
+                       planes=n, src_row_stride=tb, src_plane_stride=pix, dst_row_stride=2 * tb,
+                       dst_plane_stride=2 * pix) for src, n, d in blocks]
 
     def _in_bounce(self, addr: int) -> bool:
         return self.bounce_in[0] <= addr < self.bounce_out[0]
@@ -1085,8 +1348,26 @@ class Planner:
                   ) -> tuple[list, int]:
         """Compute commands of one tile (``chunk`` = index, count, channels and L1 NormQuant
         address of its input-channel chunk under Kin tiling) and the index of the last one
-        reading input/weights."""
+        reading input/weights. A cluster layer writing the RBE layout puts its (last chunk's)
+        HWC result in ``t4`` and marshals it into the output tile."""
+        cmds, free_at = self._kernels(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot, chunk)
+        if lay.marshals_out and chunk[0] == chunk[1] - 1:
+            t = lay.tout
+            cmds[-1].out_addr = buf("t4")
+            cmds.append(cg.ClusterKernel(
+                kernel="HWC2RBE", in_signed=0, out_signed=0, in_bits=t.cbits, out_bits=t.bits,
+                in_addr=buf("t4"), out_addr=buf("out"), h_in=hh, w_in=ww, c_in=kk, c_out=kk,
+                h_out=hh, w_out=ww))
+        return cmds, free_at
+
+    def _kernels(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, k0: int,
+                 kk: int, buf, wslot: int, chunk: tuple = (0, 1, 0, None)
+                 ) -> tuple[list, int]:
+        """The commands of :meth:`_computes` before a cluster layer's output marshaling."""
         ly, g, tin, tout = lay.layer, lay.geo, lay.tin, lay.tout
+        if lay.stacked:
+            cmds = self._rbe_add(lay, hh, ww, kk, buf, wslot)
+            return cmds, -(-kk // RBE_CHANNELS) - 1
         if lay.kind == "add":
             return [self._add(lay, hh, ww, buf)], 0
         lo, hi, ptop, pbot = g.in_rows(ho0, hh)
@@ -1152,12 +1433,33 @@ class Planner:
             pad_left=pleft, pad_right=pright))
         free_at = len(cmds) - 1
         if tout.layout == "hwc":
-            cmds.append(cg.ClusterKernel(
-                kernel="RBE2HWC", in_signed=int(tout.stored_signed),
-                out_signed=int(tout.stored_signed),
-                in_bits=tout.bits, out_bits=tout.cbits, in_addr=y, out_addr=buf("out"),
-                h_in=hh, w_in=ww, c_in=kk, c_out=kk, h_out=hh, w_out=ww))
+            cmds.append(_rbe2hwc(tout, y, buf("out"), hh, ww, kk))
         return cmds, free_at
+
+    def _rbe_add(self, lay: _Layer, hh: int, ww: int, kk: int, buf, wslot: int) -> list:
+        """An add on the RBE: one 1x1 job per 32-channel tile j, reading the pair ``[a tile j,
+        b tile j]`` of every stacked pixel as 64 input channels (pixel stride: the stacked
+        pixel) and writing tile j of the output pixels (pixel stride: the output pixel), all
+        with the weights and NormQuant of :meth:`_add_weights`; then ``CL.RBE2HWC`` if the
+        output is HWC."""
+        ly, tout, tin = lay.layer, lay.tout, lay.tin
+        relu, _ = _clip_mode(ly, tout, None if tout.layout == "rbe" else tout.bits)
+        wk = min(kk, RBE_CHANNELS)
+        nq = wslot + _al(cg.weight_bytes(wk, lay.k_in, 1, lay.w_bits))
+        y = buf("out") if tout.layout == "rbe" else buf("t3")
+        tb_in, tb_out = tin.bits * 4, tout.bits * 4
+        nt = -(-kk // RBE_CHANNELS)
+        cmds: list = [cg.RbeJob(
+            x_ptr=buf("in") + j * 2 * tb_in, w_ptr=wslot, nq_ptr=nq, y_ptr=y + j * tb_out,
+            h_in=hh, w_in=ww, h_out=hh, w_out=ww, k_in=lay.k_in,
+            k_out=min(RBE_CHANNELS, kk - j * RBE_CHANNELS), in_bits=tin.bits,
+            w_bits=lay.w_bits, out_bits=tout.bits, kernel=1, relu=int(relu),
+            out_signed=int(tout.stored_signed), w_unsigned=1, shift=int(ly.requant.shift),
+            x_pix_stride=2 * nt * tb_in if nt > 1 else 0,
+            y_pix_stride=nt * tb_out if nt > 1 else 0) for j in range(nt)]
+        if tout.layout == "hwc":
+            cmds.append(_rbe2hwc(tout, y, buf("out"), hh, ww, kk))
+        return cmds
 
     def _add(self, lay: _Layer, hh: int, ww: int, buf) -> cg.ClusterKernel:
         ly, g = lay.layer, lay.geo
@@ -1213,6 +1515,15 @@ class Planner:
                                 **common)
 
 
+def _rbe2hwc(tout: TensorInfo, src: int, dst: int, hh: int, ww: int, kk: int
+             ) -> cg.ClusterKernel:
+    """Marshaling of an RBE output tile (bit planes at ``src``) to HWC at ``dst``."""
+    return cg.ClusterKernel(
+        kernel="RBE2HWC", in_signed=int(tout.stored_signed), out_signed=int(tout.stored_signed),
+        in_bits=tout.bits, out_bits=tout.cbits, in_addr=src, out_addr=dst, h_in=hh, w_in=ww,
+        c_in=kk, c_out=kk, h_out=hh, w_out=ww)
+
+
 def _sub_requant(rq, k0: int, kt: int):
     from dataclasses import replace
 
@@ -1222,14 +1533,18 @@ def _sub_requant(rq, k0: int, kt: int):
                    round_add=r[k0:k0 + kt] if r.size > 1 else r)
 
 
-def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None) -> cg.MarsProgram:
+def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
+         op: OperatingPoint | None = None) -> cg.MarsProgram:
     """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``, plus
-    the global ``"biased_hwc": False`` to store signed HWC tensors two's complement)."""
-    return Planner(graph, cfg, knobs).plan()
+    the global ``"biased_hwc": False`` to store signed HWC tensors two's complement; ``op``:
+    the operating point whose energy the add engine choice weighs, default nominal)."""
+    return Planner(graph, cfg, knobs, op).plan()
 
 
 def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, KnobSpace]:
-    """The knob space of every layer (defaults = the solver's choice)."""
+    """The knob space of every layer (defaults = the solver's choice). An add's ``engine`` is
+    left out: a tuning task measures one layer alone, with HWC inputs, where the RBE add (whose
+    gain is the marshaling it spares its neighbours) cannot run; set it in ``knobs``."""
     p = Planner(graph, cfg)
     p._choose()
     out = {}

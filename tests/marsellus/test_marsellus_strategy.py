@@ -202,8 +202,9 @@ def test_weights_that_do_not_fit_l2_are_staged_from_l3():
 
 @pytest.mark.parametrize("biased", [True, False])
 def test_signed_hwc_between_kernels_is_stored_biased(biased):
-    """A signed tensor from a cluster conv into an RBE conv and a residual add is stored
-    unsigned with the offset 2^(bits-1), so the RBE input needs no CL.ADD marshaling step."""
+    """A signed tensor from a cluster conv into an RBE conv and a residual add on the cluster
+    (the knob: on the RBE the tensor would be in bit planes) is stored unsigned with the offset
+    2^(bits-1), so the RBE input needs no CL.ADD marshaling step."""
     rng = np.random.default_rng(7)
     a_rq = numerics.add_recipe(0.5, 0.5, 0, -128, 127)
     layers = [conv(rng, "c5", "x", "a", 16, 32, 5), conv(rng, "c3", "a", "b", 32, 32, 3),
@@ -212,7 +213,8 @@ def test_signed_hwc_between_kernels_is_stored_biased(biased):
     sh = {"x": (1, 16, 8, 8), "a": (1, 32, 8, 8), "b": (1, 32, 8, 8), "c": (1, 32, 8, 8),
           "d": (1, 16, 8, 8)}
     prog, _ = check(rng, layers, {n: T(n, s) for n, s in sh.items()}, ["x"], ["d"],
-                    {"biased_hwc": biased})
+                    {"biased_hwc": biased, "add": {"engine": "cluster"}})
+    assert prog.tensors["a"].layout == "hwc"
     assert (not prog.tensors["a"].signed) == biased
     adds = [c for c in prog.layers[1].commands if isinstance(c, cg.ClusterKernel)
             and c.kernel == "ADD"]

@@ -1,0 +1,156 @@
+"""Residual add on the RBE: a 1x1 BinConv over the two operands stacked along the input
+channels (weights: two scaled identity blocks, ``numerics.add_recipe``), so the tensors of a
+residual block stay in the RBE bit-plane layout and no cluster marshaling runs around the add;
+bit-exact against the CPU reference at 8 bits and below, int8 and uint8."""
+
+import numpy as np
+import pytest
+
+from tvm_accel import zoo
+from tvm_accel.layers import AddLayer, LayerGraph
+from tvm_accel.numerics import add_error
+from tvm_marsellus import codegen as cg
+from tvm_marsellus import numerics, strategy
+
+from .test_marsellus_strategy import CFG, T, check, conv
+
+MARSHAL = ("HWC2RBE", "RBE2HWC")
+
+
+def _marshaling(layer) -> list[str]:
+    return [c.kernel for c in layer.commands
+            if isinstance(c, cg.ClusterKernel) and c.kernel in MARSHAL]
+
+
+@pytest.mark.parametrize("sa, sb", [(1.0644, 0.6237), (0.3492, 0.3198), (1.3663, 0.8165),
+                                    (0.25, 0.75), (0.0, 0.7)])
+def test_add_recipe_is_what_the_rbe_computes(sa, sb):
+    """``ma = wa * kappa``, ``mb = wb * kappa`` with W-bit unsigned weights, 16-bit kappa and
+    multipliers the cluster ADD can also take; the narrowest W within the tolerance."""
+    ma, mb, rq = numerics.add_recipe(sa, sb, -3, -128, 127)
+    wa, wb, kappa, w = numerics.add_factors(ma, mb)
+    assert (wa * kappa, wb * kappa) == (ma, mb)
+    assert 2 <= w <= 8 and 1 <= kappa <= 0xFFFF and max(ma, mb) <= 0xFFFF
+    err = add_error(sa, sb, ma, mb, rq)
+    assert err.max_lsb_error <= numerics.ADD_LSB_TOLERANCE
+    if (sa, sb) == (0.25, 0.75):  # an exact small ratio needs 2-bit weights only
+        assert (wa, wb, w, err.max_lsb_error) == (1, 3, 2, 0.0)
+
+
+def test_add_scale_ratio_beyond_8_bit_weights_falls_back_to_the_cluster_recipe():
+    ma, mb, rq = numerics.add_recipe(3.3, 0.01, 0, 0, 255)
+    assert numerics.add_factors(ma, mb)[3] > 8
+    assert add_error(3.3, 0.01, ma, mb, rq).max_lsb_error < 0.01
+
+
+def _block(rng, c, hw, bits, signed, add_bits=None, knobs=None, relu=False):
+    """x -> c0 -> y0; c1: y0 -> y1; c2: y1 -> y2; add(y2, y0) -> y3; c3 (1x1): y3 -> z. The
+    operands (y2, y0) have ``bits``, the add's output ``add_bits``."""
+    ob = add_bits or bits
+    dt = "int8" if signed else "uint8"
+    layers = [conv(rng, "c0", "x", "y0", c, c, 3, obits=bits, osigned=signed),
+              conv(rng, "c1", "y0", "y1", c, c, 3, wbits=4, obits=bits, osigned=signed),
+              conv(rng, "c2", "y1", "y2", c, c, 3, wbits=6, obits=bits, osigned=signed)]
+    lo, hi = (-(1 << (ob - 1)), (1 << (ob - 1)) - 1) if signed else (0, (1 << ob) - 1)
+    zp = 0 if signed else (1 << ob) // 5
+    ma, mb, rq = numerics.add_recipe(rng.uniform(0.4, 1.6), rng.uniform(0.4, 1.6), zp,
+                                     0 if relu else lo, hi)
+    za, zb = (-1, 2) if signed else (3, 1)
+    layers.append(AddLayer("add", ("y2", "y0"), "y3", za, zb, ma, mb, rq))
+    layers.append(conv(rng, "c3", "y3", "z", c, 24, 1, obits=8, osigned=True))
+    ts = {"x": T("x", (2, c, hw, hw)), "z": T("z", (2, 24, hw, hw))}
+    ts.update({n: T(n, (2, c, hw, hw), bits, dt) for n in ("y0", "y1", "y2")})
+    ts["y3"] = T("y3", (2, c, hw, hw), ob, dt)
+    return check(rng, layers, ts, ["x"], ["z"], knobs)
+
+
+@pytest.mark.parametrize("c, bits, signed, add_bits", [
+    (40, 8, True, None),     # int8, two 32-channel tiles (the second partial)
+    (16, 8, False, None),    # uint8, half a tile
+    (64, 4, True, None),     # sub-byte signed (stored with the unsigned offset)
+    (32, 3, False, 8),       # 3-bit unsigned operands into an 8-bit sum
+    (24, 2, True, 5),
+])
+def test_residual_block_keeps_the_rbe_layout_and_is_bit_exact(c, bits, signed, add_bits):
+    rng = np.random.default_rng(c * 10 + bits)
+    prog, stats = _block(rng, c, 7, bits, signed, add_bits)
+    eng = {ly.name: ly for ly in prog.layers}
+    assert eng["add"].engine == "rbe"
+    for n in ("y0", "y1", "y2", "y3"):
+        assert prog.tensors[n].layout == "rbe", n
+    for n in ("c1", "c2", "add"):
+        assert _marshaling(eng[n]) == [], n
+    assert "HWC2RBE" not in _marshaling(eng["c3"])  # only its output (the function's) is HWC
+    jobs = [j for j in eng["add"].commands if isinstance(j, cg.RbeJob)]
+    tiles = -(-c // 32)
+    assert {j.kernel for j in jobs} == {1} and {j.k_in for j in jobs} == {64}
+    assert {j.w_unsigned for j in jobs} == {1} and len(jobs) % tiles == 0
+    assert [j.k_out for j in jobs[:tiles]] == [min(32, c - 32 * t) for t in range(tiles)]
+    # the DMA places both operand tiles in one L1 buffer, a 32-channel tile of each per pixel
+    first = [d for d in eng["add"].commands if isinstance(d, cg.Dma) and d.dst_mem == "L1"][1:3]
+    assert [d.length for d in first] == [bits * 4] * 2
+    assert first[1].dst - first[0].dst == bits * 4 and first[0].dst_row_stride == bits * 8
+    assert stats.rbe_cmds > 0
+
+
+def test_add_engine_knob_reasons_and_the_cluster_alternative():
+    """``engine: cluster`` puts the add back on the cores, bit-exact: its operands are
+    marshaled to HWC (the one only it reads right after its conv, the block input by the add
+    itself), and it writes its output in the RBE layout once (``CL.HWC2RBE`` after
+    ``CL.ADD``) for the RBE conv reading it. The RBE is refused, with the reason, for operands
+    of different widths and for an operand that is a function input (HWC)."""
+    rng = np.random.default_rng(5)
+    prog, _ = _block(rng, 40, 6, 8, True, knobs={"add": {"engine": "cluster"}})
+    eng = {ly.name: ly for ly in prog.layers}
+    assert eng["add"].engine == "cluster"
+    assert [prog.tensors[n].layout for n in ("y0", "y2", "y3")] == ["hwc", "hwc", "rbe"]
+    assert set(_marshaling(eng["c2"])) == {"RBE2HWC"}
+    assert set(_marshaling(eng["add"])) == {"HWC2RBE"}
+    assert _marshaling(eng["c3"]) == ["RBE2HWC"] * len(_marshaling(eng["c3"]))
+    prog, _ = _block(np.random.default_rng(5), 40, 6, 8, True,
+                     knobs={"add": {"engine": "cluster"}, "cluster_marshals_out": False})
+    assert prog.tensors["y3"].layout == "hwc"
+    assert "HWC2RBE" in _marshaling({ly.name: ly for ly in prog.layers}["c3"])
+
+    rng = np.random.default_rng(6)
+    c1 = conv(rng, "c1", "x", "y", 32, 32, 3, obits=5)
+    c2 = conv(rng, "c2", "x", "u", 32, 32, 3, obits=8)
+    ma, mb, rq = numerics.add_recipe(0.8, 0.6, 0, -128, 127)
+    ts = {"x": T("x", (1, 32, 5, 5)), "y": T("y", (1, 32, 5, 5), 5),
+          "u": T("u", (1, 32, 5, 5)), "s": T("s", (1, 32, 5, 5))}
+    mixed = LayerGraph(ts, [c1, c2, AddLayer("add", ("y", "u"), "s", 0, 0, ma, mb, rq)],
+                       ["x"], ["s"])
+    with pytest.raises(strategy.MappingError, match="one input precision per RBE job"):
+        strategy.plan(mixed, CFG, {"add": {"engine": "rbe"}})
+    assert strategy.plan(mixed, CFG).layers[-1].engine == "cluster"
+    host = LayerGraph(ts, [c2, AddLayer("add", ("u", "x"), "s", 0, 0, ma, mb, rq)], ["x"],
+                      ["s"])
+    with pytest.raises(strategy.MappingError, match="operand x is not in the RBE layout"):
+        strategy.plan(host, CFG, {"add": {"engine": "rbe"}})
+
+
+def residual_net(c: int = 32, hw: int = 8, seed: int = 0):
+    """stem conv -> [conv-relu, conv, + stem, relu] -> 1x1 conv: an add between RBE layers."""
+    b = zoo._Builder(seed)
+    x = "input"
+    s = b.conv(x, 8, c, 3, name="stem", relu=True)
+    y = b.conv(s, c, c, 3, name="conv1", relu=True)
+    y = b.conv(y, c, c, 3, name="conv2")
+    y = b.relu(b.add(y, s, "add"), "relu")
+    y = b.conv(y, c, 16, 1, name="head")
+    return b.model("residual_net", x, (1, 8, hw, hw), [y])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_onnx_residual_block_runs_its_add_on_the_rbe_bit_exact(compare, dtype):
+    r = compare(zoo.quantize(residual_net(), dtype))
+    assert r.engines()["add"] == "rbe"
+    r.assert_bit_exact()
+    import tvm_marsellus
+
+    for name in ("conv1", "conv2", "add"):  # the disassembly of the block: no marshaling
+        texts = [t for f in r.report.functions
+                 if f"\n{name}:" in (t := tvm_marsellus.TARGET.disassemble(f.blob, layer=name))]
+        assert len(texts) == 1, name
+        assert "CL.HWC2RBE" not in texts[0] and "CL.RBE2HWC" not in texts[0], texts[0]
+        assert "\n  RBE " in texts[0]
