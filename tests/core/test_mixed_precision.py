@@ -279,16 +279,16 @@ def test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact():
     zero point and the config is refused in one line instead of crashing the encoder."""
     import tvm_marsellus
 
-    bits = {"layers": {"layer1.0.conv1": {"w": 4, "o": 4}}}
-    q = zoo.quantized("resnet20", activation_type="uint8")
+    bits = {"layers": {"block1.conv1": {"w": 4, "o": 4}}}
+    q = zoo.quantized("tiny_cnn", activation_type="uint8")
     mod, info = load_onnx(q)
     ex, report = compile_model(mod, tvm_marsellus.TARGET, precision=bits)
     where = {r.layer: r.placement for r in report.offloads}
-    assert where["layer1.0.conv1"] == where["layer1.0.conv2"] == "marsellus"
+    assert where["block1.conv1"] == where["block1.conv2"] == "marsellus"
     ref = compile_reference(mod, tvm_marsellus.TARGET, precision=bits)
     x = zoo.random_input(q, 0)[0]
     np.testing.assert_array_equal(_run(ex, x), _run(ref, x))
-    mod8, _ = load_onnx(zoo.quantized("resnet20"))
-    with pytest.raises(ConfigError, match=r"layers\.layer1\.0\.conv1\.o: the 4-bit int8 range "
+    mod8, _ = load_onnx(zoo.quantized("tiny_cnn"))
+    with pytest.raises(ConfigError, match=r"layers\.block1\.conv1\.o: the 4-bit int8 range "
                                           r"\[-8, 7\] excludes the tensor's zero point -128"):
         compile_model(mod8, tvm_marsellus.TARGET, precision=bits)
