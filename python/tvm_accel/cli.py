@@ -527,8 +527,9 @@ def cmd_zoo(args) -> int:
 
     if not args.model:
         for name in ZOO_NETWORKS:
-            doc = (inspect.getdoc(zoo.MODELS[name]) or "").split(". ")[0].split("\n")[0]
-            print(f"{name:16s} {doc}")
+            doc = " ".join((inspect.getdoc(zoo.MODELS[name]) or "").split("\n\n")[0].split())
+            first = doc.split(". ")[0].rstrip(".")
+            print(f"{name:16s} {first if len(first) <= 90 else first[:87] + '...'}")
         return 0
     if args.model not in ZOO_NETWORKS:
         import difflib
