@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             if max(*layer.kernel, *layer.strides, *layer.padding) > MAX_WINDOW:
-                raise MappingError("pattern: kernel, stride or padding above 15 (4-bit window "
+                raise MappingError("pattern: kernel, stride or padding above 255 (8-bit window "
                                    "fields)")
             prog = plan(graph, cfg)
         except MappingError as e:

@@ -16,6 +16,10 @@ function is run on the simulator and checked bit-exact against ``reference_execu
 is timed. Not run by the tests::
 
     python benchmarks/marsellus_resnet.py [--networks resnet20,resnet18] [--layers]
+        [--objective energy|latency]
+
+``--objective`` is the strategy's global knob (``tvm_marsellus.pipeline(knobs={"objective":
+"latency"})`` in a compile): what the engine choice of the residual adds minimises.
 """
 
 from __future__ import annotations
@@ -63,14 +67,14 @@ def _inputs(graph: LayerGraph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def run(graphs: list[LayerGraph], cfg) -> tuple[list[tuple], bool]:
+def run(graphs: list[LayerGraph], cfg, knobs: dict | None = None) -> tuple[list[tuple], bool]:
     """Per-layer rows ``(layer, engine, W/I/O, stats, MACs)`` of all functions and
     bit-exactness; MACs are the layer's own (conv / dense), not the identity-weight MACs an
     add runs on the RBE."""
     rows, exact = [], True
     for g in graphs:
         x = _inputs(g)
-        prog = strategy.plan(g, cfg)
+        prog = strategy.plan(g, cfg, knobs)
         outs, stats = execute_program(prog, x, cfg)
         ref = reference_execute(g, x)
         exact &= all(np.array_equal(outs[n], ref[n]) for n in g.outputs)
@@ -90,12 +94,12 @@ def _bound(st) -> str:
                         "compute": max(st.rbe_busy, st.cluster_busy)})
 
 
-def resnet20(cfg, layers: bool) -> None:
+def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
     base = resnet_graphs(zoo.quantized("resnet20"))
     mixed, how = resnet_graphs(zoo.resnet20_mixed()), "zoo.resnet20_mixed"
     totals = {}
     for label, graphs in (("8-bit", base), ("mixed", mixed)):
-        rows, exact = run(graphs, cfg)
+        rows, exact = run(graphs, cfg, knobs)
         cyc = sum(r[3].cycles for r in rows)
         tot = {p: sum(energy_uj(r[3], op) for r in rows) for p, op in POINTS}
         totals[label] = (cyc, tot, exact)
@@ -110,7 +114,7 @@ def resnet20(cfg, layers: bool) -> None:
             print(format_table(["layer", "engine", "W/I/O", "cycles",
                                 *[f"us @{p}" for p, _ in POINTS],
                                 *[f"uJ @{p}" for p, _ in POINTS], "bound"], table))
-    print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how})")
+    print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how}; knobs {knobs or {}})")
     out = []
     for p, op in POINTS:
         c8, e8, _ = totals["8-bit"]
@@ -124,9 +128,9 @@ def resnet20(cfg, layers: bool) -> None:
           f"mixed {totals['mixed'][2]}")
 
 
-def resnet18(cfg, layers: bool) -> None:
+def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
     graphs = resnet_graphs(zoo.resnet18_mixed())
-    rows, exact = run(graphs, cfg)
+    rows, exact = run(graphs, cfg, knobs)
     op = NOMINAL
     if layers:
         print(f"\nResNet-18 / ImageNet 4-bit (zoo.resnet18_mixed) at 0.8 V, bit-exact: {exact}")
@@ -157,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="MARSELLUS config (default bundled)")
     ap.add_argument("--networks", default="resnet20,resnet18")
     ap.add_argument("--layers", action="store_true", help="print the per-layer tables")
+    ap.add_argument("--objective", choices=strategy.OBJECTIVES, default="energy",
+                    help="what the residual adds' engine choice minimises")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
+    knobs = {"objective": args.objective}
     for net in args.networks.split(","):
-        {"resnet20": resnet20, "resnet18": resnet18}[net](cfg, args.layers)
+        {"resnet20": resnet20, "resnet18": resnet18}[net](cfg, args.layers, knobs)
     return 0
 
 

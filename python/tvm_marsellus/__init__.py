@@ -38,7 +38,10 @@ OP_KNOB = "operating_point"
 class MarsellusTarget(AccelTarget):
     name = "marsellus"
     package = "tvm_marsellus"
-    global_knobs = frozenset({OP_KNOB, "biased_hwc", "cluster_marshals_out"})
+    #: knobs for the whole function: the operating point, ``biased_hwc``,
+    #: ``cluster_marshals_out`` and ``objective`` (``energy`` / ``latency``, what the engine
+    #: choice of residual adds minimises; ``strategy.plan``)
+    global_knobs = frozenset({OP_KNOB, "biased_hwc", "cluster_marshals_out", "objective"})
 
     def load_config(self, path_or_name=None) -> MarsellusConfig:
         return hw_config.load_config(path_or_name)

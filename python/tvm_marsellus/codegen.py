@@ -82,6 +82,12 @@ little-endian, b = 2, 4 or 8)::
     w10 kh[3:0] kw[7:4] sh[11:8] sw[15:12] top[19:16] bottom[23:20] left[27:24] right[31:28]
     w11 pad_value[7:0] (signed when in_signed)   w12 lambda (i32, ADD / AVGPOOL)
     w13 psum_addr (CONV / FC with psum_in or psum_out, else 0)
+    w14 the high nibbles [7:4] of the eight w10 fields, in the same positions
+
+so kernel, stride and padding are 8-bit (0..255): the kernels are software on the cores, whose
+loops take any window (DeepBench's 20x5 kernels, a 1x1 stride-2 conv with padding 3); a stream
+with w14 = 0 reads as 4-bit fields. Padding may exceed the kernel: an output whose window lies
+in the padding only gets NormQuant of the padding taps (the bias-only value after the folding).
 
 Kernels (padding taps read pad_value; NQ = the RBE NormQuant above, per output channel):
 
@@ -311,10 +317,12 @@ _CL = [("kernel", 2, 0, 8, "kern"), ("relu", 2, 8, 1, ""), ("out_signed", 2, 9, 
        ("nq_addr", 6, 0, 32, "nq"), ("kappa_a", 6, 0, 16, "kap"), ("kappa_b", 6, 16, 16, "kap"),
        ("h_in", 7, 0, 16, ""), ("w_in", 7, 16, 16, ""), ("c_in", 8, 0, 16, ""),
        ("c_out", 8, 16, 16, ""), ("h_out", 9, 0, 16, ""), ("w_out", 9, 16, 16, ""),
-       ("kh", 10, 0, 4, ""), ("kw", 10, 4, 4, ""), ("sh", 10, 8, 4, ""), ("sw", 10, 12, 4, ""),
-       ("pad_top", 10, 16, 4, ""), ("pad_bottom", 10, 20, 4, ""), ("pad_left", 10, 24, 4, ""),
-       ("pad_right", 10, 28, 4, ""), ("pad_value", 11, 0, 8, "pv"), ("lambda_", 12, 0, 32, "s"),
+       ("pad_value", 11, 0, 8, "pv"), ("lambda_", 12, 0, 32, "s"),
        ("psum_in", 2, 29, 1, ""), ("psum_out", 2, 30, 1, ""), ("psum_addr", 13, 0, 32, "")]
+#: the 8-bit window fields of a cluster kernel: low nibble in word 10, high nibble in word 14
+_WINDOW = ("kh", "kw", "sh", "sw", "pad_top", "pad_bottom", "pad_left", "pad_right")
+_CL += [(n, 10, 4 * i, 4, "lo4") for i, n in enumerate(_WINDOW)]
+_CL += [(n, 14, 4 * i, 4, "hi4") for i, n in enumerate(_WINDOW)]
 _NOP = [("engine", 2, 0, 8, "eng")]
 _LAYOUT = {Dma: (OP_DMA, _DMA), RbeJob: (OP_RBE, _RBE), ClusterKernel: (OP_CLUSTER, _CL),
            Nop: (OP_NOP, _NOP), End: (OP_END, [])}
@@ -358,6 +366,10 @@ def _to_raw(cmd, name: str, value, width: int, tr: str) -> int:
         if v not in (1, 2):
             raise err("is not a stride (1 or 2)")
         return v - 1
+    if tr in ("lo4", "hi4"):  # one 8-bit field split over two words
+        if not 0 <= v < 256:
+            raise err("does not fit 8 unsigned bits")
+        return v & 0xF if tr == "lo4" else v >> 4
     if tr == "m1":
         if not 1 <= v <= 1 << width:
             raise err(f"is outside 1..{1 << width}")
@@ -456,6 +468,9 @@ def decode(data: bytes) -> Command:
             continue
         raw = (words[w] >> lo) & ((1 << width) - 1)
         used[w] |= ((1 << width) - 1) << lo
+        if tr == "hi4":  # the high nibble of a field whose low one came first
+            kw[name] |= raw << 4
+            continue
         kw[name] = _from_raw(raw, width, tr, kw)
     for i in range(16):
         if words[i] & ~used[i] & 0xFFFFFFFF:

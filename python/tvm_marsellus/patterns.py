@@ -2,12 +2,13 @@
 takes. Each check is named; its docstring is the reason a layer stays on the host CPU.
 
 Offloaded: quantized conv2d (the strategy puts 3x3 / 1x1, stride 1 / 2 convs on the RBE and the
-rest, including depthwise, on the cores), dense (cluster FC), the residual add (a 1x1 BinConv on
-the RBE between RBE layers, else the cluster ADD: one recipe fits both), max
-pool with the same quantization in and out, and average / global average pool (cluster
-AVGPOOL). Requantization must be expressible as NormQuant: no pre-shift, 16-bit kappa, shift
-0..31, a 32-bit lambda once bias and zero points are folded, and a clip equal to the output
-type's range (or its ReLU half).
+rest, including depthwise, wide kernels such as 20x5 and padding not smaller than the kernel,
+on the cores: windows up to 255 in the cluster kernels' 8-bit fields), dense (cluster FC),
+the residual add (a 1x1 BinConv on the RBE between RBE layers, else the cluster ADD: one
+recipe fits both), max pool with the same quantization in and out, and average / global
+average pool (cluster AVGPOOL). Requantization must be expressible as NormQuant: no
+pre-shift, 16-bit kappa, shift 0..31, a 32-bit lambda once bias and zero points are folded,
+and a clip equal to the output type's range (or its ReLU half).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from tvm_accel.partition import (
 )
 from tvm_marsellus.numerics import KAPPA_MAX
 
-#: 16-bit shape fields of the cluster / RBE commands, 4-bit kernel / stride / padding fields
+#: 16-bit shape fields of the cluster / RBE commands, 8-bit kernel / stride / padding fields
+#: of the cluster kernels (the RBE takes 3x3 / 1x1 windows; the strategy picks the engine)
 MAX_DIM = (1 << 16) - 1
-MAX_WINDOW = 15
+MAX_WINDOW = 255
 _INT = ("int8", "uint8")
 
 
@@ -64,19 +66,12 @@ def conv_groups_supported(m: dict) -> bool:
 
 
 def window_fits(m: dict) -> bool:
-    """kernel, stride or padding above 15 (4-bit window fields)"""
+    """kernel, stride or padding above 255 (8-bit window fields of the cluster kernels)"""
     w = const_value(m["weight"])
     a = m["core"].attrs
     return (w.shape[2] <= MAX_WINDOW and w.shape[3] <= MAX_WINDOW
             and all(1 <= int(s) <= MAX_WINDOW for s in a.strides)
             and all(0 <= int(p) <= MAX_WINDOW for p in a.padding))
-
-
-def padding_fits(m: dict) -> bool:
-    """padding not smaller than the kernel (a window would read padding only)"""
-    w = const_value(m["weight"])
-    pt, pl, pb, pr = (int(p) for p in m["core"].attrs.padding)
-    return max(pt, pb) < w.shape[2] and max(pl, pr) < w.shape[3]
 
 
 def dims_fit(m: dict) -> bool:
@@ -167,7 +162,7 @@ def pool_input_8bit(m: dict) -> bool:
 
 
 def pool_window_fits(m: dict) -> bool:
-    """pool window, stride or padding above 15 (4-bit fields), dilation or ceil mode"""
+    """pool window, stride or padding above 255 (8-bit fields), dilation or ceil mode"""
     a = m["core"].attrs
     k = [int(x) for x in a.pool_size]
     pad = [int(x) for x in a.padding]
@@ -190,7 +185,7 @@ def avg_recipe_fits(m: dict) -> bool:
 
 
 def global_pool_fits(m: dict) -> bool:
-    """global pool over more than 15 x 15 pixels (4-bit window fields)"""
+    """global pool over more than 255 x 255 pixels (8-bit window fields)"""
     s = static_shape(m["data"])
     return s is not None and len(s) == 4 and s[2] <= MAX_WINDOW and s[3] <= MAX_WINDOW
 
@@ -207,7 +202,7 @@ def pattern_table() -> list[OffloadPattern]:
     return [
         OffloadPattern("marsellus.qconv2d", "conv2d", conv, conv_ann,
                        [conv_nchw, conv_no_dilation, conv_groups_supported, window_fits,
-                        padding_fits, *_COMMON]),
+                        *_COMMON]),
         OffloadPattern("marsellus.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
         OffloadPattern("marsellus.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, clip_is_output_range,

@@ -3,11 +3,22 @@
 generation with double buffering).
 
 Engines. A conv layer goes to the RBE when it is a 3x3 or 1x1 convolution with stride 1 or 2,
-groups 1, 2..8-bit W/I/O and padding <= 15, unless the cores are estimated at least twice as fast
-(a 3-channel stem; knob ``engine``); otherwise (other kernels,
-depthwise, dense) it runs on the 16-core cluster (XpulpNN CONV / DWCONV / FC kernels), as do
-MAXPOOL and AVGPOOL. Anything else never reaches the strategy (the pattern table keeps it on the
-host).
+groups 1, 2..8-bit W/I/O and padding smaller than the kernel, unless the cores are estimated at
+least twice as fast (a 3-channel stem; knob ``engine``); otherwise (other kernels, depthwise,
+dense) it runs on the 16-core cluster (XpulpNN CONV / DWCONV / FC kernels), as do MAXPOOL and
+AVGPOOL.
+
+Windows beyond the RBE. The cluster kernels are software on the cores: their kernel, stride and
+padding fields are 8-bit (``codegen``: low nibbles in word 10, high nibbles in word 14), so a
+kernel such as DeepBench's 20x5 is one ``CL.CONV`` (im2col + MatMul at the cores' MAC rate,
+``hw_config``), not a sum of sub-kernels. Padding not smaller than the kernel (DeepBench's 1x1
+stride-2 convs with padding 3) runs there too: an output tile whose window lies in the padding
+only loads one input row / column that no tap reads (:func:`_window`), and its outputs are
+NormQuant of the padding taps, i.e. the bias-only value once the zero points are folded into
+lambda, as in the reference. The RBE's job format keeps 4-bit padding below kernel + stride, so
+such layers stay on the cores.
+
+Anything else never reaches the strategy (the pattern table keeps it on the host).
 
 Residual adds on the RBE. The ADD recipe (``numerics.add_recipe``) is ``ma = wa * kappa``,
 ``mb = wb * kappa`` with W-bit unsigned ``wa, wb``, so an add is a 1x1 BinConv: for each
@@ -21,7 +32,11 @@ fit W <= 8, both operands have one precision and both are in the RBE layout, unl
 ``engine`` says ``cluster`` or the estimated energy (at the compile-time operating point) of
 the add and of the layers whose layouts follow its engine (its operands' producers and readers,
 its output's readers) is lower with the cluster ADD: the RBE add takes longer than ``CL.ADD``
-(the RBE streams 3x3 output patches) but spares the marshaling on both sides.
+(the RBE streams 3x3 output patches) but spares the marshaling on both sides. The global knob
+``objective`` says what that choice minimises: ``energy`` (default, as above) or ``latency``
+(the same layers' estimated cycles). The conv engine rule and the tiles are time-based under
+both (the tile objective is the pipelined time; the cores take an RBE conv only when much
+faster, see ``CLUSTER_WINS``).
 
 Layouts and marshaling. Tensors live in L2 in one of two layouts: ``rbe`` (the RBE bit-plane
 layout, I/O bits = the tensor's ``bits``; a signed tensor is stored unsigned with the offset
@@ -144,6 +159,8 @@ RBE_NO_KIN = ("the RBE cannot split the input channels (tile_c): its 32-bit accu
 #: the cores take an RBE-capable conv only when their estimated time is below this share of
 #: the RBE's (the RBE is the engine the design is built around; similar power, Sec. III)
 CLUSTER_WINS = 0.5
+#: values of the global knob ``objective``: what the engine choice of a residual add minimises
+OBJECTIVES = ("energy", "latency")
 
 
 class MappingError(errors.MappingError):
@@ -232,17 +249,27 @@ class Geometry:
 
     def in_rows(self, ho0: int, th: int) -> tuple[int, int, int, int]:
         """Loaded input rows ``[lo, hi)`` and the tile's (top, bottom) padding."""
-        r0 = ho0 * self.sh - self.pads[0]
-        r1 = (ho0 + th - 1) * self.sh - self.pads[0] + self.kh
-        lo, hi = max(r0, 0), min(r1, self.h)
-        return lo, hi, lo - r0, r1 - hi
+        return _window(ho0 * self.sh - self.pads[0], (th - 1) * self.sh + self.kh, self.h)
 
     def in_cols(self, wo0: int, tw: int) -> tuple[int, int, int, int]:
         """Loaded input columns ``[lo, hi)`` and the tile's (left, right) padding."""
-        c0 = wo0 * self.sw - self.pads[1]
-        c1 = (wo0 + tw - 1) * self.sw - self.pads[1] + self.kw
-        lo, hi = max(c0, 0), min(c1, self.w)
-        return lo, hi, lo - c0, c1 - hi
+        return _window(wo0 * self.sw - self.pads[1], (tw - 1) * self.sw + self.kw, self.w)
+
+
+def _window(r0: int, extent: int, size: int) -> tuple[int, int, int, int]:
+    """The input range ``[lo, hi)`` a tile loads for its window ``[r0, r0 + extent)`` over an
+    axis of ``size``, and the (before, after) padding of the kernel command. A window lying in
+    the padding only (padding not smaller than the kernel) still loads one element, which no
+    tap reads: before a tensor the padding puts every tap at a negative index; after it the
+    padding before is the whole extent, so every tap again falls before the loaded element.
+    Those outputs are NormQuant of the padding taps alone (the bias-only value)."""
+    r1 = r0 + extent
+    lo, hi = max(r0, 0), min(r1, size)
+    if hi > lo:
+        return lo, hi, lo - r0, r1 - hi
+    if r1 <= 0:
+        return 0, 1, -r0, 0
+    return size - 1, size, extent, 0
 
 
 @dataclass
@@ -270,6 +297,10 @@ def rbe_reasons(layer: ConvLayer, tin: TensorInfo, tout: TensorInfo,
         r.append(f"stride {layer.strides} is not 1 or 2")
     if max(layer.padding) > 15:
         r.append("padding above 15")
+    pt, pl, pb, pr = layer.padding
+    if max(pt, pb) >= kh or max(pl, pr) >= kw:
+        r.append(f"padding {layer.padding} not smaller than the kernel (outputs that read "
+                 "padding only run on the cluster)")
     lo, hi = cfg.RBE_MIN_BITS, cfg.RBE_MAX_BITS
     for what, b in (("W", layer.weight_bits), ("I", tin.bits), ("O", tout.bits)):
         if not lo <= b <= hi:
@@ -478,7 +509,7 @@ class _Layer:
                 lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
             else:
                 kts = [kt]
-            c = self.cluster_cycles(th, kt)
+            c = 0.0
             for k in kts:
                 job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
                                 k_in=self.k_in, k_out=k, in_bits=self.tin.bits,
@@ -486,7 +517,13 @@ class _Layer:
                                 stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
                                 pad_right=pr)
                 c += sum(rbe_job_phases(cfg, job).values())
-            return c
+            # the cores marshal on separate commands: with one side in HWC they overlap the
+            # RBE jobs of the neighbouring tiles; with both, the cores' in-order stream puts
+            # the output marshaling of tile i before the input marshaling of tile i + 1, which
+            # then waits for the job of tile i
+            cl = self.cluster_cycles(th, kt)
+            both = self.tout.layout == "hwc" and self.tin.layout == "hwc" and self.kind != "add"
+            return c + cl if both else max(c, cl)
         out = 0.0
         if self.marshals_out:
             out = cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
@@ -686,6 +723,10 @@ class Planner:
     def __init__(self, graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
                  op: OperatingPoint | None = None):
         self.g, self.cfg, self.user = graph, cfg, dict(knobs or {})
+        self.objective = self.user.get("objective", "energy")
+        if self.objective not in OBJECTIVES:  # a user error, not a layer that cannot map
+            raise errors.ConfigError(f"knob objective: {self.objective!r} is not one of "
+                                     f"{', '.join(OBJECTIVES)}")
         self.coef = energy_coefficients(op or NOMINAL)
         self.add_reasons: dict[str, list[str]] = {}
         self.consumers: dict[str, list] = {}
@@ -821,9 +862,10 @@ class Planner:
         BinConv over its operands stacked along Kin, ``numerics.add_recipe``) when the recipe
         allows it and both operands end up in the RBE layout (they are produced by the RBE and
         read only by it), unless the knob ``engine`` says otherwise or the cost model finds the
-        cluster ADD cheaper in energy: the add with the layer(s) producing its operands, those
-        reading them and those reading its output, whose layouts (and marshaling) change with
-        the add's engine (:meth:`_add_energy`)."""
+        cluster ADD cheaper under the global knob ``objective`` (estimated energy by default,
+        or estimated time with ``latency``): the add with the layer(s) producing its operands,
+        those reading them and those reading its output, whose layouts (and marshaling) change
+        with the add's engine (:meth:`_add_energy`)."""
         adds = [ly for ly in self.g.layers if self.kinds[ly.name] == "add"]
         for ly in adds:
             a, b = (self.t[n] for n in ly.inputs)
@@ -862,7 +904,8 @@ class Planner:
 
     def _add_energy(self, add: AddLayer, eng: str) -> float:
         """Estimated energy (pJ) of an add and of the layers whose layouts depend on its
-        engine, with the add on ``eng`` (each layer at its own best tile)."""
+        engine, with the add on ``eng`` (each layer at its own best tile); their estimated
+        cycles instead under ``objective: latency``."""
         saved = self.engines[add.name]
         self.engines[add.name] = eng
         self._layouts()
@@ -877,8 +920,9 @@ class Planner:
                          _geometry(ly, tins[0], self.t[ly.output]), tins, self.t[ly.output],
                          self.cfg)
             try:
-                th, kt, _ = lay.solve_width()
-                total += lay.energy(th, kt, self.coef)
+                th, kt, cycles = lay.solve_width()
+                total += cycles if self.objective == "latency" else lay.energy(th, kt,
+                                                                               self.coef)
             except MappingError:
                 total = float("inf")
                 break
@@ -990,10 +1034,6 @@ class Planner:
         tins = [self.t[n] for n in ins]
         tout = self.t[ly.output]
         geo = _geometry(ly, tins[0], tout)
-        pt, pl, pb, pr = geo.pads
-        if max(pt, pb) >= geo.kh or max(pl, pr) >= geo.kw:
-            raise MappingError(f"layer {ly.name}: padding not smaller than the kernel (a window "
-                               "would read padding only)")
         lay = _Layer(ly, kind, eng, geo, tins, tout, self.cfg)
         lay.w_l3 = self.l3_costs and self.l3
         self.layers[ly.name] = lay
@@ -1536,8 +1576,10 @@ def _sub_requant(rq, k0: int, kt: int):
 def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
          op: OperatingPoint | None = None) -> cg.MarsProgram:
     """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``, plus
-    the global ``"biased_hwc": False`` to store signed HWC tensors two's complement; ``op``:
-    the operating point whose energy the add engine choice weighs, default nominal)."""
+    the globals ``"biased_hwc": False`` to store signed HWC tensors two's complement,
+    ``"cluster_marshals_out": False`` and ``"objective"``: ``"energy"`` (default) or
+    ``"latency"``, what a residual add's engine choice minimises; ``op``: the operating point
+    whose energy that choice weighs, default nominal)."""
     return Planner(graph, cfg, knobs, op).plan()
 
 

@@ -321,6 +321,7 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
                           mars_cmd *c, accel_err *e)
 {
     uint32_t w2 = wd(p, 2), w7 = wd(p, 7), w8 = wd(p, 8), w9 = wd(p, 9), w10 = wd(p, 10);
+    uint32_t w14 = wd(p, 14);
     uint64_t n_in, n_out, outs_nq = 0, work = 0, in_b, out_b;
     int k = (int)fld(w2, 0, 8);
     c->engine = MARS_ENG_CLUSTER;
@@ -352,20 +353,21 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
     c->k_out = fld(w8, 16, 16);
     c->h_out = fld(w9, 0, 16);
     c->w_out = fld(w9, 16, 16);
-    c->kh = (int)fld(w10, 0, 4);
-    c->kw = (int)fld(w10, 4, 4);
-    c->stride_h = (int)fld(w10, 8, 4);
-    c->stride_w = (int)fld(w10, 12, 4);
-    c->pad_t = (int)fld(w10, 16, 4);
-    c->pad_b = (int)fld(w10, 20, 4);
-    c->pad_l = (int)fld(w10, 24, 4);
-    c->pad_r = (int)fld(w10, 28, 4);
+    /* 8-bit window fields: low nibble in word 10, high nibble at the same place in word 14 */
+    c->kh = (int)(fld(w10, 0, 4) | fld(w14, 0, 4) << 4);
+    c->kw = (int)(fld(w10, 4, 4) | fld(w14, 4, 4) << 4);
+    c->stride_h = (int)(fld(w10, 8, 4) | fld(w14, 8, 4) << 4);
+    c->stride_w = (int)(fld(w10, 12, 4) | fld(w14, 12, 4) << 4);
+    c->pad_t = (int)(fld(w10, 16, 4) | fld(w14, 16, 4) << 4);
+    c->pad_b = (int)(fld(w10, 20, 4) | fld(w14, 20, 4) << 4);
+    c->pad_l = (int)(fld(w10, 24, 4) | fld(w14, 24, 4) << 4);
+    c->pad_r = (int)(fld(w10, 28, 4) | fld(w14, 28, 4) << 4);
     if (wd(p, 11) >> 8)
         FAIL(ACCEL_ERR_DECODE, CMDF "reserved bits [31:8] of word 11 set (0x%08x)", CMDA, wd(p, 11));
     c->pad_value = (int)fld(wd(p, 11), 0, 8);
     c->lambda = accel_as_i32(wd(p, 12));
     c->psum = wd(p, 13);
-    if (reserved_zero(e, idx, c, p, 14))
+    if (reserved_zero(e, idx, c, p, 15))
         return e->code;
     if ((c->psum_in || c->psum_out) && k != MARS_CL_CONV && k != MARS_CL_FC)
         FAIL(ACCEL_ERR_DECODE, CMDF "fields psum_in/psum_out: only CONV and FC accumulate partial sums",

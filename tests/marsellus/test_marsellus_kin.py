@@ -68,8 +68,8 @@ def test_partial_sum_fields_are_checked():
     raw[11] |= 0x80  # word 2 bit 31
     with pytest.raises(SimulatorError, match="reserved bit 31 of word 2"):
         simulate(CFG, bytes(raw))
-    with pytest.raises(cg.DecodeError, match="reserved bits of word 14"):
-        cg.decode(cg.encode(cg.ClusterKernel(w_bits=8))[:56] + b"\1\0\0\0" + b"\0" * 4)
+    with pytest.raises(cg.DecodeError, match="reserved bits of word 15"):
+        cg.decode(cg.encode(cg.ClusterKernel(w_bits=8))[:60] + b"\1\0\0\0")
 
 
 @pytest.mark.parametrize("bits", [(8, 8, 8), (4, 2, 4)])

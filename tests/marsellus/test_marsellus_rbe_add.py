@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tvm_accel import zoo
+from tvm_accel.errors import ConfigError
 from tvm_accel.layers import AddLayer, LayerGraph
 from tvm_accel.numerics import add_error
 from tvm_marsellus import codegen as cg
@@ -154,3 +155,51 @@ def test_onnx_residual_block_runs_its_add_on_the_rbe_bit_exact(compare, dtype):
         assert len(texts) == 1, name
         assert "CL.HWC2RBE" not in texts[0] and "CL.RBE2HWC" not in texts[0], texts[0]
         assert "\n  RBE " in texts[0]
+
+
+def _two_blocks(rng, c: int, hw: int, knobs: dict):
+    """x -> c0 -> two residual blocks (two 3x3 convs and an add each) -> 1x1 head."""
+    layers, prev = [conv(rng, "c0", "x", "y0", c, c, 3)], "y0"
+    ts = {"x": T("x", (1, c, hw, hw)), "y0": T("y0", (1, c, hw, hw))}
+    for i in (1, 2):
+        a, b, s = f"a{i}", f"b{i}", f"s{i}"
+        layers += [conv(rng, f"c{i}a", prev, a, c, c, 3, wbits=4),
+                   conv(rng, f"c{i}b", a, b, c, c, 3, wbits=4)]
+        ma, mb, rq = numerics.add_recipe(rng.uniform(0.4, 1.6), rng.uniform(0.4, 1.6), 0,
+                                         -128, 127)
+        layers.append(AddLayer(f"add{i}", (b, prev), s, -1, 2, ma, mb, rq))
+        ts.update({n: T(n, (1, c, hw, hw)) for n in (a, b, s)})
+        prev = s
+    layers.append(conv(rng, "head", prev, "z", c, 10, 1))
+    ts["z"] = T("z", (1, 10, hw, hw))
+    return check(rng, layers, ts, ["x"], ["z"], knobs)
+
+
+def test_objective_knob_trades_the_rbe_adds_energy_for_latency():
+    """``objective: energy`` (default) keeps the adds on the RBE, which spares the marshaling
+    around them; ``latency`` puts them on the faster cluster ADD: fewer simulated cycles, more
+    energy. Both bit-exact; an unknown objective is refused."""
+    from tvm_marsellus.energy import NOMINAL, energy_uj
+
+    runs = {}
+    for obj in (None, "energy", "latency"):
+        prog, stats = _two_blocks(np.random.default_rng(1), 16, 16,
+                                  {"objective": obj} if obj else None)
+        adds = [ly.engine for ly in prog.layers if ly.name.startswith("add")]
+        runs[obj] = (adds, stats.cycles, energy_uj(stats, NOMINAL))
+    assert runs[None] == runs["energy"] and runs["energy"][0] == ["rbe", "rbe"]
+    assert runs["latency"][0] == ["cluster", "cluster"]
+    assert runs["latency"][1] < 0.95 * runs["energy"][1]
+    assert runs["latency"][2] > runs["energy"][2]
+    with pytest.raises(ConfigError, match="objective: 'speed' is not one of"):
+        _two_blocks(np.random.default_rng(1), 16, 16, {"objective": "speed"})
+
+
+def test_objective_is_a_global_knob_of_the_pipeline(compare):
+    """The knob reaches the strategy through the pipeline: ``latency`` compiles (bit-exact),
+    an unknown value is a user error naming the knob (not a CPU fallback)."""
+    r = compare(zoo.quantize(residual_net()), knobs={"objective": "latency"})
+    assert set(r.engines()) == {"stem", "conv1", "conv2", "add", "head"}
+    r.assert_bit_exact()
+    with pytest.raises(ConfigError, match="objective: 'speed' is not one of energy, latency"):
+        compare(zoo.quantize(residual_net()), knobs={"objective": "speed"})
