@@ -304,12 +304,15 @@ def _target_knobs(accel: str, args) -> dict | None:
         return None
     vdd, freq, abb = args.target_marsellus_vdd, args.target_marsellus_freq, \
         args.target_marsellus_abb
+    knobs = {}
+    if args.target_marsellus_objective is not None:
+        knobs["objective"] = args.target_marsellus_objective
     if vdd is None and freq is None and not abb:
-        return None
+        return knobs or None
     from tvm_marsellus import OP_KNOB, operating_point_of
 
     op = operating_point_of({"vdd": 0.8 if vdd is None else vdd, "freq_mhz": freq, "abb": abb})
-    return {OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
+    return {**knobs, OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
 
 
 def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
@@ -601,6 +604,9 @@ def add_target_options(c: argparse.ArgumentParser) -> None:
                    help="MARSELLUS clock (default: the maximum at the voltage)")
     c.add_argument("--target-marsellus-abb", action="store_true",
                    help="MARSELLUS adaptive body biasing on")
+    c.add_argument("--target-marsellus-objective", choices=["energy", "latency"],
+                   help="what the MARSELLUS engine choices minimise (default energy: residual "
+                   "adds on the RBE, no marshaling; latency: on the cores, faster)")
 
 
 def add_input_shapes_option(p: argparse.ArgumentParser) -> None:

@@ -171,7 +171,8 @@ def test_long_compiles_print_a_progress_line_per_function(dotted, capsys, monkey
 def test_timeline_draws_a_package_of_any_target(tmp_path, capsys):
     onnx.save(zoo.quantized("single_conv", cin=32, cout=32, hw=8), tmp_path / "m.onnx")
     assert _tvmc("compile", tmp_path / "m.onnx", "--target", "marsellus, llvm", "-o",
-                 tmp_path / "m.tar") == 0
+                 tmp_path / "m.tar", "--target-marsellus-objective", "latency") == 0
+    assert '"objective": "latency"' in capsys.readouterr().out  # echoed with the knobs
     assert _tvmc("timeline", tmp_path / "m.tar", "-o", tmp_path / "t.png") == 0
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((tmp_path / "t.json").read_text())
