@@ -86,8 +86,9 @@ class DPUTarget(AccelTarget):
         for ly in program.layers:
             if layer is not None and ly.name != layer:
                 continue
+            part = "" if ly.stream is None else f"  (part of stream {ly.stream})"
             lines.append(f"\n{ly.name}:  ; {ly.op} {ly.shape}  {ly.n_insns} insns  "
-                         f"knobs {ly.knobs}")
+                         f"knobs {ly.knobs}{part}")
             body = isa.disassemble(ly.insns)
             if limit and len(body) > limit:
                 body = body[:limit] + [f"  ... {len(body) - limit} more"]

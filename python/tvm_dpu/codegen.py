@@ -858,7 +858,9 @@ def build_blob(program, cfg: DPUConfig, name: str = "") -> bytes:
     """Serialize a planned :class:`~tvm_dpu.strategy.DPUProgram` into a program blob.
 
     Sections: ``HWCF`` (config JSON), ``META`` (DDR map, layer table), ``INSN`` (every layer's
-    stream back to back, each ending in END), ``PARM`` (the PARAM region image).
+    instructions back to back; a layer with ``stream`` null is a stream ending in END, the
+    consecutive layers of one merged stream share one END after the last), ``PARM`` (the
+    PARAM region image).
     """
     import json
 
@@ -868,7 +870,8 @@ def build_blob(program, cfg: DPUConfig, name: str = "") -> bytes:
     for ly in program.layers:
         insn_parts.append(ly.insns)
         layers.append({"name": ly.name, "op": ly.op, "insn_offset": off, "n_insns": ly.n_insns,
-                       "macs": ly.macs, "shape": ly.shape, "knobs": ly.knobs})
+                       "macs": ly.macs, "shape": ly.shape, "knobs": ly.knobs,
+                       "stream": ly.stream})
         off += len(ly.insns)
     tensors = {t.name: {"shape": list(t.shape), "dtype": t.dtype, "region": t.region,
                         "offset": t.offset, "n_alloc": t.n_alloc, "pix_stride": t.pix_stride}
@@ -942,10 +945,17 @@ def load_blob(data: bytes, expect_config: DPUConfig | None = None):
                 raise BlobError(f"dpu blob: layer {ly['name']} instructions "
                                 f"[{lo}, {lo + INSN_BYTES * n}) lie outside the INSN section "
                                 f"({len(insn)} bytes)")
+            stream = ly.get("stream")
+            if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)
+                                       or stream < 0 or (
+                    any(p.stream == stream for p in layers)
+                    and layers[-1].stream != stream)):
+                raise BlobError(f"dpu blob: layer {ly['name']} has stream {stream!r}; a "
+                                "stream's layers must be consecutive")
             layers.append(LayerProgram(name=str(ly["name"]), op=str(ly["op"]),
                                        insns=insn[lo:lo + INSN_BYTES * n], n_insns=n,
                                        macs=int(ly["macs"]), shape=str(ly["shape"]),
-                                       knobs=dict(ly["knobs"])))
+                                       knobs=dict(ly["knobs"]), stream=stream))
         inputs = [str(n) for n in meta["inputs"]]
         outputs = [str(n) for n in meta["outputs"]]
         for n in inputs + outputs:

@@ -7,7 +7,9 @@ and clip, so ``conv+relu`` is the conv node itself and ``conv+relu+pool`` is ``c
 conv whose clip is a ReLU):
 
 - ``conv+pool``  a conv whose only consumer is a max/avg pool: the pool runs on the CONV output
-  tile in FM (MISC), the conv output never goes to DDR;
+  tile in FM (MISC), the conv output never goes to DDR; by default as a two-member on-chip chain
+  (halo keep: the pool windows' overlap rows are kept, not recomputed), else with recompute
+  (knob ``halo``);
 - ``conv+add``   a conv whose only consumer is an element-wise add: the other operand is loaded
   next to the CONV output tile and ELTADD runs in place, the conv output never goes to DDR;
 - ``pool+conv``  a max/avg pool whose only consumer is a conv (an Inception pool-projection
@@ -16,7 +18,9 @@ conv whose clip is a ReLU):
   tensor: one LOAD per input tile feeds every CONV (the input is read once);
 - ``chain``      DPUV3INT8's on-chip chains: ``MAX_CHAIN`` >= k >= 2 convs each reading only the
   previous one's output (conv -> conv, conv -> conv -> conv), optionally closed by an element-wise
-  add that reads the last conv (a whole ResNet bottleneck block: 1x1 -> 3x3 -> 1x1 + add). Row
+  add that reads the last conv (a whole ResNet bottleneck block: 1x1 -> 3x3 -> 1x1 + add; with
+  a projection shortcut, a conv reading the chain's input, as the add's other operand) or by a
+  max / avg pool (VGG's conv -> conv -> pool, GoogLeNet's 1x1 -> 3x3 -> max pool). Row
   bands of every layer stay in FM and line up across the chain (halo keep, see
   ``strategy._chain_plan``); only the chain's input, the add's other operand and the last
   output touch DDR.
@@ -181,6 +185,13 @@ def templates(max_horizontal: int) -> list[Template]:
         tpls.append(Template("chain", [_chain_conv] * k, flow))
         tpls.append(Template("chain", [*[_chain_conv] * k, lambda ly: isinstance(ly, AddLayer)],
                              [*flow, ("flow", k - 1, k)]))
+        tpls.append(Template("chain", [*[_chain_conv] * k, lambda ly: isinstance(ly, PoolLayer)],
+                             [*flow, ("flow", k - 1, k)]))
+        # a first bottleneck block: the projection shortcut (vertex k) reads the chain's input
+        tpls.append(Template("chain", [*[_chain_conv] * (k + 1),
+                                       lambda ly: isinstance(ly, AddLayer)],
+                             [*flow, ("share", 0, k), ("flow", k - 1, k + 1),
+                              ("flow", k, k + 1)]))
     return tpls
 
 

@@ -1,7 +1,7 @@
 """DPU runtime: run a planned :class:`~tvm_dpu.strategy.DPUProgram` on the C simulator.
 
 :func:`execute_program` is the device-side half (DDR image with the five regions, NCHW <->
-per-image HWC packing, batch split over the PEs, one simulation per layer); it needs neither TVM
+per-image HWC packing, batch split over the PEs, one simulation per stream); it needs neither TVM
 nor a blob. ``tvm_dpu.run`` is the packed function behind ``call_dps_packed``.
 """
 
@@ -29,12 +29,26 @@ def unpack_tensor(raw: np.ndarray, p) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)).reshape(p.shape))
 
 
+def streams(layers: list) -> list[list]:
+    """The instruction streams of a program in order: a layer with its own stream (``stream``
+    None) alone, consecutive layers of one merged stream together."""
+    out: list[list] = []
+    for ly in layers:
+        if ly.stream is not None and out and out[-1][-1].stream == ly.stream:
+            out[-1].append(ly)
+        else:
+            out.append([ly])
+    return out
+
+
 def execute_program(program, inputs: dict[str, np.ndarray], cfg: DPUConfig,
                     trace_path: str | None = None):
-    """Run every layer's stream in order on the simulator.
+    """Run every stream in order on the simulator (a merged stream, the layers of a function
+    compiled into one stream, in one run with per-layer instruction ranges).
 
-    Returns ``(outputs, [(layer name, DPUStats), ...])``."""
-    from tvm_dpu.simulator import simulate
+    Returns ``(outputs, [(layer name, DPUStats), ...])``; a layer of a merged stream has the
+    counters of its own instructions and its marginal cycles (the cycles sum to the total)."""
+    from tvm_dpu.simulator import simulate, simulate_ranges
 
     missing = [n for n in program.inputs if n not in inputs]
     if missing:
@@ -53,11 +67,19 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: DPUConfig,
         ddr[off:off + p.nbytes] = pack_tensor(np.asarray(inputs[name]), p)
     stats = []
     offset_us = 0.0
-    for i, ly in enumerate(program.layers):
-        st = simulate(cfg, ly.insns, ddr, trace_path=trace_path, trace_offset_us=offset_us,
-                      trace_append=i > 0, regions=layout)
+    for k, run in enumerate(streams(program.layers)):
+        if len(run) == 1:
+            st = simulate(cfg, run[0].insns, ddr, trace_path=trace_path,
+                          trace_offset_us=offset_us, trace_append=k > 0, regions=layout)
+            per = [st]
+        else:
+            ends = list(np.cumsum([ly.n_insns for ly in run]))
+            ends[-1] -= 1  # the END closing the stream belongs to no layer
+            st, per = simulate_ranges(cfg, b"".join(ly.insns for ly in run), ddr, ends,
+                                      trace_path=trace_path, trace_offset_us=offset_us,
+                                      trace_append=k > 0, regions=layout)
         offset_us += st.cycles / cfg.CLOCK_MHZ
-        stats.append((ly.name, st))
+        stats += [(ly.name, s) for ly, s in zip(run, per, strict=True)]
     outputs = {}
     for n in program.outputs:
         p = program.tensors[n]

@@ -53,7 +53,8 @@ class _Stats(ctypes.Structure):
         ("ddr_read_bytes", ctypes.c_uint64), ("ddr_write_bytes", ctypes.c_uint64),
         ("fm_read_bytes", ctypes.c_uint64), ("fm_write_bytes", ctypes.c_uint64),
         ("pm_read_bytes", ctypes.c_uint64), ("pm_write_bytes", ctypes.c_uint64),
-        ("tokens", ctypes.c_uint64),
+        ("tokens", ctypes.c_uint64), ("head_cycles", ctypes.c_uint64),
+        ("tail_cycles", ctypes.c_uint64),
     ]
 
 
@@ -69,7 +70,9 @@ class DPUStats:
     part of unit a's stall spent waiting for a token from unit b (the token that arrived last).
     ``macs`` are useful MACs (taps on real input), ``padded_macs`` include padding taps; both
     count all PEs. Byte counters cover all PEs; ``pm_read_bytes`` counts each CONV's parameters
-    once (the PM is shared).
+    once (the PM is shared). ``head_cycles`` / ``tail_cycles``: cycles before the first CONV /
+    MISC instruction starts and after the last one ends (the part of a stream that the next or
+    previous stream can overlap when they run as one stream).
     """
 
     cycles: int = 0
@@ -94,6 +97,8 @@ class DPUStats:
     pm_read_bytes: int = 0
     pm_write_bytes: int = 0
     tokens: int = 0
+    head_cycles: int = 0
+    tail_cycles: int = 0
     load_stall_on_save: int = 0
     load_stall_on_conv: int = 0
     load_stall_on_misc: int = 0
@@ -123,7 +128,7 @@ class DPUStats:
     @classmethod
     def _from_c(cls, s: _Stats) -> DPUStats:
         kw = {"cycles": s.cycles, "macs": s.macs, "padded_macs": s.padded_macs,
-              "tokens": s.tokens}
+              "tokens": s.tokens, "head_cycles": s.head_cycles, "tail_cycles": s.tail_cycles}
         for name in ("ddr_read_bytes", "ddr_write_bytes", "fm_read_bytes", "fm_write_bytes",
                      "pm_read_bytes", "pm_write_bytes"):
             kw[name] = getattr(s, name)
@@ -151,6 +156,11 @@ def _lib_fns():
                                  "rebuild it with `python setup.py build_sim`")
         _fns["run"] = simlib.function("dpu_sim_run", ctypes.c_int, [
             ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_void_p,
+            ctypes.c_uint64, ctypes.POINTER(_Stats), ctypes.c_char_p, ctypes.c_double,
+            ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
+        _fns["ranges"] = simlib.function("dpu_sim_run_ranges", ctypes.c_int, [
+            ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_uint64, ctypes.c_void_p,
+            ctypes.c_uint64, ctypes.POINTER(_Stats), ctypes.POINTER(ctypes.c_uint64),
             ctypes.c_uint64, ctypes.POINTER(_Stats), ctypes.c_char_p, ctypes.c_double,
             ctypes.c_int32, ctypes.c_char_p, ctypes.c_uint64])
         _fns["decode"] = simlib.function("dpu_sim_decode_fields", ctypes.c_int, [
@@ -210,6 +220,34 @@ def simulate(cfg: DPUConfig, insns: bytes, ddr: np.ndarray, trace_path: str | No
     :func:`tvm_accel.simlib.cycle_budget`, else 2^34 cycles). Ctrl-C stops the run within
     milliseconds and raises ``KeyboardInterrupt`` (:func:`tvm_accel.simlib.call`).
     """
+    return _run(cfg, insns, ddr, None, trace_path, trace_offset_us, trace_append, max_cycles,
+                regions)[0]
+
+
+def simulate_ranges(cfg: DPUConfig, insns: bytes, ddr: np.ndarray, ends: list[int],
+                    trace_path: str | None = None, trace_offset_us: float = 0.0,
+                    trace_append: bool = False, max_cycles: int | None = None,
+                    regions: dict[str, tuple[int, int]] | None = None
+                    ) -> tuple[DPUStats, list[DPUStats]]:
+    """:func:`simulate` for one stream made of consecutive instruction ranges (the layers or
+    fused groups of a function compiled into one stream): range ``r`` is the instructions
+    ``[ends[r-1], ends[r])``. Returns the totals and one :class:`DPUStats` per range with the
+    counters of its instructions and its cycles: the run is cut where each range's compute
+    (first CONV / MISC) starts, never before the earlier ranges' last CONV ends (see
+    ``dpu_sim_run_ranges`` in ``sim/dpu/dpu_sim.h``), so the cycles sum to the total, a range's
+    CONV work lies inside its window and the LOADs it issued during its predecessor's tail are
+    hidden there."""
+    if not ends:
+        raise SimulatorError("simulate_ranges needs at least one range")
+    try:
+        arr = (ctypes.c_uint64 * len(ends))(*(int(e) for e in ends))
+    except (TypeError, ValueError, OverflowError):
+        raise SimulatorError(f"range ends must be non-negative integers, got {ends!r}") from None
+    return _run(cfg, insns, ddr, arr, trace_path, trace_offset_us, trace_append, max_cycles,
+                regions)
+
+
+def _run(cfg, insns, ddr, ends, trace_path, trace_offset_us, trace_append, max_cycles, regions):
     if isinstance(insns, (bytearray, memoryview)):
         insns = bytes(insns)
     if not isinstance(insns, bytes):
@@ -226,12 +264,18 @@ def simulate(cfg: DPUConfig, insns: bytes, ddr: np.ndarray, trace_path: str | No
     stats = _Stats()
     err = simlib.err_buffer()
     path = os.fsencode(trace_path) if trace_path is not None else None
-    code = simlib.call(_lib_fns()["run"], ctypes.byref(c_cfg), insns, len(insns),
-                       ddr.ctypes.data if ddr.size else None, ddr.nbytes,
-                       ctypes.byref(stats), path, float(trace_offset_us),
-                       int(bool(trace_append)), err, len(err))
+    head = (ctypes.byref(c_cfg), insns, len(insns), ddr.ctypes.data if ddr.size else None,
+            ddr.nbytes, ctypes.byref(stats))
+    tail = (path, float(trace_offset_us), int(bool(trace_append)), err, len(err))
+    if ends is None:
+        code = simlib.call(_lib_fns()["run"], *head, *tail)
+        per = []
+    else:
+        out = (_Stats * len(ends))()
+        code = simlib.call(_lib_fns()["ranges"], *head, ends, len(ends), out, *tail)
+        per = [DPUStats._from_c(s) for s in out]
     simlib.check(code, err, "DPU simulator")
-    return DPUStats._from_c(stats)
+    return DPUStats._from_c(stats), per
 
 
 def decode_fields(insn: bytes) -> list[int]:

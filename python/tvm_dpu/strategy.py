@@ -1,9 +1,14 @@
-"""DPU strategy: a layer graph -> per-layer DPU instruction streams, DDR map and PM parameters.
+"""DPU strategy: a layer graph -> DPU instruction streams, DDR map and PM parameters.
 
 XGraph view (see :mod:`tvm_dpu.xgraph`): one node per layer, parameters folded in. Each layer
-becomes one instruction stream (ending in END) that reads its inputs from DDR and writes its
-output to DDR (function inputs in INPUT, outputs in OUTPUT, intermediates in SWAP, weights and
-biases in PARAM), so consecutive layers are ordered by the runtime running the streams in turn.
+(or fused group) is first scheduled as its own stream that reads its inputs from DDR and writes
+its output to DDR (function inputs in INPUT, outputs in OUTPUT, intermediates in SWAP, weights
+and biases in PARAM). The streams of a function are then merged into **one** instruction stream
+(:func:`merge_streams`, DPUV3INT8's whole-network schedule): each group keeps its dependencies
+and, across groups, an instruction waits by byte range for the earlier groups' accesses, so the
+next group's weights and first input band load during the current group's tail. With
+``{"@fusion": {"overlap": False}}`` every group stays a stream of its own (ending in END) and
+the runtime runs the streams one after the other.
 
 Data layout. A tensor is stored per image as H x W x C bytes (channels innermost, the FM
 layout), images ``img_stride = H*W*C`` apart; a dense tensor (N, C) is 1 x 1 x C. The batch is
@@ -28,9 +33,10 @@ Tiling (knobs per layer, :func:`knob_space`):
   previous tile's SAVE).
 
 On-chip chains (fusion template ``chain``, :func:`_chain_plan`, :meth:`_Planner.chain`): convs
-each reading the previous one's output, optionally closed by an add, run as one stream of row
-bands that line up across the chain (halo keep: the rows a consumer reads again are COPYed to
-its next band's buffer); their windows are packed first-fit into the FM memories.
+each reading the previous one's output, optionally closed by an add or a pool, run as one
+stream of row bands that line up across the chain (halo keep: the rows a consumer reads again
+are COPYed to its next band's buffer); their windows are packed first-fit into the FM memories;
+weights that exceed the PM stream through its two halves in output-channel chunks.
 
 FM allocation. FM memory 0 holds the input tile (memory 2 the second add operand), memory 1 the
 output tile; each memory is split into two halves (ping-pong buffers, tile ``i`` uses half
@@ -132,6 +138,9 @@ class LayerProgram:
     macs: int
     shape: str
     knobs: dict = field(default_factory=dict)
+    #: None: the layer's own stream (ending in END); k: part of the function's stream k, whose
+    #: layers are consecutive and whose last layer ends in END (:func:`merge_streams`)
+    stream: int | None = None
 
 
 @dataclass
@@ -256,6 +265,16 @@ def _check_conv(layer: ConvLayer, in_shape, cfg: DPUConfig, kn: dict) -> None:
                          f"({cfg.PM_BYTES})")
     rows = (th - 1) * layer.strides[0] + kh
     cols = (tw - 1) * layer.strides[1] + kw
+    if _subsamples(layer, bool(kn.get("format"))):
+        rows, cols = th, tw
+    if not kn.get("format"):  # the LOAD brings real rows only; the CONV pads the window
+        rows, cols = min(rows, in_shape[2]), min(cols, in_shape[3])
+    (pt, pl, _, _), (sh, sw) = layer.padding, layer.strides
+    if any(_in_window(y, min(th, ho - y), sh, pt, kh, in_shape[2])[1] < 1
+           for y in range(0, ho, th)) or any(
+            _in_window(x, min(tw, wo - x), sw, pl, kw, in_shape[3])[1] < 1
+            for x in range(0, wo, tw)):
+        raise ValueError(f"tile_h {th} x tile_w {tw}: a tile's windows read padding only")
     ic = kt if layer.is_depthwise else c
     if kn.get("format"):
         if not format_applies(layer, c, cfg):
@@ -268,6 +287,15 @@ def _check_conv(layer: ConvLayer, in_shape, cfg: DPUConfig, kn: dict) -> None:
     if th * tw * kt > half or tw * kt > 4095 * 256:
         raise ValueError(f"tile_h {th} x tile_w {tw}: output tile of {th}x{tw}x{kt} bytes "
                          f"exceeds half an FM memory ({half})")
+
+
+def _subsamples(layer: ConvLayer, fmt: bool) -> bool:
+    """A strided 1x1 conv without padding (a ResNet projection shortcut) reads only every
+    stride-th row and column: its LOAD takes just those (DDR strides times the conv's strides)
+    and the CONV runs with stride 1, so the input tile and its DDR traffic shrink by the
+    strides' product."""
+    return (tuple(layer.kernel) == (1, 1) and tuple(layer.strides) != (1, 1) and not fmt
+            and not any(layer.padding) and not layer.is_dense)
 
 
 def format_applies(layer: ConvLayer, c: int, cfg: DPUConfig) -> bool:
@@ -384,13 +412,18 @@ def _pool_window(pool: PoolLayer, th: int, tw: int, hc: int, wc: int) -> tuple[i
     return min(hc, (th - 1) * sh + kh), min(wc, (tw - 1) * sw + kw)
 
 
-def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
+def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig,
+                     halo: str | None = None) -> KnobSpace:
     """Knobs of a fused group (``tvm_dpu.fusion`` templates) with heuristic defaults.
 
     ``conv+add``: the conv's knobs (the other operand's tile is the size of the output tile).
-    ``conv+pool``: the conv's ``oc_tile``/``format`` and ``tile_h``/``tile_w`` in pool output
-    rows/columns; each tile computes the conv rows its pool windows read (overlapping windows
-    recompute a row band); the default minimizes CONV row passes per output row.
+    ``conv+pool``: the conv's ``oc_tile``/``format``, ``tile_h``/``tile_w`` in pool output
+    rows/columns and ``halo``: ``keep`` (default when it fits: the conv and the pool as an
+    on-chip chain, :func:`_chain_plan`, whose full-width conv bands are aligned to the CONV's
+    8-row passes and whose pool-window halo rows are kept in FM by a MISC COPY) or
+    ``recompute`` (each tile computes the conv rows its pool windows read, overlapping windows
+    recompute a row band; W-split and weight tiling allowed; the default minimizes CONV row
+    passes per output row; ``halo="recompute"`` makes it the default form).
     ``pool+conv``: the conv's ``oc_tile``, ``tile_h``/``tile_w`` in conv output rows/columns
     (each tile pools the input window its conv window reads).
     ``horizontal``: ``tile_h``/``tile_w`` shared by the convs (all output channels of every
@@ -472,6 +505,26 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig) -> K
         th, tw = min(shapes, key=lambda s: (conv_cycles(*s), -s[0] * s[1]),
                      default=(1, 1))
         knobs = [base["oc_tile"], base["format"]]
+        # halo keep (an on-chip chain of the conv and the pool, full-width bands, all weights
+        # in the PM) when it fits: the default; recompute (the W-split / weight-tiled tiles
+        # above) otherwise
+        try:
+            chain_space = _chain_knob_space(layers, in_shape, cfg)
+            keep_th = chain_space.validate({})["tile_h"]
+        except (ValueError, MappingError):
+            chain_space = keep_th = None
+        if chain_space is not None:
+            recompute_check = check
+
+            def check(kn):
+                if kn.get("halo") == "keep":
+                    chain_space.validate({"tile_h": kn["tile_h"]})
+                else:
+                    recompute_check(kn)
+            if halo != "recompute":
+                th = keep_th
+            knobs.append(Knob("halo", ("keep", "recompute"),
+                              "recompute" if halo == "recompute" else "keep"))
     elif template == "horizontal":
         ks = [ly.weight.shape[0] for ly in layers]
 
@@ -542,6 +595,22 @@ class _ChainPlan:
     place: dict[tuple[str, int], tuple[int, int]]  # (window, ping-pong half) -> (memory, address)
 
 
+#: rows per LOAD / SAVE / closing ELTADD piece of a chain step (the MISC's rows per pass)
+CHAIN_PIECE_ROWS = 2
+
+
+def _pieces(r0: int, r1: int, split: bool = True) -> list[tuple[int, int]]:
+    """Rows ``[r0, r1)`` in pieces of ``CHAIN_PIECE_ROWS`` aligned to even rows (one piece when
+    not ``split``): at the boundaries of a chain in one merged stream its first input rows
+    then wait only for the SAVE of the rows they read, and its last output rows reach DDR (and
+    the next group) a piece at a time. Inner steps move whole bands (fewer instructions)."""
+    if not split:
+        return [(r0, r1)] if r1 > r0 else []
+    cuts = [r0, *range((r0 // CHAIN_PIECE_ROWS + 1) * CHAIN_PIECE_ROWS, r1, CHAIN_PIECE_ROWS),
+            r1]
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+
+
 def _chain_inputs(layers: list) -> list[list[str]]:
     return [list(ly.inputs) if isinstance(ly, AddLayer) else [ly.input] for ly in layers]
 
@@ -554,16 +623,63 @@ def _chain_shapes(layers: list, in_shape) -> dict[str, tuple[int, int, int, int]
             shapes[ly.output] = shapes[ly.inputs[0] if ly.inputs[0] in shapes else ly.inputs[1]]
             for t in ly.inputs:
                 shapes.setdefault(t, shapes[ly.output])
+        elif isinstance(ly, PoolLayer):
+            shapes[ly.output] = pool_output_shape(ly, shapes[ly.input])
         else:
             shapes[ly.output] = conv_output_shape(ly, shapes[ly.input])
     return shapes
 
 
+def _chain_ends(layers: list, h_of: dict, th: int, first: int) -> list[list[int]]:
+    """``e[i][j]``: the rows of member ``i`` made by the end of step ``j`` when step 0 computes
+    ``first`` rows of the last layer and every later step ``th`` more, each earlier member
+    exactly the rows its consumer needs by then."""
+    hf = h_of[layers[-1].output]
+    nb = 1 + _cdiv(max(0, hf - first), th)
+    e = [[0] * nb for _ in layers]
+    for j in range(nb):
+        e[-1][j] = min(hf, first + j * th)
+    ins = _chain_inputs(layers)
+    for i in range(len(layers) - 2, -1, -1):
+        h_i = h_of[layers[i].output]
+        for j in range(nb):
+            end = 0
+            for c in range(i + 1, len(layers)):  # every consumer of member i in the chain
+                nxt, need = layers[c], e[c][j]
+                if layers[i].output not in ins[c]:
+                    continue
+                if need and not isinstance(nxt, AddLayer):
+                    need = min(h_i, (need - 1) * nxt.strides[0] - nxt.padding[0]
+                               + nxt.kernel[0])
+                end = max(end, need)
+            e[i][j] = max(e[i][j - 1] if j else 0, end)
+    return e
+
+
+def _chain_passes(layers: list, e: list[list[int]], cfg: DPUConfig) -> tuple[int, int]:
+    """CONV row passes of a chain's bands, weighted by each conv's cycles per pass (output
+    columns x channel groups x kernel taps), then the number of steps."""
+    total = 0
+    for i, ly in enumerate(layers):
+        if isinstance(ly, ConvLayer):
+            k, c = ly.weight.shape[0], ly.weight.shape[1]
+            per = _cdiv(k, cfg.CONV_OC_PAR) * _cdiv(c, cfg.CONV_IC_PAR) * ly.kernel[0] \
+                * ly.kernel[1]
+            prev = 0
+            for end in e[i]:
+                total += _cdiv(end - prev, cfg.CONV_ROW_PAR) * per
+                prev = end
+    return total, len(e[-1])
+
+
 def _chain_plan(layers: list, shapes: dict, th: int, cfg: DPUConfig) -> _ChainPlan:
-    """Row bands of an on-chip chain (convs, each reading the previous one's output, optionally
-    closed by an add reading the last conv): step ``j`` computes output rows ``[j th, (j+1) th)``
-    of the last layer and, going backwards, exactly the rows of every earlier layer that its
-    consumer needs by then and has not had yet. The H-split tiles line up across the chain with
+    """Row bands of an on-chip chain (convs or pools, each reading the previous one's output,
+    optionally closed by an add reading the last conv): step ``j`` computes ``th`` output rows
+    of the last layer (the first step ``first <= th`` of them, chosen so that the lagging bands
+    of the convs line up with the CONV's 8-row passes, e.g. a conv before a 3x3 pool computes
+    rows 0-7, 8-15, ... while the pool lags one row behind) and, going backwards, exactly the
+    rows of every earlier layer that its consumer needs by then and has not had yet. The
+    H-split tiles line up across the chain with
     **halo keep**: a consumer with a ``kh``-row kernel lags its producer by the kernel's reach,
     the ``kh - stride`` rows it reads again at the next step stay in FM and are copied (MISC
     COPY) to the top of the next step's buffer instead of being recomputed. Halo keep because
@@ -578,18 +694,9 @@ def _chain_plan(layers: list, shapes: dict, th: int, cfg: DPUConfig) -> _ChainPl
     n = len(layers)
     ins = _chain_inputs(layers)
     h_of = {t: sh[2] for t, sh in shapes.items()}
-    hf = h_of[layers[-1].output]
-    nb = _cdiv(hf, th)
-    e = [[0] * nb for _ in layers]
-    for j in range(nb):
-        e[-1][j] = min(hf, (j + 1) * th)
-    for i in range(n - 2, -1, -1):
-        nxt, h_i = layers[i + 1], h_of[layers[i].output]
-        for j in range(nb):
-            end = e[i + 1][j]
-            if end and not isinstance(nxt, AddLayer):
-                end = min(h_i, (end - 1) * nxt.strides[0] - nxt.padding[0] + nxt.kernel[0])
-            e[i][j] = max(e[i][j - 1] if j else 0, end)
+    e = min((_chain_ends(layers, h_of, th, first) for first in range(th, 0, -1)),
+            key=lambda ends: _chain_passes(layers, ends, cfg))
+    nb = len(e[-1])
     s = [[row[j - 1] if j else 0 for j in range(nb)] for row in e]
     reads: list[list] = []
     for i, ly in enumerate(layers):
@@ -638,7 +745,9 @@ def _chain_plan(layers: list, shapes: dict, th: int, cfg: DPUConfig) -> _ChainPl
     cap = cfg.fm_memory_bytes
     used = [0] * cfg.FM_MEMORIES
     place: dict[tuple[str, int], tuple[int, int]] = {}
-    blocks = sorted(((w.rows * w.row_bytes, t, q) for t, w in windows.items() for q in (0, 1)),
+    steps = nb * _cdiv(shapes[layers[0].input][0], cfg.NUM_PE)
+    halves = (0, 1) if steps > 1 else (0,)  # one step: no ping-pong
+    blocks = sorted(((w.rows * w.row_bytes, t, q) for t, w in windows.items() for q in halves),
                     reverse=True)
     for size, t, q in blocks:
         h, wd, c = windows[t].hwc
@@ -656,21 +765,24 @@ def _chain_plan(layers: list, shapes: dict, th: int, cfg: DPUConfig) -> _ChainPl
 
 def _chain_knob_space(layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
     """Knobs of an on-chip chain: ``tile_h`` (output rows of the last layer per step, multiples
-    of ``CONV_ROW_PAR`` and the full height) and ``pipeline``. Every conv keeps all its output
-    channels and weights resident (the PM holds the whole chain's parameters) and the bands are
-    full width. Default: the band with the fewest CONV row passes over the chain (lagging
-    bands that straddle 8-row boundaries cost extra passes), the larger one on ties, at most
-    about a quarter of the height."""
+    of ``CONV_ROW_PAR`` and the full height) and ``pipeline``. The bands are full width. When
+    the PM holds the whole chain's parameters they stay resident; otherwise they stream (see
+    :meth:`_Planner.chain`). Default: the band with the fewest CONV row passes over the chain
+    (lagging bands that straddle 8-row boundaries cost extra passes), the larger one on ties,
+    at most about a quarter of the height; with streamed weights the largest band that fits
+    (the weights are LOADed once per step)."""
     shapes = _chain_shapes(layers, in_shape)
     convs = [ly for ly in layers if isinstance(ly, ConvLayer)]
-    pm = sum(_pm_bytes(_param_bytes(ly, ly.weight.shape[0], shapes[ly.input][1])) for ly in convs)
+    stream = _chain_streams_weights(convs, shapes, cfg)
     hf = shapes[layers[-1].output][2]
     ths = _options(hf, cfg.CONV_ROW_PAR)
 
     def check(kn):
-        if pm > cfg.PM_BYTES:
-            raise ValueError(f"the chain's parameters ({pm} bytes) exceed the PM "
-                             f"({cfg.PM_BYTES})")
+        if stream:
+            for ly in convs:
+                if _chain_chunk(ly, shapes[ly.input][1], cfg) < 1:
+                    raise ValueError(f"{ly.name}: the parameters of {cfg.CONV_OC_PAR} output "
+                                     f"channels exceed half the PM ({cfg.PM_BYTES // 2})")
         _chain_plan(layers, shapes, kn["tile_h"], cfg)
 
     def passes(th: int) -> float:
@@ -696,8 +808,28 @@ def _chain_knob_space(layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
     target = max(cfg.CONV_ROW_PAR, _cdiv(_cdiv(hf, 4), cfg.CONV_ROW_PAR) * cfg.CONV_ROW_PAR)
     pick = [t for t in ok if t <= target] or ok or ths
     th = min(pick, key=lambda t: (passes(t) if t in ok else 0, -t))
+    if stream and ok:  # the weights stream once per step: the fewest steps
+        th = max(ok)
     return KnobSpace([Knob("tile_h", tuple(ths), th), Knob("pipeline", (True, False), True)],
                      check=check, name="+".join(ly.name for ly in layers))
+
+
+def _chain_streams_weights(convs: list, shapes: dict, cfg: DPUConfig) -> bool:
+    """The chain's parameters exceed the PM: they stream through its two halves."""
+    return sum(_pm_bytes(_param_bytes(ly, ly.weight.shape[0], shapes[ly.input][1]))
+               for ly in convs) > cfg.PM_BYTES
+
+
+def _chain_chunk(ly: ConvLayer, c: int, cfg: DPUConfig) -> int:
+    """Output channels per streamed weight chunk of a chain conv: the chunks fit half the PM
+    and are balanced (multiples of ``CONV_OC_PAR``); 0 when even one group does not fit."""
+    k, par = ly.weight.shape[0], cfg.CONV_OC_PAR
+    fit = [t for t in range(par, _cdiv(k, par) * par + 1, par)
+           if _pm_bytes(_param_bytes(ly, t, c)) <= cfg.PM_BYTES // 2]
+    if not fit:
+        return 0
+    n = _cdiv(k, max(fit))
+    return min(max(fit), _cdiv(_cdiv(k, n), par) * par)
 
 
 # --- dependency scheduling ---------------------------------------------------------------------
@@ -845,6 +977,198 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
     out = _Stream([*resolve_tokens(items), cg.End()])
     out.items = items
     return out
+
+
+# --- one stream per function: overlap across groups -------------------------------------------
+_GRAIN = 64  # bytes per entry of the footprint maps (buffers and PM blocks are 64-byte aligned)
+
+
+class _Footprints:
+    """Last writer and last reader per unit of every ``_GRAIN`` bytes of a memory (FM memory,
+    PM, or a DDR region), as of the end of the groups merged so far."""
+
+    def __init__(self, size: int):
+        self.size = max(1, size)
+        n = _cdiv(self.size, _GRAIN)
+        self.writer = np.full(n, -1, dtype=np.int64)
+        self.reader = np.full((len(cg.UNITS), n), -1, dtype=np.int64)
+
+    def _slices(self, lo: int, hi: int):
+        lo, hi = max(0, lo), max(lo + 1, hi)
+        if hi - lo >= self.size:
+            yield 0, len(self.writer)
+            return
+        a, b = lo % self.size, (hi - 1) % self.size + 1
+        parts = [(a, b)] if a < b else [(a, self.size), (0, b)]
+        for x, y in parts:
+            yield x // _GRAIN, _cdiv(y, _GRAIN)
+
+    def conflicts(self, lo: int, hi: int, write: bool) -> list[int]:
+        """Earlier instructions an access of bytes ``[lo, hi)`` must wait for: the last writer
+        (read after write, write after write) and, for a write, the last reader of every unit
+        (write after read)."""
+        out = []
+        for a, b in self._slices(lo, hi):
+            w = int(self.writer[a:b].max())
+            if w >= 0:
+                out.append(w)
+            if write:
+                out += [int(r) for r in self.reader[:, a:b].max(axis=1) if r >= 0]
+        return out
+
+    def record(self, lo: int, hi: int, write: bool, unit: int, idx: int) -> None:
+        for a, b in self._slices(lo, hi):
+            if write:
+                self.writer[a:b] = idx
+                self.reader[:, a:b] = -1
+            else:
+                self.reader[unit, a:b] = idx
+
+
+def _ext(rows: int, cols: int, pix: int, row: int, last: int) -> int:
+    return (max(rows, 1) - 1) * row + (max(cols, 1) - 1) * pix + last
+
+
+def _footprint(insn, cfg: DPUConfig) -> list[tuple[tuple, int, int, bool]]:
+    """``(memory, lo, hi, write)`` byte ranges an instruction touches: ``("FM", mem)``, ``("PM",)``
+    or ``("DDR", region)`` (DDR: one range per PE image; only regions a SAVE may write)."""
+    out = []
+    if isinstance(insn, (cg.Load, cg.Save)):
+        if insn.rows * insn.cols * insn.chans == 0:
+            return []
+        if isinstance(insn, cg.Load) and insn.to_pm:
+            return [(("PM",), insn.dst_addr, insn.dst_addr + insn.rows * insn.cols * insn.chans,
+                     True)]
+        if insn.region in (cg.REGION_OUTPUT, cg.REGION_SWAP):
+            ext = _ext(insn.rows, insn.cols, insn.ddr_pix_stride, insn.ddr_row_stride, insn.chans)
+            write = isinstance(insn, cg.Save)
+            for p in range(cfg.NUM_PE):
+                lo = insn.ddr_offset + p * insn.img_stride
+                out.append((("DDR", insn.region), lo, lo + ext, write))
+        if isinstance(insn, cg.Load):
+            rows = insn.rows + insn.pad_top + insn.pad_bottom
+            cols = insn.cols + insn.pad_left + insn.pad_right
+            pix = insn.chans * max(1, insn.fmt)
+            out.append((("FM", insn.fm_mem), insn.dst_addr, insn.dst_addr
+                        + _ext(rows, cols, max(pix, insn.fm_pix_stride), insn.fm_row_stride, pix),
+                        True))
+        else:
+            out.append((("FM", insn.fm_mem), insn.src_addr, insn.src_addr
+                        + _ext(insn.rows, insn.cols, insn.fm_pix_stride, insn.fm_row_stride,
+                               insn.chans), False))
+        return out
+    if isinstance(insn, cg.End):
+        return []
+    if isinstance(insn, cg.Conv):
+        chans_in, chans_out = insn.ic, insn.oc
+    else:
+        chans_in = chans_out = insn.chans
+    if isinstance(insn, (cg.Conv, cg.Pool)):
+        rows = (insn.out_h - 1) * insn.stride_h + insn.kernel_h - insn.pad_top - insn.pad_bottom
+        cols = (insn.out_w - 1) * insn.stride_w + insn.kernel_w - insn.pad_left - insn.pad_right
+    else:  # ELTADD / COPY read what they write; UPSAMPLE reads less (counted as much)
+        rows, cols = insn.out_h, insn.out_w
+    out.append((("FM", insn.in_mem), insn.in_addr, insn.in_addr
+                + _ext(rows, cols, insn.in_pix_stride, insn.in_row_stride, chans_in), False))
+    if isinstance(insn, cg.EltAdd):
+        out.append((("FM", insn.b_mem), insn.b_addr, insn.b_addr
+                    + _ext(rows, cols, insn.b_pix_stride, insn.b_row_stride, chans_in), False))
+    if isinstance(insn, cg.Conv):
+        per = insn.kernel_h * insn.kernel_w * (1 if insn.depthwise else insn.ic)
+        out.append((("PM",), insn.param_addr, insn.param_addr + insn.oc * (per + 4), False))
+    out.append((("FM", insn.out_mem), insn.out_addr, insn.out_addr
+                + _ext(insn.out_h, insn.out_w, insn.out_pix_stride, insn.out_row_stride,
+                       chans_out), True))
+    return out
+
+
+def _shift(insn, fm: int, pm: int, cfg: DPUConfig) -> None:
+    """Move an instruction's FM addresses by ``fm`` and PM addresses by ``pm`` (both memories are
+    circular, so a whole stream moved alike computes the same)."""
+    m, p = cfg.fm_memory_bytes, cfg.PM_BYTES
+    if isinstance(insn, cg.Load):
+        insn.dst_addr = (insn.dst_addr + (pm if insn.to_pm else fm)) % (p if insn.to_pm else m)
+    elif isinstance(insn, cg.Save):
+        insn.src_addr = (insn.src_addr + fm) % m
+    elif not isinstance(insn, cg.End):
+        insn.in_addr = (insn.in_addr + fm) % m
+        insn.out_addr = (insn.out_addr + fm) % m
+        if isinstance(insn, cg.Conv):
+            insn.param_addr = (insn.param_addr + pm) % p
+        elif isinstance(insn, cg.EltAdd):
+            insn.b_addr = (insn.b_addr + fm) % m
+
+
+def _place_next(part: list, maps: dict, cfg: DPUConfig) -> None:
+    """Move the next group's FM buffers and PM blocks by half a memory when that lets its
+    leading LOADs (those before its first compute: weights and the first input bands) wait for
+    earlier instructions of the previous groups (e.g. the ping-pong buffer and PM half the
+    previous group's last tiles do not use)."""
+    lead = []
+    for insn, _ in part:
+        if not isinstance(insn, cg.Load):
+            break
+        lead.append(insn)
+    if not lead:
+        return
+
+    def cost(fm: int, pm: int) -> tuple[int, int]:
+        for insn in lead:
+            _shift(insn, fm, pm, cfg)
+        waits = [max([-1, *(maps[mm].conflicts(lo, hi, w) if mm in maps else [])])
+                 for insn in lead for mm, lo, hi, w in _footprint(insn, cfg)]
+        for insn in lead:
+            _shift(insn, -fm, -pm, cfg)
+        return sum(waits), max(waits, default=-1)
+    fm_half, pm_half = cfg.fm_memory_bytes // 2, cfg.PM_BYTES // 2
+    options = [(0, 0), (fm_half, 0), (0, pm_half), (fm_half, pm_half)]
+    fm, pm = min(options, key=lambda o: (cost(*o), options.index(o)))
+    if fm or pm:
+        for insn, _ in part:
+            _shift(insn, fm, pm, cfg)
+
+
+def merge_streams(layers: list[LayerProgram], parts: list[list], cfg: DPUConfig,
+                  region_sizes: dict[str, int]) -> None:
+    """Compile the streams of consecutive layers / fused groups into **one** instruction stream
+    (DPUV3INT8's whole-network schedule), in place: ``parts[i]`` is the ``(instruction,
+    dependencies)`` list of ``layers[i]`` (:func:`schedule`). Each group keeps its own
+    dependencies; across groups an instruction also waits, by byte range, for the earlier
+    groups' last writer of every FM / PM / DDR byte it reads or writes and for their last
+    reader (per unit) of every byte it writes (:class:`_Footprints`, 64-byte grain), and
+    :func:`resolve_tokens` turns all of it into one set of DPON/DPBY tokens. So the next
+    group's weight LOADs (into the PM half the current group does not use) and first input
+    bands (into the FM buffer its last tiles do not use) are issued while the current group's
+    tail (last CONVs, SAVEs) runs, and a group's first LOAD of a tensor waits only for the
+    SAVE of the rows it reads. Every dependency points backwards, so the merged stream cannot
+    deadlock. The layers keep their own instruction ranges (``stream`` = 0, END after the
+    last), so the runtime reports marginal cycles per layer / group
+    (:func:`tvm_dpu.simulator.simulate_ranges`)."""
+    fm = {("FM", m): _Footprints(cfg.fm_memory_bytes) for m in range(cfg.FM_MEMORIES)}
+    maps = {**fm, ("PM",): _Footprints(cfg.PM_BYTES)}
+    for name, r in (("OUTPUT", cg.REGION_OUTPUT), ("SWAP", cg.REGION_SWAP)):
+        maps[("DDR", r)] = _Footprints(region_sizes.get(name, 64))
+    merged: list[tuple[object, list[int]]] = []
+    bounds = []
+    for part in parts:
+        base = len(merged)
+        if base:
+            _place_next(part, maps, cfg)
+        prints = []
+        for insn, deps in part:
+            fp = [(maps[m], lo, hi, w) for m, lo, hi, w in _footprint(insn, cfg) if m in maps]
+            cross = [d for mp, lo, hi, w in fp for d in mp.conflicts(lo, hi, w)]
+            merged.append((insn, [base + d for d in deps] + cross))
+            prints.append(fp)
+        for k, fp in enumerate(prints):
+            u = cg.unit_of(merged[base + k][0])
+            for mp, lo, hi, w in sorted(fp, key=lambda x: x[3]):  # reads, then writes
+                mp.record(lo, hi, w, u, base + k)
+        bounds.append((base, len(merged)))
+    insns = resolve_tokens(merged)
+    for i, (ly, (a, b)) in enumerate(zip(layers, bounds, strict=True)):
+        body = insns[a:b] + ([cg.End()] if i == len(layers) - 1 else [])
+        ly.insns, ly.n_insns, ly.stream = cg.encode_stream(body), len(body), 0
 
 
 def _pool_maker(layer: PoolLayer):
@@ -1040,12 +1364,21 @@ class _Planner:
         sh, sw = layer.strides
         pt, pl, _, _ = layer.padding
         rq, zx, dw = layer.requant, folded["pad_value"], layer.is_depthwise
-        r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
-        c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
+        sub = _subsamples(layer, fmt)
+        if sub:  # a strided 1x1 conv reads every sh-th row / sw-th column: the LOAD skips the rest
+            (r0, rows, ptop, pbot), (c0, cols, pleft, pright) = (y0 * sh, nh, 0, 0), \
+                (x0 * sw, nw, 0, 0)
+        else:
+            r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
+            c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
         if rows < 1 or cols < 1:
             raise MappingError(f"layer {layer.name}: an output tile reads padding only")
         ic, ch0 = (kk, k0) if dw else (c, 0)
         ld = self._load(tin, 0, buf, g, r0, rows, c0, cols, ch0, ic)
+        if sub:
+            ld.ddr_pix_stride *= sw
+            ld.ddr_row_stride *= sh
+            sh = sw = 1
         geo = dict(in_pix_stride=ic, in_row_stride=cols * ic, ic=ic, kernel_w=kw, pad_top=ptop,
                    pad_bottom=pbot, pad_left=pleft, pad_right=pright)
         if fmt:  # LOAD pads and gathers kw pixels: a kh x 1 conv on kw*c
@@ -1073,17 +1406,24 @@ class _Planner:
         k = layer.weight.shape[0]
         folded = self._conv_params(layer, tin.hwc[2])
         kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
+        grid = list(self._grid(tin, out_rows, out_cols, th, tw))
+        # one tile and several weight chunks (e.g. ResNet-50's res5 1x1 convs): the input tile
+        # stays in FM (LOADed once, input-stationary), the chunks' outputs ping-pong
+        stationary = len(grid) == 1 and k > kt and not layer.is_depthwise
+        half = self.cfg.fm_memory_bytes // 2
         segments = []
-        for k0 in range(0, k, kt):
+        for i, k0 in enumerate(range(0, k, kt)):
             kk = min(kt, k - k0)
             pm, pm_addr = self._pm_chunk(folded, k0, kk)
             tiles = []
-            for buf, g, y0, nh, x0, nw in self._grid(tin, out_rows, out_cols, th, tw):
+            for buf, g, y0, nh, x0, nw in grid:
+                obuf = (i % 2) * half if stationary else buf
                 ld, conv = self._conv_tile(layer, tin, folded, bool(kn.get("format")),
-                                           buf, g, k0, kk, y0, nh, x0, nw, 1, buf,
+                                           buf, g, k0, kk, y0, nh, x0, nw, 1, obuf,
                                            pm_addr)
-                loads, computes, saves = tail(buf, g, y0, nh, x0, nw, k0, kk)
-                tiles.append(_Tile([ld, *loads], [conv, *computes], saves))
+                loads, computes, saves = tail(obuf, g, y0, nh, x0, nw, k0, kk)
+                first = [ld] if not stationary or i == 0 else []
+                tiles.append(_Tile([*first, *loads], [conv, *computes], saves))
             segments.append(([pm], tiles))
         return segments
 
@@ -1335,14 +1675,18 @@ class _Planner:
 
     def chain(self, layers: list, user: dict | None) -> LayerProgram:
         """An on-chip chain (DPUV3INT8): convs each reading the previous one's output, optionally
-        closed by an add, run band by band (:func:`_chain_plan`). All the chain's weights are
-        LOADed into the PM once (the first conv's at the head, the others behind the first
-        input band, so they overlap the first CONVs); per step: LOAD the new rows of the
-        chain's input (and of the add's other operand when that is not the input), one CONV per
-        conv computing its new rows from its producer's window into its own, each window's
-        halo rows COPYed to the top of its next buffer, ELTADD in place, SAVE the last layer's
-        rows.
-        Only the chain's input, the add's other operand and its output move over DDR."""
+        closed by an add or a pool, run band by band (:func:`_chain_plan`). When the PM holds
+        all the chain's weights they are LOADed once (the first conv's at the head, the others
+        behind the first input band, so they overlap the first CONVs); otherwise (e.g. a
+        ResNet-50 res4 / res5 bottleneck, 1.1 / 4.5 MB) they **stream**: every conv's weights
+        are cut into output-channel chunks that fit half the PM, LOADed into the two halves in
+        turn (double buffering: chunk i+2 waits for the CONV of chunk i) once per step, each
+        chunk's CONV writing its channel slice of the output band. Per step: LOAD the new rows
+        of the chain's input (and of the add's other operand when that is not the input), one
+        CONV per conv (or chunk) computing its new rows from its producer's window into its
+        own, MAXPOOL / AVGPOOL likewise on MISC, each window's halo rows COPYed to the top of
+        its next buffer, ELTADD in place, SAVE the last layer's rows. Only the chain's input,
+        the add's other operand, its output (and streamed weights) move over DDR."""
         name = "+".join(ly.name for ly in layers)
         x = layers[0].input
         shapes = {t: tuple(int(v) for v in self.g.tensors[t].shape)
@@ -1353,6 +1697,11 @@ class _Planner:
             if isinstance(ly, AddLayer):
                 if len({shapes[t] for t in (*ly.inputs, ly.output)}) != 1:
                     raise MappingError(f"{name}: the add operands differ in shape")
+            elif isinstance(ly, PoolLayer):
+                if (ly is layers[0] or max(ly.kernel) > 15 or max(ly.strides) > 7
+                        or max(ly.padding) > 15
+                        or pool_output_shape(ly, shapes[ly.input]) != shapes[ly.output]):
+                    raise MappingError(f"{name}: {ly.name} cannot run in an on-chip chain")
             elif (ly.is_dense or ly.kernel[0] > 15 or ly.kernel[1] > 15
                   or conv_output_shape(ly, shapes[ly.input]) != shapes[ly.output]):
                 raise MappingError(f"{name}: {ly.name} cannot run in an on-chip chain")
@@ -1361,14 +1710,25 @@ class _Planner:
             cp = _chain_plan(layers, shapes, kn["tile_h"], self.cfg)
         except ValueError as e:
             raise MappingError(f"{name}: {e}") from None
-        pms, params, pm_at = [], {}, 0
+        convs = [ly for ly in layers if isinstance(ly, ConvLayer)]
+        stream = _chain_streams_weights(convs, shapes, self.cfg)
+        pms, params, pm_at, chunks = [], {}, 0, {}
         for ly in layers:
-            if isinstance(ly, ConvLayer):
+            if isinstance(ly, ConvLayer) and stream:
+                folded = self._conv_params(ly, shapes[ly.input][1])
+                k, kt = ly.weight.shape[0], _chain_chunk(ly, shapes[ly.input][1], self.cfg)
+                chunks[ly.name] = [(k0, min(kt, k - k0),
+                                    self._pm_chunk(folded, k0, min(kt, k - k0), pm_addr=0)[0])
+                                   for k0 in range(0, k, kt)]
+                params[ly.name] = (folded, None)
+            elif isinstance(ly, ConvLayer):
                 folded = self._conv_params(ly, shapes[ly.input][1])
                 ld, addr = self._pm_chunk(folded, 0, ly.weight.shape[0], pm_addr=pm_at)
                 pm_at += ld.rows * ld.cols * ld.chans
                 pms.append(ld)
                 params[ly.name] = (folded, addr)
+            elif isinstance(ly, PoolLayer):
+                params[ly.name] = _pool_maker(ly)
             else:
                 try:
                     params[ly.name] = fold_add(ly)
@@ -1379,12 +1739,31 @@ class _Planner:
         keys: dict[int, tuple[list, list]] = {}
         tout = self.tensors[layers[-1].output]
         nb = len(cp.e[-1])
-        tiles, step = [], 0
-        for g in range(tout.n_alloc // self.P):
+        groups = tout.n_alloc // self.P
+        half = self.cfg.PM_BYTES // 2
+        seq = [chunks[ly.name][ci][2] for _ in range(groups) for j in range(nb)
+               for i, ly in enumerate(layers) if ly.name in chunks and cp.reads[i][j] is not None
+               for ci in range(len(chunks[ly.name]))]
+        stream_loads = [dataclasses.replace(ld, dst_addr=(u % 2) * half)
+                        for u, ld in enumerate(seq)]
+        tiles, step, uses, prev = [], 0, [0], None
+        for g in range(groups):
             for j in range(nb):
-                tiles.append(self._chain_step(cp, params, keys, g, j, step % 2))
+                part = self._chain_step(cp, params, keys, g, j, step % 2, chunks,
+                                        (uses, stream_loads))
+                if prev is not None and len(prev) > 1:
+                    # streamed weights: this step's input bands are LOADed during the previous
+                    # step (after its first CONV), not behind its last weight chunks
+                    bands = [ld for ld in part[0].loads if not ld.to_pm]
+                    part[0].loads = [ld for ld in part[0].loads if ld.to_pm]
+                    prev[1].loads += bands
+                tiles += part
+                prev = part
                 step += 1
         tiles[0].loads += pms[1:]  # later convs' weights load behind the first input band
+        # streamed: the first chunk in each PM half leads (in one merged stream they load
+        # during the previous group's tail, ahead of the input bands that wait for its SAVEs)
+        tiles[0].loads[:0] = stream_loads[:2]
         insns = self._schedule([(pms[:1], tiles)], "CONV", kn["pipeline"], fm_keys=keys)
         n = shapes[x][0]
         macs = sum(n * ly.weight.shape[0] * shapes[ly.output][2] * shapes[ly.output][3]
@@ -1396,14 +1775,20 @@ class _Planner:
                             f"layers, bands of {kn['tile_h']} rows", kn)
 
     def _chain_step(self, cp: _ChainPlan, params: dict, keys: dict, g: int, j: int,
-                    q: int) -> _Tile:
+                    q: int, chunks: dict | None = None, streamed: tuple | None = None
+                    ) -> list[_Tile]:
         """The instructions of step ``j`` of image group ``g`` of a chain, in ping-pong half
         ``q``; records each instruction's FM buffers in ``keys``: a window's buffer is two
         buffers for the dependencies, its halo rows and its new rows, so the COPY of the halo
         and the producer of the new rows do not wait for each other. The halo COPY of step
         ``j + 1`` is issued right after the producer of step ``j`` (it reads the rows just
-        made), ahead of the MISC work of step ``j`` that the next CONVs do not need."""
+        made), ahead of the MISC work of step ``j`` that the next CONVs do not need.
+        Streamed weights (``chunks``, ``streamed`` = (use counter, the chain's PM LOADs in use
+        order)): use ``u`` reads PM half ``u % 2``; the LOAD of use ``u + 2`` follows the CONV
+        of use ``u`` in program order (it starts a new tile), so it waits for that CONV to be
+        done with the half (write after read)."""
         loads, computes, saves = [], [], []
+        out = [_Tile(loads, computes, [])]
         nb = len(cp.e[-1])
 
         def at(t: str, row: int) -> tuple[int, int]:
@@ -1430,14 +1815,62 @@ class _Planner:
             keys[id(op)] = (rows_keys(t, w.a[j + 1], w.s[j + 1], j, q), [(t, 1 - q, "halo")])
             computes.append(op)
 
+        last, sliced = len(cp.layers) - 1, False
+        edge = j in (0, nb - 1)  # a boundary step of the chain: its input / output in pieces
+
+        def eltadd(i: int, s0: int, cnt: int, ch0: int, nch: int | None) -> cg.EltAdd:
+            """The closing add of rows ``s0 .. s0+cnt``, channels ``ch0 .. ch0+nch`` (all:
+            None), in place in the window of the member before it."""
+            ly = cp.layers[i]
+            chained = cp.layers[i - 1].output
+            (ma, aa), (mb, ba) = at(ly.inputs[0], s0), at(ly.inputs[1], s0)
+            mo, ao = at(chained, s0)
+            _, wd, c = cp.windows[chained].hwc
+            rq = ly.requant
+            op = cg.EltAdd(in_mem=ma, in_addr=aa + ch0, in_pix_stride=c, in_row_stride=wd * c,
+                           out_mem=mo, out_addr=ao + ch0, out_pix_stride=c,
+                           out_row_stride=wd * c, out_h=cnt, out_w=wd,
+                           chans=c if nch is None else nch, b_mem=mb, b_addr=ba + ch0,
+                           b_pix_stride=c, b_row_stride=wd * c,
+                           shift_a=params[ly.name]["shift_a"],
+                           shift_b=params[ly.name]["shift_b"], shift=int(rq.shift),
+                           clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+            if nch is None:  # a row piece: its rows are its own buffer for the SAVE of them
+                keys[id(op)] = ([k for t in ly.inputs for k in rows_keys(t, s0, s0 + cnt, j, q)],
+                                [(chained, q, "new", "rows", s0)])
+            else:  # a channel slice is its own buffer: the next chunk's CONV does not wait
+                part = [(chained, q, "new", ch0)]
+                keys[id(op)] = ([k for t in ly.inputs if t != chained
+                                 for k in rows_keys(t, s0, s0 + cnt, j, q)] + part, part)
+            return op
+
+        def save_rows(r0: int, r1: int, ch0: int, nch: int | None) -> list:
+            """SAVEs of the chain's output rows ``r0 .. r1``, channels ``ch0 .. ch0+nch``."""
+            w, out_ = cp.windows[cp.final], []
+            _, wd, c = w.hwc
+            for s0, e0 in _pieces(r0, r1, edge):
+                mem, addr = at(cp.final, s0)
+                sv = self._save(self.tensors[cp.layers[-1].output], addr + ch0, g, s0, e0 - s0,
+                                0, wd, ch0, c if nch is None else nch, fm_mem=mem)
+                sv.fm_pix_stride, sv.fm_row_stride = c, wd * c
+                if nch is not None:
+                    reads = [(cp.final, q, "new", ch0)]
+                elif isinstance(cp.layers[last], AddLayer):  # after the ELTADD of its rows
+                    reads = [*rows_keys(cp.final, s0, e0, j, q), (cp.final, q, "new", "rows", s0)]
+                else:
+                    reads = rows_keys(cp.final, s0, e0, j, q)
+                keys[id(sv)] = (reads, [])
+                out_.append(sv)
+            return out_
+
         for t, w in cp.windows.items():
             if w.producer is None and w.e[j] > w.s[j]:
                 h, wd, c = w.hwc
-                mem, addr = at(t, w.s[j])
-                ld = self._load(self.tensors[t], mem, addr, g, w.s[j], w.e[j] - w.s[j], 0, wd,
-                                0, c)
-                keys[id(ld)] = ([], [(t, q, "new")])
-                loads.append(ld)
+                for r0, r1 in _pieces(w.s[j], w.e[j], edge):
+                    mem, addr = at(t, r0)
+                    ld = self._load(self.tensors[t], mem, addr, g, r0, r1 - r0, 0, wd, 0, c)
+                    keys[id(ld)] = ([], [(t, q, "new")])
+                    loads.append(ld)
         for t, w in cp.windows.items():
             if w.producer is None:
                 next_halo(t)
@@ -1447,22 +1880,25 @@ class _Planner:
                 continue
             s0, cnt = cp.s[i][j], cp.e[i][j] - cp.s[i][j]
             if isinstance(ly, AddLayer):
-                chained = cp.layers[i - 1].output
-                (ma, aa), (mb, ba) = at(ly.inputs[0], s0), at(ly.inputs[1], s0)
-                mo, ao = at(chained, s0)
-                c = cp.windows[chained].hwc[2]
-                wd = cp.windows[chained].hwc[1]
-                rq = ly.requant
-                op = cg.EltAdd(in_mem=ma, in_addr=aa, in_pix_stride=c, in_row_stride=wd * c,
-                               out_mem=mo, out_addr=ao, out_pix_stride=c, out_row_stride=wd * c,
-                               out_h=cnt, out_w=wd, chans=c, b_mem=mb, b_addr=ba,
-                               b_pix_stride=c, b_row_stride=wd * c,
-                               shift_a=params[ly.name]["shift_a"],
-                               shift_b=params[ly.name]["shift_b"], shift=int(rq.shift),
-                               clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
-                keys[id(op)] = ([k for t in ly.inputs for k in rows_keys(t, s0, s0 + cnt, j, q)],
-                                rows_keys(chained, s0, s0 + cnt, j, q))
+                if not sliced:
+                    for a, b in _pieces(s0, s0 + cnt, edge):
+                        computes.append(eltadd(i, a, b - a, 0, None))
+                continue
+            if isinstance(ly, PoolLayer):
+                r0, nr, ptop, pbot = rd
+                _, wi, ci = cp.windows[ly.input].hwc
+                _, wo, c = cp.windows[ly.output].hwc
+                _, _, pleft, pright = _in_window(0, wo, ly.strides[1], ly.padding[1],
+                                                 ly.kernel[1], wi)
+                (mi, ai), (mo, ao) = at(ly.input, r0), at(ly.output, s0)
+                op = params[ly.name](pads=(ptop, pbot, pleft, pright), in_mem=mi, in_addr=ai,
+                                     in_pix_stride=ci, in_row_stride=wi * ci, out_mem=mo,
+                                     out_addr=ao, out_pix_stride=c, out_row_stride=wo * c,
+                                     out_h=cnt, out_w=wo, chans=c)
+                keys[id(op)] = (rows_keys(ly.input, r0, r0 + nr, j, q), [(ly.output, q, "new")])
                 computes.append(op)
+                if ly.output in cp.windows and ly.output != cp.final:
+                    next_halo(ly.output)
                 continue
             folded, pm_addr = params[ly.name]
             r0, nr, ptop, pbot = rd
@@ -1473,29 +1909,48 @@ class _Planner:
             mi, ai = at(ly.input, r0)
             mo, ao = at(ly.output, s0)
             rq = ly.requant
-            cv = cg.Conv(in_mem=mi, in_addr=ai, in_pix_stride=ci, in_row_stride=wi * ci,
-                         ic=k if ly.is_depthwise else ci, out_mem=mo, out_addr=ao,
-                         out_pix_stride=k, out_row_stride=wo * k, out_h=cnt, out_w=wo, oc=k,
-                         kernel_h=ly.kernel[0], kernel_w=ly.kernel[1], stride_h=ly.strides[0],
-                         stride_w=ly.strides[1], pad_top=ptop, pad_bottom=pbot,
-                         pad_left=pleft, pad_right=pright,
-                         pad_value=folded["pad_value"], param_addr=pm_addr,
-                         shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
-                         depthwise=ly.is_depthwise)
-            keys[id(cv)] = (rows_keys(ly.input, r0, r0 + nr, j, q), [(ly.output, q, "new")])
-            computes.append(cv)
+            parts = [(0, k, None)]
+            if chunks and ly.name in chunks:  # streamed weights: one chunk per PM half in turn
+                parts = [(k0, kk, None) for k0, kk, _ in chunks[ly.name]]
+            # the chunks of the conv a closing add works on in place: each chunk's channels are
+            # added and SAVEd as soon as its CONV is done (a short tail for the next group)
+            closes = (isinstance(cp.layers[last], AddLayer) and i == last - 1
+                      and cp.e[last][j] > cp.s[last][j])
+            for k0, kk, addr in parts:
+                use = None
+                if chunks and ly.name in chunks:
+                    use = streamed[0][0]
+                    streamed[0][0] += 1
+                    addr = streamed[1][use].dst_addr
+                dw = ly.is_depthwise
+                cv = cg.Conv(in_mem=mi, in_addr=ai + (k0 if dw else 0), in_pix_stride=ci,
+                             in_row_stride=wi * ci, ic=kk if dw else ci, out_mem=mo,
+                             out_addr=ao + k0, out_pix_stride=k, out_row_stride=wo * k,
+                             out_h=cnt, out_w=wo, oc=kk, kernel_h=ly.kernel[0],
+                             kernel_w=ly.kernel[1], stride_h=ly.strides[0],
+                             stride_w=ly.strides[1], pad_top=ptop, pad_bottom=pbot,
+                             pad_left=pleft, pad_right=pright,
+                             pad_value=folded["pad_value"],
+                             param_addr=pm_addr if addr is None else addr,
+                             shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
+                             depthwise=dw)
+                keys[id(cv)] = (rows_keys(ly.input, r0, r0 + nr, j, q),
+                                [(ly.output, q, "new", k0) if closes and len(parts) > 1
+                                 else (ly.output, q, "new")])
+                computes.append(cv)
+                if closes and len(parts) > 1:  # add and SAVE this chunk's channels now
+                    sliced = True
+                    computes.append(eltadd(last, s0, cnt, k0, kk))
+                    out[-1].saves.extend(save_rows(s0, s0 + cnt, k0, kk))
+                if use is not None and use + 2 < len(streamed[1]):
+                    computes = []
+                    out.append(_Tile([streamed[1][use + 2]], computes, []))
             if ly.output in cp.windows and ly.output != cp.final:
                 next_halo(ly.output)
-        last = len(cp.layers) - 1
-        if cp.e[last][j] > cp.s[last][j]:
-            w = cp.windows[cp.final]
-            s0, e0 = cp.s[last][j], cp.e[last][j]
-            mem, addr = at(cp.final, s0)
-            sv = self._save(self.tensors[cp.layers[-1].output], addr, g, s0, e0 - s0, 0,
-                            w.hwc[1], 0, w.hwc[2], fm_mem=mem)
-            keys[id(sv)] = (rows_keys(cp.final, s0, e0, j, q), [])
-            saves.append(sv)
-        return _Tile(loads, computes, saves)
+        if cp.e[last][j] > cp.s[last][j] and not sliced:
+            saves += save_rows(cp.s[last][j], cp.e[last][j], 0, None)
+        out[-1].saves.extend(saves)
+        return out
 
     def pool_conv(self, pool: PoolLayer, conv: ConvLayer, user: dict | None) -> LayerProgram:
         """pool+conv: per conv output tile, LOAD the input window the pool windows read, MISC
@@ -1595,6 +2050,7 @@ class _Planner:
                 where_b.append(len(merged) - 1)
                 ib += 1
         insns = [*resolve_tokens(merged), cg.End()]
+        self.last_items = merged
         return LayerProgram(f"{pa.name}||{pb.name}", f"{pa.op} || {pb.op}",
                             cg.encode_stream(insns), len(insns), pa.macs + pb.macs,
                             f"{pa.shape} || {pb.shape}", {pa.name: pa.knobs, pb.name: pb.knobs})
@@ -1611,8 +2067,14 @@ class _Planner:
         in_shape = self._in_shape(conv.input)
         c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
         name = f"{conv.name}+{pool.name}"
-        kn = _validate_knobs(fused_knob_space(template, [conv, pool], in_shape, self.cfg), user,
-                             name)
+        space = fused_knob_space(template, [conv, pool], in_shape, self.cfg)
+        if user and "halo" in space and "halo" not in user and not space.is_valid(user):
+            user = {**user, "halo": "recompute"}  # knobs of the recompute form (e.g. a W-split)
+        kn = _validate_knobs(space, user, name)
+        if kn.get("halo") == "keep":
+            prog = self.chain([conv, pool], {"tile_h": kn["tile_h"],
+                                             "pipeline": kn["pipeline"]})
+            return dataclasses.replace(prog, op=f"{conv.op_name}+{pool.op_name}", knobs=kn)
         folded = self._conv_params(conv, c)
         make = _pool_maker(pool)
         (pkh, pkw), (psh, psw), (ppt, ppl, _, _) = pool.kernel, pool.strides, pool.padding
@@ -1822,17 +2284,39 @@ def _fusion_search(graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[
 def _local_search(p: _Planner, c, layers: list, base: int, cycles) -> tuple[int, dict | None]:
     """Hill climbing over ``tile_h`` for fusion candidate ``c`` from its default knobs
     (measured at ``base`` cycles): try the neighbouring options, move to the fastest while it
-    improves, at most ``LOCAL_SEARCH_MOVES`` moves. Returns the best cycles and the knobs that
-    gave them (None: the default is best or the space has no ``tile_h``)."""
+    improves, at most ``LOCAL_SEARCH_MOVES`` moves. A conv+pool candidate first measures its
+    other ``halo`` form (keep / recompute) at that form's default and climbs from the faster
+    one (keep: over bands that are multiples of the CONV's row passes). Returns the best cycles
+    and the knobs that gave them (None: the default is best or the space has no ``tile_h``)."""
+    in_shape = p._in_shape(layers[0].input)
     try:
-        space = fused_knob_space(c.template, layers, p._in_shape(layers[0].input), p.cfg)
+        space = fused_knob_space(c.template, layers, in_shape, p.cfg)
     except (MappingError, ValueError, KeyError):
         return base, None
     if "tile_h" not in space or LOCAL_SEARCH_MOVES <= 0:
         return base, None
+
+    def measure(kn: dict) -> int | None:
+        mark = len(p.params)
+        try:
+            return cycles(p.group(c.template, layers, kn))
+        except MappingError:
+            return None
+        finally:
+            del p.params[mark:]
+
     opts = space["tile_h"].options
     best_kn, best = space.default(), base
-    i, tried, found = opts.index(best_kn["tile_h"]), {opts.index(best_kn["tile_h"])}, None
+    found = None
+    if "halo" in space:  # conv+pool: also measure the other halo form at its default tile
+        kn = fused_knob_space(c.template, layers, in_shape, p.cfg, halo="recompute").default()
+        cyc = measure(kn)
+        if cyc is not None and cyc < best:
+            best, best_kn, found = cyc, kn, kn
+    if best_kn.get("halo") == "keep":  # bands aligned to the CONV's row passes
+        opts = [t for t in opts if t % p.cfg.CONV_ROW_PAR == 0 or t in (opts[-1],
+                                                                        best_kn["tile_h"])]
+    i, tried = opts.index(best_kn["tile_h"]), {opts.index(best_kn["tile_h"])}
     for _ in range(LOCAL_SEARCH_MOVES):
         step = None
         for k in (i - 1, i + 1):
@@ -1840,14 +2324,8 @@ def _local_search(p: _Planner, c, layers: list, base: int, cycles) -> tuple[int,
                 continue
             tried.add(k)
             kn = {**best_kn, "tile_h": opts[k]}
-            mark = len(p.params)
-            try:
-                cyc = cycles(p.group(c.template, layers, kn))
-            except MappingError:
-                continue
-            finally:
-                del p.params[mark:]
-            if cyc < best:
+            cyc = measure(kn)
+            if cyc is not None and cyc < best:
                 best, step = cyc, (k, kn)
         if step is None:
             break
@@ -1984,7 +2462,9 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
     fk = dict(knobs.get(FUSION_KNOB) or {})
     enabled = fk.pop("enabled", True)
     par = fk.pop("parallel", True)
-    if not isinstance(enabled, bool) or any(not isinstance(v, bool) for v in [par, *fk.values()]):
+    overlap = fk.pop("overlap", True)
+    if not isinstance(enabled, bool) or any(not isinstance(v, bool)
+                                             for v in [par, overlap, *fk.values()]):
         raise MappingError(f"{FUSION_KNOB}: expected true/false values, got {knobs[FUSION_KNOB]}")
     groups = [(None, (ly.name,)) for ly in graph.layers]
     report = None
@@ -2006,12 +2486,15 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
         groups = [(t, g) for t, g in groups
                   if not (t is None and by[g[0]].output in placed)]
     p = _Planner(graph, cfg, on_chip, views)
-    layers = []
+    layers, parts = [], []
     for tpl, names in groups:
         if tpl == "parallel":
             layers.append(p.parallel(names[0], names[1], knobs))
         else:
             layers.append(p.spec((tpl, names), knobs))
+        parts.append(p.last_items)
+    if overlap and len(layers) > 1:
+        merge_streams(layers, parts, cfg, p.region_use)
     sizes = {r: max(64, _cdiv(v, 4096) * 4096) for r, v in p.region_use.items()}
     sizes["PARAM"] = max(64, _cdiv(len(p.params), 4096) * 4096)
     sizes["INSN"] = max(64, _cdiv(sum(len(ly.insns) for ly in layers), 4096) * 4096)

@@ -613,10 +613,85 @@ static int load_insn(const dpu_geom *g, const uint8_t *insns, uint64_t k, uint64
     return check_insn(g, in, ddr_bytes, err);
 }
 
+/* Adds the counters of one executed instruction (starting at `start` after its unit was free at `free_at`) to
+ * `st`; `last_src` is the producer whose token arrived last (-1: none). */
+static void count_insn(dpu_sim_stats *st, const dpu_insn *in, int u, uint64_t start, uint64_t free_at, int last_src)
+{
+    st->busy[u] += in->dur;
+    st->stall[u] += start - free_at;
+    if (last_src >= 0)
+        st->stall_on[u][last_src] += start - free_at;
+    st->insns[u]++;
+    st->macs += in->macs;
+    st->padded_macs += in->padded_macs;
+    st->ddr_read_bytes += in->ddr_rd;
+    st->ddr_write_bytes += in->ddr_wr;
+    st->fm_read_bytes += in->fm_rd;
+    st->fm_write_bytes += in->fm_wr;
+    st->pm_read_bytes += in->pm_rd;
+    st->pm_write_bytes += in->pm_wr;
+}
+
+/* Index of the range holding instruction k: the first r with range_end[r] > k (the last range otherwise). */
+static uint64_t range_of(const uint64_t *range_end, uint64_t n_ranges, uint64_t k)
+{
+    uint64_t lo = 0, hi = n_ranges - 1;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (range_end[mid] > k)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+static int run_impl(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_bytes, uint8_t *ddr,
+                    uint64_t ddr_bytes, dpu_sim_stats *stats, const uint64_t *range_end, uint64_t n_ranges,
+                    dpu_sim_stats *range_stats, const char *trace_path, double trace_offset_us,
+                    int32_t trace_append, char *errbuf, uint64_t err_len);
+
 int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_bytes, uint8_t *ddr, uint64_t ddr_bytes,
                 dpu_sim_stats *stats, const char *trace_path, double trace_offset_us, int32_t trace_append,
                 char *errbuf, uint64_t err_len)
 {
+    return run_impl(cfg, insns, insn_bytes, ddr, ddr_bytes, stats, NULL, 0, NULL, trace_path, trace_offset_us,
+                    trace_append, errbuf, err_len);
+}
+
+int dpu_sim_run_ranges(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_bytes, uint8_t *ddr,
+                       uint64_t ddr_bytes, dpu_sim_stats *stats, const uint64_t *range_end, uint64_t n_ranges,
+                       dpu_sim_stats *range_stats, const char *trace_path, double trace_offset_us,
+                       int32_t trace_append, char *errbuf, uint64_t err_len)
+{
+    accel_err err;
+    uint64_t r, n = insn_bytes / INSN_BYTES;
+    accel_err_init(&err, errbuf, err_len);
+    if (n_ranges == 0 || !range_end || !range_stats)
+        return accel_fail(&err, ACCEL_ERR_ARG, "no instruction ranges given (n_ranges = %llu)", (ull)n_ranges);
+    if (n_ranges > n)
+        return accel_fail(&err, ACCEL_ERR_ARG, "%llu instruction ranges for a stream of %llu instructions",
+                          (ull)n_ranges, (ull)n);
+    for (r = 0; r < n_ranges; r++)
+        if (range_end[r] == 0 || range_end[r] > n || (r > 0 && range_end[r] <= range_end[r - 1]))
+            return accel_fail(&err, ACCEL_ERR_ARG,
+                              "instruction range %llu ends at %llu: range ends must increase strictly within 1..%llu",
+                              (ull)r, (ull)range_end[r], (ull)n);
+    if (range_end[n_ranges - 1] + 1 < n)
+        return accel_fail(&err, ACCEL_ERR_ARG,
+                          "the instruction ranges end at %llu but the stream has %llu instructions (END excepted)",
+                          (ull)range_end[n_ranges - 1], (ull)(n - 1));
+    return run_impl(cfg, insns, insn_bytes, ddr, ddr_bytes, stats, range_end, n_ranges, range_stats, trace_path,
+                    trace_offset_us, trace_append, errbuf, err_len);
+}
+
+static int run_impl(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_bytes, uint8_t *ddr,
+                    uint64_t ddr_bytes, dpu_sim_stats *stats, const uint64_t *range_end, uint64_t n_ranges,
+                    dpu_sim_stats *range_stats, const char *trace_path, double trace_offset_us,
+                    int32_t trace_append, char *errbuf, uint64_t err_len)
+{
+    uint64_t *range_done = NULL, *range_cs = NULL, *range_ce = NULL, *range_conv_end = NULL;
+    uint64_t cstart = UINT64_MAX, cend = 0;
     accel_err err;
     dpu_state s;
     dpu_sim_stats local_stats;
@@ -636,6 +711,8 @@ int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
     if (!stats)
         stats = &local_stats;
     memset(stats, 0, sizeof(*stats));
+    if (n_ranges)
+        memset(range_stats, 0, (size_t)n_ranges * sizeof(*range_stats));
 
     if (!cfg)
         return accel_fail(&err, ACCEL_ERR_ARG, "no config given");
@@ -692,6 +769,18 @@ int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
             }
     }
 
+    if (n_ranges) {
+        range_done = (uint64_t *)accel_calloc(n_ranges, sizeof(uint64_t));
+        range_cs = (uint64_t *)accel_calloc(n_ranges, sizeof(uint64_t));
+        range_ce = (uint64_t *)accel_calloc(n_ranges, sizeof(uint64_t));
+        range_conv_end = (uint64_t *)accel_calloc(n_ranges, sizeof(uint64_t));
+        if (!range_done || !range_cs || !range_ce || !range_conv_end) {
+            rc = accel_fail(&err, ACCEL_ERR_NOMEM, "out of host memory for the instruction ranges");
+            goto done;
+        }
+        for (k = 0; k < n_ranges; k++)
+            range_cs[k] = UINT64_MAX;
+    }
     order = (uint32_t *)accel_calloc(n, sizeof(uint32_t));
     s.fm = (uint8_t *)accel_calloc((uint64_t)s.g.n_pe * s.g.n_mem, s.g.mem_bytes);
     s.pm = (uint8_t *)accel_calloc(s.g.pm_bytes, 1);
@@ -819,19 +908,30 @@ int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
                     f->t[f->tail++] = end; /* cannot overflow: cap = pushes counted in the static pass */
                     stats->tokens++;
                 }
-            stats->busy[u] += in->dur;
-            stats->stall[u] += best_start - free_at[u];
-            if (last_src >= 0)
-                stats->stall_on[u][last_src] += best_start - free_at[u];
-            stats->insns[u]++;
-            stats->macs += in->macs;
-            stats->padded_macs += in->padded_macs;
-            stats->ddr_read_bytes += in->ddr_rd;
-            stats->ddr_write_bytes += in->ddr_wr;
-            stats->fm_read_bytes += in->fm_rd;
-            stats->fm_write_bytes += in->fm_wr;
-            stats->pm_read_bytes += in->pm_rd;
-            stats->pm_write_bytes += in->pm_wr;
+            count_insn(stats, in, u, best_start, free_at[u], last_src);
+            if ((u == DPU_UNIT_CONV || u == DPU_UNIT_MISC) && !in->noop) {
+                if (best_start < cstart)
+                    cstart = best_start;
+                if (end > cend)
+                    cend = end;
+            }
+            if (n_ranges) {
+                uint64_t r = range_of(range_end, n_ranges, in->index);
+                if ((u == DPU_UNIT_CONV || u == DPU_UNIT_MISC) && !in->noop) {
+                    if (best_start < range_cs[r])
+                        range_cs[r] = best_start;
+                    if (end > range_ce[r])
+                        range_ce[r] = end;
+                    if (u == DPU_UNIT_CONV && end > range_conv_end[r])
+                        range_conv_end[r] = end;
+                }
+                count_insn(&range_stats[r], in, u, best_start, free_at[u], last_src);
+                for (b = 0; b < DPU_NUM_UNITS; b++)
+                    if ((in->dpby >> b) & 1)
+                        range_stats[r].tokens++;
+                if (end > range_done[r])
+                    range_done[r] = end;
+            }
             free_at[u] = end;
             if (end > end_max)
                 end_max = end;
@@ -880,6 +980,39 @@ int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_b
         else
             rc = ACCEL_OK;
     }
+    /* A range's cycles: from the completion of everything before it to the completion of its own last
+     * instruction (marginal cycles: a range overlapping its predecessor's tail is charged only what it adds). */
+    if (n_ranges) {
+        /* Boundary b[r] between ranges r-1 and r: when range r's first CONV / MISC starts, but not before
+         * b[r-1] nor before the last CONV of the earlier ranges ends; b[0] = 0, b[n] = the run's cycles.
+         * A range is charged [b[r], b[r+1]): the LOADs it issued during its predecessor's tail are hidden
+         * there, and its CONVs (in order on one unit) lie inside its window. */
+        uint64_t b = 0, conv_end = 0;
+        for (k = 0; k < n_ranges; k++) {
+            uint64_t next = stats->cycles;
+            if (range_conv_end[k] > conv_end)
+                conv_end = range_conv_end[k];
+            if (k + 1 < n_ranges) {
+                next = range_cs[k + 1] == UINT64_MAX ? b : range_cs[k + 1];
+                if (next < b)
+                    next = b;
+                if (next < conv_end)
+                    next = conv_end;
+                if (next > stats->cycles)
+                    next = stats->cycles;
+            }
+            range_stats[k].cycles = next - b;
+            if (range_cs[k] == UINT64_MAX) {
+                range_stats[k].head_cycles = next - b;
+            } else {
+                range_stats[k].head_cycles = range_cs[k] > b ? (range_cs[k] < next ? range_cs[k] : next) - b : 0;
+                range_stats[k].tail_cycles = range_ce[k] < next ? next - (range_ce[k] > b ? range_ce[k] : b) : 0;
+            }
+            b = next;
+        }
+    }
+    stats->head_cycles = cstart == UINT64_MAX ? stats->cycles : cstart;
+    stats->tail_cycles = cstart == UINT64_MAX ? 0 : stats->cycles - cend;
 
 done:
     if (trace.f) {
@@ -888,6 +1021,10 @@ done:
             rc = trc;
     }
     free(order);
+    free(range_done);
+    free(range_cs);
+    free(range_ce);
+    free(range_conv_end);
     free(s.fm);
     free(s.pm);
     dpu_free_scratch(&s);

@@ -74,6 +74,9 @@ typedef struct {
     uint64_t fm_read_bytes, fm_write_bytes; /* all PEs */
     uint64_t pm_read_bytes, pm_write_bytes;
     uint64_t tokens; /* tokens pushed (= popped in a successful run) */
+    /* head: cycles before the first CONV / MISC instruction starts (the whole run without one); tail:
+     * cycles after the last one ends. Of a range: measured within its own marginal cycles. */
+    uint64_t head_cycles, tail_cycles;
 } dpu_sim_stats;
 
 /* sizeof checks for the ctypes binding. */
@@ -96,6 +99,20 @@ uint64_t dpu_sim_stats_size(void);
 int dpu_sim_run(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_bytes, uint8_t *ddr,
                 uint64_t ddr_bytes, dpu_sim_stats *stats, const char *trace_path, double trace_offset_us,
                 int32_t trace_append, char *err, uint64_t err_len);
+
+/* dpu_sim_run for a stream made of consecutive instruction ranges (one per layer / fused group of a
+ * function compiled into one stream): range r holds the instructions [range_end[r-1], range_end[r]) (from 0
+ * for r = 0); range_end must increase strictly, each in 1..n, and the last must cover every instruction but
+ * the final END. range_stats (n_ranges entries) receives the counters of each range's instructions and its
+ * cycles: the run is cut at boundaries b[r] = when range r's first CONV / MISC instruction starts, but not
+ * before b[r-1] nor before the last CONV of the earlier ranges ends (b[0] = 0, b[n_ranges] = the run's
+ * cycles), and range r gets b[r+1] - b[r]. So the ranges' cycles sum to the total, a range's CONV work
+ * lies inside its own window, and the LOADs a range issues during its predecessor's tail are hidden
+ * there. head_cycles / tail_cycles of a range are measured inside its window. stats receives the totals. */
+int dpu_sim_run_ranges(const dpu_sim_config *cfg, const uint8_t *insns, uint64_t insn_bytes, uint8_t *ddr,
+                       uint64_t ddr_bytes, dpu_sim_stats *stats, const uint64_t *range_end, uint64_t n_ranges,
+                       dpu_sim_stats *range_stats, const char *trace_path, double trace_offset_us,
+                       int32_t trace_append, char *err, uint64_t err_len);
 
 /* Decodes one 32-byte instruction into its field values in layout order (header first: opcode,
  * DPON, DPBY, then the fields of its kind, signed fields sign-extended); *n_fields receives the

@@ -128,17 +128,31 @@ def test_bottleneck_is_a_crossing_candidate_the_search_can_forbid(cfg):
     assert {c[0] for c in prog.fusion.candidates} >= {"conv1+conv2+conv3+add", "conv2+conv3"}
 
 
-def test_chain_bands_must_fit_the_fm_and_weights_the_pm(cfg):
+def test_chain_bands_must_fit_the_fm(cfg):
     from tvm_dpu.strategy import MappingError
 
-    g = _chain([(64, 3, 1, 1, False), (64, 3, 1, 1, False)], batch=4, hw=64, c0=64)
+    g = _chain([(64, 3, 1, 1, False), (64, 3, 1, 1, False)], batch=8, hw=64, c0=64)
     with pytest.raises(MappingError, match="tile_h 64: the chain's ping-pong band buffers"):
         plan(g, cfg, {"@fusion": {"c0+c1": True}, "c0+c1": {"tile_h": 64}})
     assert _chain_knob_space(g.layers, g.tensors["x"].shape, cfg).default()["tile_h"] < 64
+
+
+def test_chain_streams_weights_that_exceed_the_pm(cfg):
+    """Weights larger than the PM (here 2 x 2.4 MB, like a ResNet-50 res5 3x3 conv) stream
+    through the two PM halves in output-channel chunks, once per step, bit-exact."""
     big = _chain([(512, 3, 1, 1, False), (512, 3, 1, 1, False)], batch=4, hw=8, c0=512)
-    with pytest.raises(MappingError, match="parameters .* exceed the PM"):
-        plan(big, cfg, {"c0+c1": {"tile_h": 8}})
-    assert "c0+c1" not in {c[0] for c in plan(big, cfg).fusion.candidates}
+    prog, st = _run(big, cfg, {"@fusion": {"c0+c1": True}})
+    assert [ly.name for ly in prog.layers] == ["c0+c1"]
+    insns = cg.decode_stream(prog.layers[0].insns)
+    pm = [i for i in insns if isinstance(i, cg.Load) and i.to_pm]
+    half = cfg.PM_BYTES // 2
+    assert len(pm) > 4 and all(i.rows * i.cols * i.chans <= half for i in pm)
+    assert {i.dst_addr for i in pm} == {0, half}  # double buffered
+    convs = [i for i in insns if isinstance(i, cg.Conv)]
+    assert len(convs) == len(pm) and sum(c.oc for c in convs) == 2 * 512
+    assert {c.param_addr for c in convs} == {0, half}
+    weights = 2 * 512 * 512 * 9
+    assert weights < sum(i.rows * i.cols * i.chans for i in pm) < weights * 1.01  # once
 
 
 def test_fusion_search_measures_candidates_with_tiles_from_a_local_search(cfg, monkeypatch):
@@ -153,3 +167,123 @@ def test_fusion_search_measures_candidates_with_tiles_from_a_local_search(cfg, m
     assert tuned < base  # the default band is not the fastest here; the hill climb finds one
     assert [ly.name for ly in prog.layers] == ["c0+c1"]
     assert prog.layers[0].knobs["tile_h"] != default  # the group compiles with the knobs found
+
+
+def _conv_pool(batch=4, hw=28, c=32, k=64, ksz=5, pool=(3, 1, 1), convs=1, seed=5):
+    """``convs`` convs (the first ``ksz`` x ``ksz``, then 3x3) and a max pool ``(kernel, stride,
+    pad)`` on ``hw x hw x c``."""
+    from tvm_accel.layers import PoolLayer, pool_output_shape
+
+    rng = np.random.default_rng(seed)
+    layers, shapes, t, ch = [], {"x": (batch, c, hw, hw)}, "x", c
+    for i in range(convs):
+        kk = ksz if i == 0 else 3
+        ly = _conv(rng, f"c{i}", t, f"t{i}", ch, k, ksz=kk, pad=kk // 2, relu=True, shift=11)
+        shapes[f"t{i}"] = conv_output_shape(ly, shapes[t])
+        layers.append(ly)
+        t, ch = f"t{i}", k
+    pk, ps, pp = pool
+    layers.append(PoolLayer("pool", t, "y", "max", (pk, pk), (ps, ps), (pp,) * 4, 0, None))
+    shapes["y"] = pool_output_shape(layers[-1], shapes[t])
+    return _graph(layers, shapes, ["x"], ["y"])
+
+
+def test_conv_pool_keeps_the_pool_halo_instead_of_recomputing(cfg):
+    g = _conv_pool()
+    prog, st = _run(g, cfg)  # default: halo keep
+    assert [ly.name for ly in prog.layers] == ["c0+pool"]
+    assert prog.layers[0].knobs["halo"] == "keep"
+    insns = cg.decode_stream(prog.layers[0].insns)
+    convs = [i for i in insns if isinstance(i, cg.Conv)]
+    assert sum(c.out_h for c in convs) == 28  # every conv row once: nothing recomputed
+    # bands aligned to the CONV's 8-row passes while the pool lags one row behind
+    assert [c.out_h for c in convs] == [8, 8, 8, 4]
+    copies = [i for i in insns if isinstance(i, cg.Copy)]
+    # kept halos: the 5x5 conv's 4 input rows, the 3x3 pool window's 2 conv rows
+    assert {(c.chans, c.out_h) for c in copies} == {(32, 4), (64, 2)}
+    pools = [i for i in insns if isinstance(i, cg.Pool)]
+    assert sum(p.out_h for p in pools) == 28
+    prog_r, st_r = _run(g, cfg, {"c0+pool": {"halo": "recompute", "tile_h": 8}})
+    convs_r = [i for i in cg.decode_stream(prog_r.layers[0].insns) if isinstance(i, cg.Conv)]
+    assert sum(c.out_h for c in convs_r) > 28  # the recompute form computes overlap rows twice
+    assert sum(s.conv_busy for _, s in st) < sum(s.conv_busy for _, s in st_r)
+    assert sum(s.cycles for _, s in st) < sum(s.cycles for _, s in st_r)
+
+
+@pytest.mark.parametrize("convs, pool", [(2, (2, 2, 0)), (2, (3, 2, 1)), (3, (3, 1, 1))],
+                         ids=["conv-conv-pool2s2", "conv-conv-pool3s2", "3conv-pool3"])
+def test_chains_closed_by_a_pool_are_bit_exact(cfg, convs, pool):
+    g = _conv_pool(batch=4, hw=18, c=8, k=16, ksz=3, pool=pool, convs=convs, seed=convs)
+    name = _name(g)
+    space = _chain_knob_space(g.layers, g.tensors["x"].shape, cfg)
+    for th in space["tile_h"].options:
+        prog, _ = _run(g, cfg, {"@fusion": {name: True}, name: {"tile_h": th}})
+        assert [ly.name for ly in prog.layers] == [name]
+        assert not any(t.startswith("t") for t in prog.tensors)  # all on chip
+
+
+@pytest.mark.parametrize("specs, batch, hw, pm", [
+    ([(64, 3, 1, 1, False), (64, 3, 1, 1, False)], 4, 16, 20480),
+    ([(64, 1, 1, 0, False), (64, 3, 1, 1, True), (96, 1, 1, 0, False)], 8, 12, 8192),
+    ([(64, 3, 1, 1, False), (32, 1, 1, 0, False)], 8, 12, 20480),
+], ids=["3x3-3x3", "two-groups-depthwise", "3x3-1x1-two-groups"])
+def test_streamed_chain_weights_are_bit_exact_for_every_band(specs, batch, hw, pm):
+    from .test_dpu_strategy import _small_cfg
+
+    small = _small_cfg(PM_BYTES=pm)  # every chain here streams its weights
+    g = _chain(specs, batch, hw, 64, seed=len(specs) + batch)
+    name = _name(g)
+    for th in _chain_knob_space(g.layers, g.tensors["x"].shape, small)["tile_h"].options:
+        prog, _ = _run(g, small, {"@fusion": {name: True}, name: {"tile_h": th}})
+        pm = [i for i in cg.decode_stream(prog.layers[0].insns)
+              if isinstance(i, cg.Load) and i.to_pm]
+        assert {i.dst_addr for i in pm} == {0, small.PM_BYTES // 2}
+
+
+@pytest.mark.parametrize("stride, out, pm", [(1, 64, None), (2, 64, None), (2, 128, 4864)],
+                         ids=["s1", "s2", "s2-streamed"])
+def test_bottleneck_with_projection_shortcut_runs_on_chip(cfg, stride, out, pm):
+    """A first bottleneck block: the projection shortcut conv reads the chain's input window
+    (LOADed once) and the add reads both convs' bands; nothing but the block's input, weights
+    and output moves over DDR (also with streamed weights: the shortcut's chunks are added and
+    SAVEd one by one)."""
+    from .test_dpu_strategy import _small_cfg
+
+    cfg = _small_cfg(PM_BYTES=pm) if pm else cfg
+    rng = np.random.default_rng(8)
+    b, hw, c, mid = 4, 16, 32, 16
+    ho = (hw - 1) // stride + 1
+    c1 = _conv(rng, "conv1", "x", "t1", c, mid, ksz=1, pad=0, relu=True, shift=10)
+    c2 = _conv(rng, "conv2", "t1", "t2", mid, mid, stride=stride, relu=True, shift=10)
+    c3 = _conv(rng, "conv3", "t2", "t3", mid, out, ksz=1, pad=0, shift=9)
+    ds = _conv(rng, "down", "x", "td", c, out, ksz=1, stride=stride, pad=0, shift=9)
+    add = AddLayer("add", ("t3", "td"), "y", 0, 0, 1, 2, _rq(1, 1, lo=0))
+    m, o = (b, mid, hw, hw), (b, out, ho, ho)
+    g = _graph([c1, c2, c3, ds, add], {"x": (b, c, hw, hw), "t1": m, "t2": (b, mid, ho, ho),
+                                       "t3": o, "td": o, "y": o}, ["x"], ["y"])
+    name = "conv1+conv2+conv3+down+add"
+    assert name in {c.name for c in fusion.find_candidates(g)}
+    prog, st = _run(g, cfg, {"@fusion": {name: True}})
+    assert [ly.name for ly in prog.layers] == [name]
+    assert not {"t1", "t2", "t3", "td"} & set(prog.tensors)
+    insns = cg.decode_stream(prog.layers[0].insns)
+    fm_loads = [i for i in insns if isinstance(i, cg.Load) and not i.to_pm]
+    assert sum(i.rows * i.cols * i.chans for i in fm_loads) * cfg.NUM_PE == b * hw * hw * c
+    assert sum(s.ddr_write_bytes for _, s in st) == b * ho * ho * out
+
+
+def test_streamed_bottleneck_adds_and_saves_each_weight_chunk_bit_exact():
+    """Weights streamed in chunks: the closing add and the SAVE of each chunk's channels follow
+    its CONV (channel slices are separate buffers), for every band."""
+    from .test_dpu_strategy import _small_cfg
+
+    small = _small_cfg(PM_BYTES=4864)  # conv3 (16 -> 128) streams in two chunks of 64
+    g = _bottleneck(hw=16, mid=16)
+    name = "conv1+conv2+conv3+add"
+    for th in _chain_knob_space(g.layers, g.tensors["x"].shape, small)["tile_h"].options:
+        prog, _ = _run(g, small, {"@fusion": {name: True}, name: {"tile_h": th}})
+        insns = cg.decode_stream(prog.layers[0].insns)
+        adds = [i for i in insns if isinstance(i, cg.EltAdd)]
+        saves = [i for i in insns if isinstance(i, cg.Save)]
+        assert adds and {a.chans for a in adds} == {64}
+        assert sum(s.rows * s.chans for s in saves) == 16 * 128  # every output byte once

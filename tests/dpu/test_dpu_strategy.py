@@ -133,7 +133,12 @@ def test_resnet_block_with_eltwise_add_is_bit_exact(cfg):
     ops = [ly.op for ly in prog.layers]
     assert ops == ["conv2d", "conv2d", "add"]
     assert prog.layers[2].knobs["tile_h"] % cfg.MISC_ROW_PAR == 0
-    fused, _ = _run(_block(), cfg)  # the whole block stays on chip (a measured choice)
+    # the whole block on chip is a candidate (here the search measures conv1 | conv2+add a bit
+    # faster: in one merged stream conv2+add's head hides behind conv1's tail)
+    chosen, st_f = _run(_block(), cfg)
+    assert sum(s.cycles for _, s in st_f) <= sum(s.cycles for _, s in stats)
+    assert "conv1+conv2+add" in {c[0] for c in chosen.fusion.candidates}
+    fused, _ = _run(_block(), cfg, {"@fusion": {"conv1+conv2+add": True}})
     assert [ly.op for ly in fused.layers] == ["conv2d+conv2d+add (on-chip chain)"]
     assert "t1" not in fused.tensors and "t2" not in fused.tensors
 
@@ -454,3 +459,48 @@ def test_pool_stream_runs_beside_an_independent_conv_stream_bit_exact(cfg):
     off, st_off = _run(g, cfg, {"@fusion": {"parallel": False}})
     assert not any("||" in ly.name for ly in off.layers)
     assert sum(x.cycles for _, x in st) < sum(x.cycles for _, x in st_off)
+
+
+def test_padding_wider_than_the_kernel_is_bit_exact():
+    """DeepBench's 1x1 stride-2 conv with padding 3 on 7x7: border outputs read padding only
+    (bias alone); the CONV's pad fields cover them inside tiles that hold real rows."""
+    cfg = load_config()
+    rng = np.random.default_rng(4)
+    ly = _conv(rng, "conv", "x", "y", 32, 48, ksz=1, stride=2, pad=3, zx=5, shift=9)
+    g = _graph([ly], {"x": (4, 32, 7, 7), "y": (4, 48, 7, 7)}, ["x"], ["y"])
+    prog, _ = _run(g, cfg)
+    assert prog.layers[0].knobs["tile_w"] == 7  # the clipped input window fits: no W-split
+    with pytest.raises(MappingError, match="padding only"):
+        plan(g, cfg, {"conv": {"tile_w": 1}})  # the first column reads padding only
+
+
+def test_strided_1x1_loads_only_the_rows_and_columns_it_reads():
+    """A projection shortcut (1x1, stride 2): the LOAD takes every other row and column (DDR
+    strides doubled) and the CONV runs with stride 1: a quarter of the input bytes."""
+    cfg = load_config()
+    rng = np.random.default_rng(6)
+    ly = _conv(rng, "conv", "x", "y", 64, 128, ksz=1, stride=2, pad=0, zx=3, shift=9)
+    g = _graph([ly], {"x": (4, 64, 28, 28), "y": (4, 128, 14, 14)}, ["x"], ["y"])
+    prog, st = _run(g, cfg)
+    insns = cg.decode_stream(prog.layers[0].insns)
+    loads = [i for i in insns if isinstance(i, cg.Load) and not i.to_pm]
+    assert {(i.ddr_pix_stride, i.ddr_row_stride) for i in loads} == {(2 * 64, 2 * 28 * 64)}
+    assert all(i.stride_h == i.stride_w == 1 for i in insns if isinstance(i, cg.Conv))
+    pm = sum(i.rows * i.cols * i.chans for i in insns if isinstance(i, cg.Load) and i.to_pm)
+    assert st[0][1].ddr_read_bytes == 4 * 14 * 14 * 64 + pm
+
+
+def test_single_tile_layer_keeps_its_input_while_weight_chunks_stream():
+    """One tile per image group and several weight chunks (a res5 1x1 conv): the input tile is
+    LOADed once and every chunk's CONV reads it (input-stationary), outputs ping-pong."""
+    cfg = load_config()
+    rng = np.random.default_rng(7)
+    ly = _conv(rng, "conv", "x", "y", 2048, 512, ksz=1, pad=0, shift=13)  # 1 MB of weights
+    g = _graph([ly], {"x": (4, 2048, 7, 7), "y": (4, 512, 7, 7)}, ["x"], ["y"])
+    prog, st = _run(g, cfg)
+    insns = cg.decode_stream(prog.layers[0].insns)
+    chunks = [i for i in insns if isinstance(i, cg.Load) and i.to_pm]
+    assert len(chunks) > 1
+    assert sum(isinstance(i, cg.Load) and not i.to_pm for i in insns) == 1
+    convs = [i for i in insns if isinstance(i, cg.Conv)]
+    assert len({c.in_addr for c in convs}) == 1 and len({c.out_addr for c in convs}) == 2

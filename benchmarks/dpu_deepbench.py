@@ -1,0 +1,134 @@
+"""DeepBench conv layers on the DPU (int8, power-of-two quantization, batch = number of PEs: one
+image per PE): does every layer map, which engine runs it, cycles, HW efficiency and what bounds
+it.
+
+Each layer of ``deepbench_conv_inference_server.csv`` becomes a one-conv layer graph (the CSV's
+batch replaced by ``NUM_PE``) with seeded random int8 weights and a power-of-two requantize recipe
+(one right shift, as the DPU's CONV applies), goes through the same geometric checks as the
+pattern table (kernel fields, with the W space-to-depth view for kernels wider than 15; stride;
+padding; channels), is planned by the DPU strategy and run on the simulator; ``--check`` also
+compares the output with ``reference_execute``. A layer that does not map is counted on the CPU
+with its reason. HW efficiency = useful MACs / (cycles x the peak MACs per cycle of all PEs).
+
+    python benchmarks/dpu_deepbench.py [--config dpu_default] [--limit N] [--ids 0,5] [--check]
+
+Figures are information for issue notes, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vta_deepbench import DEFAULT_CSV, load_rows, make_layer  # noqa: E402
+
+from tvm_accel.layers import Requant  # noqa: E402
+
+
+def dpu_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
+    """A power-of-two recipe (one right shift for all channels) spreading the typical
+    accumulator over int8."""
+    from tvm_dpu.numerics import requant_recipe
+
+    k = weight.shape[0]
+    bound = np.abs(weight.astype(np.int64)).reshape(k, -1).sum(1) * 128 + np.abs(bias)
+    shift = int(np.clip(math.ceil(math.log2((0.05 * float(bound.max()) + 1) / 127)), 0, 31))
+    return requant_recipe(np.full(k, 2.0 ** -shift), bound, 0, -128, 127)
+
+
+def cpu_reason(layer, in_shape) -> str:
+    """The pattern table's reason to keep a conv on the CPU, or "" when it may be offloaded."""
+    from tvm_dpu.patterns import MAX_CHANNELS, MAX_PAD
+    from tvm_dpu.strategy import w_space_to_depth_factor
+
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = layer.kernel, layer.strides, layer.padding
+    if (kh > 15 or kw > 15) and w_space_to_depth_factor(
+            (kh, kw), sw, in_shape[3], pl, pr, layer.groups) is None:
+        return "kernel larger than 15 (4-bit kernel fields) and no W space-to-depth brings it " \
+               "within"
+    if not (1 <= sh <= 7 and 1 <= sw <= 7):
+        return "stride larger than 7 (3-bit stride fields)"
+    if max(pt, pl, pb, pr) > MAX_PAD:
+        return "padding larger than 15 (4-bit pad fields)"
+    if max(layer.weight.shape[:2]) > MAX_CHANNELS or in_shape[1] > MAX_CHANNELS:
+        return "more than 4095 input or output channels (12-bit channel fields)"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="dpu_default")
+    ap.add_argument("--csv", default=str(DEFAULT_CSV))
+    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
+    ap.add_argument("--ids", default="", help="comma-separated layer ids")
+    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
+    args = ap.parse_args(argv)
+
+    from tvm_accel.layers import reference_execute
+    from tvm_accel.profiler import bound_label
+    from tvm_accel.report import format_table
+    from tvm_dpu.hw_config import load_config
+    from tvm_dpu.runtime import execute_program
+    from tvm_dpu.strategy import MappingError, plan
+
+    cfg = load_config(args.config)
+    rows = load_rows(args.csv, args.ids, args.limit)
+    table, effs, failed, exact = [], [], [], True
+    t_compile = t_sim = 0.0
+    for row in rows:
+        graph, inputs = make_layer({**row, "n": str(cfg.NUM_PE)}, int(row["id"]), dpu_recipe)
+        layer = graph.layers[0]
+        x = graph.tensors["x"].shape
+        shape = (f"{x[1]}x{x[2]}x{x[3]}->{layer.weight.shape[0]} "
+                 f"{layer.kernel[0]}x{layer.kernel[1]} s{layer.strides[0]}")
+        t0 = time.perf_counter()
+        try:
+            why = cpu_reason(layer, x)
+            if why:
+                raise MappingError(why)
+            prog = plan(graph, cfg)
+        except MappingError as e:
+            failed.append((row["id"], str(e)))
+            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", str(e)[:60]))
+            continue
+        t1 = time.perf_counter()
+        outs, stats = execute_program(prog, inputs, cfg)
+        t2 = time.perf_counter()
+        t_compile, t_sim = t_compile + t1 - t0, t_sim + t2 - t1
+        if args.check:
+            exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
+        st = stats[0][1]
+        for _, more in stats[1:]:
+            st = st + more
+        macs = sum(ly.macs for ly in prog.layers)
+        eff = macs / (st.cycles * cfg.peak_macs_per_cycle) if st.cycles else 0.0
+        effs.append(eff)
+        bound = bound_label({"off-chip": max(st.load_busy, st.save_busy),
+                             "compute": max(st.conv_busy, st.misc_busy)})
+        kn = prog.layers[0].knobs
+        tiles = ",".join(f"{k.replace('tile_', '')}={v}" for k, v in kn.items()
+                         if k in ("oc_tile", "tile_h", "tile_w", "format") and v is not False)
+        table.append((row["id"], shape, "DPU", f"{st.cycles:,}", f"{100 * eff:.1f}%", bound,
+                      f"{t1 - t0:.2f}", tiles))
+    print(f"config {cfg.name}: {cfg.NUM_PE} PEs (batch {cfg.NUM_PE}, one image per PE), "
+          f"{cfg.peak_macs_per_cycle} MACs/cycle, DDR {cfg.DDR_BYTES_PER_CYCLE:.0f} B/cycle")
+    print(format_table(["id", "layer (CxHxW -> K)", "engine", "cycles", "HW eff", "bound",
+                        "compile s", "knobs / reason"], table, align="lllrrlrl"))
+    ran = len(rows) - len(failed)
+    geo = math.exp(sum(math.log(max(u, 1e-9)) for u in effs) / len(effs)) if effs else 0.0
+    print(f"\nlayers on the DPU: {ran} / {len(rows)}; geomean HW efficiency {100 * geo:.1f}%; "
+          f"compile {t_compile:.1f} s, simulation {t_sim:.1f} s"
+          + (f"; bit-exact: {exact}" if args.check else ""))
+    for lid, why in failed:
+        print(f"  on the CPU: layer {lid}: {why}")
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
