@@ -92,11 +92,14 @@ _LINEAR_OPS = {"conv2d": "relax.nn.conv2d", "matmul": "relax.matmul", "dense": "
                "conv2d_transpose": "relax.nn.conv2d_transpose"}
 
 
-def qlinear_pattern(kind: str) -> tuple[DFPattern, dict]:
+def qlinear_pattern(kind: str, flatten: bool = False) -> tuple[DFPattern, dict]:
     """Quantized conv2d (``kind="conv2d"``, any groups), dense (``kind="matmul"``) or transpose
-    conv (``kind="conv2d_transpose"``) in canonical form."""
+    conv (``kind="conv2d_transpose"``) in canonical form. ``flatten``: a dense whose input is a
+    ``reshape`` of ``data`` (a classifier head's Flatten; annotated ``flatten``), so a target
+    can take the reshape as a view of its input."""
     x, zx, w, b, pre, mult = wildcard(), is_const(), is_const(), is_const(), is_const(), is_const()
-    xc = is_op("relax.subtract")(is_op("relax.astype")(x), zx)
+    flat = is_op("relax.reshape")(x, wildcard()) if flatten else x
+    xc = is_op("relax.subtract")(is_op("relax.astype")(flat), zx)
     core = is_op(_LINEAR_OPS.get(kind, "relax.matmul"))(xc, w)
     acc = is_op("relax.add")(core, b)
     t = is_op("relax.astype")(acc)
@@ -105,6 +108,8 @@ def qlinear_pattern(kind: str) -> tuple[DFPattern, dict]:
     out, ann = requant_tail(t)
     ann.update({"data": x, "input_zero_point": zx, "weight": w, "bias": b, "core": core,
                 "pre_shift": pre, "multiplier": mult})
+    if flatten:
+        ann["flatten"] = flat
     return out, ann
 
 
@@ -413,6 +418,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                 annotated = {k: m[p] for k, p in pat.annotations.items() if p in m}
                 core = annotated.get("core", annotated.get("root"))
                 covered.add(core.__chandle__())
+                if "flatten" in annotated and not pat.failed_checks(annotated):
+                    covered.add(annotated["flatten"].__chandle__())
                 core_name = bound_name.get(core.__chandle__(), binding.var.name)
                 var_name = layer_name(core_name)
                 name = onnx.get(var_name, var_name)
@@ -495,10 +502,12 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         elif var in bound or name in integer:
             if var not in bound:  # an integer op of canonicalize's (a standalone ReLU's max)
                 var = next(v for v in reversed(bound) if v.startswith(integer[name].name))
-            where = "cpu" if host is None or var in host else target_name
-            row = OffloadRecord(name, op, _shape_str(bound[var]), where,
-                                f"no {target_name} pattern for {op_type}" if where == "cpu"
-                                else f"inside an offloaded {target_name} function")
+            if host is None or var in host:
+                row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
+                                    f"no {target_name} pattern for {op_type}")
+            else:  # taken into a layer's pattern (a Flatten the DPU reads as a view)
+                row = OffloadRecord(name, op, _shape_str(bound[var]), target_name,
+                                    f"inside an offloaded {target_name} function", "fused")
         else:
             row = OffloadRecord(name, op, "-", "-", "folded away at import (constant or no-op)",
                                 "folded")

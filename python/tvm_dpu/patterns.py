@@ -108,6 +108,17 @@ def dense_is_2d(m: dict) -> bool:
     return len(static_shape(m["data"]) or ()) == 2 and len(static_shape(m["weight"]) or ()) == 2
 
 
+def flatten_is_a_view(m: dict) -> bool:
+    """the Flatten before the dense does not turn an (N, C, 1, 1) tensor into (N, C)
+
+    (in the DPU's HWC layout those are the same bytes, so the dense reads the 1x1 image
+    directly and a global pool, the Flatten and the classifier stay in one instruction stream)
+    """
+    x, flat = static_shape(m["data"]), static_shape(m["flatten"])
+    return (x is not None and flat is not None and len(x) == 4 and tuple(x[2:]) == (1, 1)
+            and tuple(flat) == tuple(x[:2]))
+
+
 def weights_fit_int8(m: dict) -> bool:
     """weights minus their zero point do not fit int8 (the CONV engine multiplies int8 x int8)"""
     w = const_value(m["weight"])
@@ -279,6 +290,8 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.qconv2d", "conv2d", conv, conv_ann,
                        [conv_nchw, conv_no_dilation, conv_groups_supported, kernel_fits,
                         stride_fits, padding_fits, channels_fit, *_COMMON]),
+        OffloadPattern("dpu.qdense_flat", "dense", *qlinear_pattern("matmul", flatten=True),
+                       [flatten_is_a_view, channels_fit, *_COMMON]),
         OffloadPattern("dpu.qdense", "dense", dense, dense_ann,
                        [dense_is_2d, channels_fit, *_COMMON]),
         OffloadPattern("dpu.qadd", "add", add, add_ann,

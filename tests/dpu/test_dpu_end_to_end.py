@@ -156,3 +156,15 @@ def test_deepbench_speech_kernel_wider_than_the_conv_fields_runs_on_the_dpu(comp
                      hw=(13, 40)))
     assert [o.placement for o in r.offloaded if o.op == "conv2d"] == ["dpu"]
     r.assert_bit_exact()
+
+
+def test_global_pool_flatten_and_classifier_share_one_stream(compare):
+    """The Flatten between a global pool and the classifier is a view in HWC DDR: the dense
+    reads the (N, C, 1, 1) pool output directly, so the head joins the network's function
+    (DPU pattern ``dpu.qdense_flat``) instead of a function of its own."""
+    r = compare(zoo.quantized("tiny_cnn", power_of_two=True, batch=4))
+    assert [f.layers[-2:] for f in r.report.functions] == [["avgpool", "fc"]]
+    flat = next(n for n in r.report.nodes if n.layer == "flatten")
+    assert (flat.placement, flat.kind) == ("dpu", "fused")
+    assert "flatten" not in [o.layer for o in r.report.offloads]
+    r.assert_bit_exact()
