@@ -17,7 +17,6 @@ Figures are information for issue notes, never assertions.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import DEFAULT_CSV, load_rows, make_layer  # noqa: E402
+from vta_deepbench import geomean, load_rows, make_layer, parse_args  # noqa: E402
 
 from tvm_accel.layers import Requant  # noqa: E402
 
@@ -62,13 +61,7 @@ def cpu_reason(layer, in_shape) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="dpu_default")
-    ap.add_argument("--csv", default=str(DEFAULT_CSV))
-    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
-    ap.add_argument("--ids", default="", help="comma-separated layer ids")
-    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
-    args = ap.parse_args(argv)
+    args = parse_args(__doc__, "dpu_default", argv)
 
     from tvm_accel.layers import reference_execute
     from tvm_accel.profiler import bound_label
@@ -121,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(["id", "layer (CxHxW -> K)", "engine", "cycles", "HW eff", "bound",
                         "compile s", "knobs / reason"], table, align="lllrrlrl"))
     ran = len(rows) - len(failed)
-    geo = math.exp(sum(math.log(max(u, 1e-9)) for u in effs) / len(effs)) if effs else 0.0
+    geo = geomean(effs)
     print(f"\nlayers on the DPU: {ran} / {len(rows)}; geomean HW efficiency {100 * geo:.1f}%; "
           f"compile {t_compile:.1f} s, simulation {t_sim:.1f} s"
           + (f"; bit-exact: {exact}" if args.check else ""))

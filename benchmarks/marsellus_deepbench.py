@@ -14,8 +14,6 @@ Figures are information for issue notes, never assertions.
 
 from __future__ import annotations
 
-import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import DEFAULT_CSV, load_rows, make_layer  # noqa: E402
+from vta_deepbench import geomean, load_rows, make_layer, parse_args  # noqa: E402
 
 from tvm_accel.layers import Requant  # noqa: E402
 
@@ -38,13 +36,7 @@ def marsellus_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=None)
-    ap.add_argument("--csv", default=str(DEFAULT_CSV))
-    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
-    ap.add_argument("--ids", default="", help="comma-separated layer ids")
-    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
-    args = ap.parse_args(argv)
+    args = parse_args(__doc__, None, argv)
 
     from tvm_accel.layers import reference_execute
     from tvm_accel.profiler import bound_label
@@ -93,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(["id", "layer", "engine", "x/y in", "weights", "cycles", "util", "bound",
                         "reason"], table))
     ran = len(rows) - len(failed)
-    geo = math.exp(sum(math.log(max(u, 1e-9)) for u in utils) / len(utils)) if utils else 0.0
+    geo = geomean(utils)
     print(f"\nlayers run: {ran} / {len(rows)}; geomean utilization {100 * geo:.1f}%; "
           f"plan {t_compile:.1f} s, simulation {t_sim:.1f} s"
           + (f"; bit-exact: {exact}" if args.check else ""))

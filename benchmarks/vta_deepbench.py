@@ -62,6 +62,24 @@ def load_rows(path: str, ids: str = "", limit: int = 0) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
+def parse_args(description: str, default_config: str | None, argv=None) -> argparse.Namespace:
+    """The options every DeepBench script takes: ``--config --csv --limit --ids --check``."""
+    ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    ap.add_argument("--config", default=default_config)
+    ap.add_argument("--csv", default=str(DEFAULT_CSV))
+    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
+    ap.add_argument("--ids", default="", help="comma-separated layer ids")
+    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
+    return ap.parse_args(argv)
+
+
+def geomean(values: list[float]) -> float:
+    """Geometric mean (0 for none; values floored at 1e-9 so a 0 does not poison it)."""
+    if not values:
+        return 0.0
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
 def make_layer(row: dict, seed: int, recipe=None):
     """The row as a one-conv int8 graph with seeded random weights, bias and input;
     ``recipe(weight, bias) -> Requant`` gives the target's requantize recipe (default VTA's)."""
@@ -81,13 +99,7 @@ def make_layer(row: dict, seed: int, recipe=None):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="vta_1x16x16")
-    ap.add_argument("--csv", default=str(DEFAULT_CSV))
-    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
-    ap.add_argument("--ids", default="", help="comma-separated layer ids")
-    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
-    args = ap.parse_args(argv)
+    args = parse_args(__doc__, "vta_1x16x16", argv)
 
     from tvm_vta_cp.hw_config import load_config
     from tvm_vta_cp.runtime import execute_program
@@ -129,7 +141,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t_all
     if not results:
         return 0
-    geo = math.exp(sum(math.log(r["util"]) for r in results) / len(results))
+    geo = geomean([r["util"] for r in results])
     print(f"\nsummary: {len(results)} layers, geomean GEMM utilization {geo:.1%}, "
           f"total compile {sum(r['compile'] for r in results):.1f}s, "
           f"total simulate {sum(r['sim'] for r in results):.1f}s, wall {wall:.1f}s"

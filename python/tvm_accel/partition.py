@@ -487,6 +487,9 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         if name in by_layer:
             continue
         var = sanitize_name(name)
+        if var not in bound and name in integer:  # canonicalize's integer op (a ReLU's max)
+            var = next((v for v in reversed(bound) if v.startswith(integer[name].name + "_")),
+                       var)
         op = {"QuantizeLinear": "quantize", "DequantizeLinear": "dequantize"}.get(
             op_type, op_type.lower())
         if kind == "const":
@@ -499,9 +502,7 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
             lay = owner[var]
             row = OffloadRecord(name, op, lay.shape, lay.placement, f"fused into {lay.layer}",
                                 "fused")
-        elif var in bound or name in integer:
-            if var not in bound:  # an integer op of canonicalize's (a standalone ReLU's max)
-                var = next(v for v in reversed(bound) if v.startswith(integer[name].name))
+        elif var in bound:
             if host is None or var in host:
                 row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
                                     f"no {target_name} pattern for {op_type}")

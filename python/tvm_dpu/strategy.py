@@ -798,13 +798,8 @@ def _chain_knob_space(layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
                          for a, b in zip(plan_.s[i], plan_.e[i], strict=True) if b > a)
         return total
 
-    ok = []
-    for th in ths:
-        try:
-            check({"tile_h": th})
-            ok.append(th)
-        except ValueError:
-            pass
+    probe = KnobSpace([Knob("tile_h", tuple(ths), ths[0])], check=check)
+    ok = [th for th in ths if probe.is_valid({"tile_h": th})]
     target = max(cfg.CONV_ROW_PAR, _cdiv(_cdiv(hf, 4), cfg.CONV_ROW_PAR) * cfg.CONV_ROW_PAR)
     pick = [t for t in ok if t <= target] or ok or ths
     th = min(pick, key=lambda t: (passes(t) if t in ok else 0, -t))

@@ -8,17 +8,11 @@ import pytest
 from tvm_accel.layers import AddLayer, conv_output_shape
 from tvm_dpu import codegen as cg
 from tvm_dpu import fusion
-from tvm_dpu.hw_config import load_config
 from tvm_dpu.strategy import _chain_knob_space, plan
 
 from .test_dpu_strategy import _conv, _graph, _rq, _run
 
 OFF = {"@fusion": {"enabled": False}}
-
-
-@pytest.fixture(scope="module")
-def cfg():
-    return load_config()
 
 
 def _chain(specs, batch, hw, c0, add=None, seed=0):

@@ -8,16 +8,10 @@ import pytest
 from tvm_accel.errors import SimulatorError
 from tvm_accel.layers import conv_output_shape
 from tvm_dpu import codegen as cg
-from tvm_dpu.hw_config import load_config
 from tvm_dpu.runtime import execute_program, streams
 from tvm_dpu.simulator import simulate, simulate_ranges
 
 from .test_dpu_strategy import _conv, _graph, _run
-
-
-@pytest.fixture(scope="module")
-def cfg():
-    return load_config()
 
 
 def _convs(specs, batch=4, hw=28, c0=32, seed=0):

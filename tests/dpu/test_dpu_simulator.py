@@ -53,11 +53,6 @@ def regions(q=Q):
             "SWAP": (3 * q + 4096, q)}
 
 
-@pytest.fixture(scope="module")
-def cfg():
-    return load_config()
-
-
 def i8(rng, *shape):
     return rng.integers(-128, 128, size=shape).astype(np.int8)
 

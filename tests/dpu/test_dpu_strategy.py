@@ -57,11 +57,6 @@ def _small_cfg(**fields):
     return config_from_dict(d, name="small")
 
 
-@pytest.fixture(scope="module")
-def cfg():
-    return load_config()
-
-
 def test_default_knobs_split_h_by_the_preferred_conv_height(cfg):
     g = _single(hw=40)
     sp = knob_space(g.layers[0], (1, 16, 40, 40), cfg)
