@@ -27,11 +27,13 @@ Residual adds on the RBE. The ADD recipe (``numerics.add_recipe``) is ``ma = wa 
 NormQuant kappa, and lambda with both zero points and storage offsets folded in). DMA_IN puts
 both operand tiles into one L1 input buffer with 3-D strided copies, the pair ``[a_j, b_j]`` side
 by side in every pixel, and job j reads it through its pixel stride (the RBE job format is
-unchanged: bit-plane words of 32 channels, Kin tiles). It runs there when the recipe's weights
-fit W <= 8, both operands have one precision and both are in the RBE layout, unless the knob
-``engine`` says ``cluster`` or the estimated energy (at the compile-time operating point) of
-the add and of the layers whose layouts follow its engine (its operands' producers and readers,
-its output's readers) is lower with the cluster ADD: the RBE add takes longer than ``CL.ADD``
+unchanged: bit-plane words of 32 channels, Kin tiles). An add of at most 16 channels (whole bytes)
+is *packed*: both operands share one word (``a`` in channels ``0..C-1``, ``b`` in ``C..2C-1``, byte
+copies per bit plane), so its job reduces over 2C channels, not 64. It runs there when the recipe's
+weights fit W <= 8, both operands have one precision and both are in the RBE layout, unless the knob
+``engine`` says ``cluster`` or the estimated energy (at the compile-time operating point) of the add
+and of the layers whose layouts follow its engine (its operands' producers and readers, its output's
+readers) is lower with the cluster ADD: the RBE add takes longer than ``CL.ADD``
 (the RBE streams 3x3 output patches) but spares the marshaling on both sides. The global knob
 ``objective`` says what that choice minimises: ``energy`` (default, as above) or ``latency``
 (the same layers' estimated cycles). The conv engine rule and the tiles are time-based under
@@ -66,9 +68,12 @@ double-buffered footprint fits L1; objective = the pipelined time ``steps x max(
 compute, DMA out, I/O DMA) + fill/drain`` with the RBE compute taken from the simulator's own
 cycle model (:func:`~tvm_marsellus.simulator.rbe_job_phases`), which rewards what the RBE likes
 (output rows in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA
-transfers. A tile narrower than the tensor is loaded and stored with strided (row / plane) DMA
-copies. All are knobs (``tile_h``, ``tile_w``, ``tile_k``, ``tile_c``, ``engine``) with these
-defaults (:func:`knob_space`).
+transfers. Output
+tiles of 8 or 16 channels are options too (a job filling part of the BinConv columns, stored into
+part of each bit-plane word): they keep wide 3x3 layers on the RBE, whose 32-channel weight tiles
+over 512 input channels do not fit L1 twice. A tile narrower than the tensor is loaded and stored
+with strided (row / plane) DMA copies. All are knobs (``tile_h``, ``tile_w``, ``tile_k``,
+``tile_c``, ``engine``) with these defaults (:func:`knob_space`).
 
 Kin tiling (input-channel chunks). When no tile with all input channels fits L1 at any width
 (e.g. a 5x5 conv over 512 / 832 channels: the weights of 8 output channels alone exceed half
@@ -149,6 +154,8 @@ IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
 #: "input full" for a step whose first compute command is an RBE job (FULL_IN: the cluster)
 FULL_IN_RBE = 14
 ALIGN = 8
+#: output-channel tiles below one 32-channel bit-plane word (byte-aligned: 8 channels a byte)
+SUBWORD_TILES = (8, 16)
 #: Kin tiling: the input channels are split in this many near-equal chunks (whole 8-channel
 #: groups), the widest feasible tile of each scored by the cost model
 KIN_SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -347,11 +354,16 @@ def _clip_mode(layer, tout: TensorInfo, cbits: int | None = None) -> tuple[bool,
 
 # --- knobs and the tile solver -------------------------------------------------------------
 def _k_options(k: int, engine: str, kind: str, rbe_out: bool = False) -> list[int]:
+    """Output-channel tile sizes: multiples of 8 on the cores; on the RBE or into a bit-plane
+    tensor whole 32-channel words plus the sub-word tiles 8 and 16 (a job with fewer output
+    channels leaves BinConv columns idle, but its weights take less L1: a 3x3 layer over 512
+    channels needs them, 32 output channels of its weights alone exceed half of L1)."""
     if kind in ("dw", "pool", "add"):
         return [k]
-    step = RBE_CHANNELS if engine == "rbe" or rbe_out else 8
-    opts = sorted({min(k, m) for m in range(step, k + step, step)} | {k})
-    return opts
+    if engine == "rbe" or rbe_out:
+        return sorted({m for m in SUBWORD_TILES if m < k and k % 8 == 0}
+                      | {min(k, m) for m in range(RBE_CHANNELS, k + RBE_CHANNELS, RBE_CHANNELS)})
+    return sorted({min(k, m) for m in range(8, k + 8, 8)} | {k})
 
 
 class _Layer:
@@ -375,8 +387,11 @@ class _Layer:
 
     @property
     def k_in(self) -> int:
-        """Input channels of an RBE job (an add: a 32-channel tile of each operand)."""
-        return 2 * RBE_CHANNELS if self.kind == "add" else self.geo.c
+        """Input channels of an RBE job (an add: a 32-channel tile of each operand, or both
+        operands' channels in one word when :attr:`packed`)."""
+        if self.kind != "add":
+            return self.geo.c
+        return 2 * self.geo.c if self.packed else 2 * RBE_CHANNELS
 
     @property
     def chunked(self) -> bool:
@@ -398,6 +413,15 @@ class _Layer:
         return self.kind == "add" and self.engine == "rbe"
 
     @property
+    def packed(self) -> bool:
+        """A stacked add of at most 16 channels (whole bytes): both operands share one
+        32-channel bit-plane word per pixel (``a`` in channels ``0..C-1``, ``b`` in
+        ``C..2C-1``), so the job reduces over 2C input channels, not 64 (half the BinConv
+        work of a 16-channel add)."""
+        c = self.geo.c
+        return self.stacked and 2 * c <= RBE_CHANNELS and c % 8 == 0
+
+    @property
     def n_chunks(self) -> int:
         return -(-self.geo.c // self.tc)
 
@@ -417,6 +441,8 @@ class _Layer:
 
     # byte sizes of the L1 buffers of one tile (one copy; everything but psum is doubled)
     def in_bytes(self, th: int) -> int:
+        if self.packed:  # one word per bit plane holds both operands
+            return _al(th * self.tw * self.tin.bits * 4)
         rows = self.rows_in(th) if self.kind != "add" else th
         return sum(_al(rows * self.cols_in() * self.pix_in(t)) for t in self.tins)
 
@@ -547,8 +573,9 @@ class _Layer:
         strided = self.tw < g.wo
         bursts = self.rows_in(th) * (self.cols_in() if self.chunked else 1) \
             if strided or self.chunked else 0
-        if self.stacked:  # a burst per 32-channel tile, pixel and operand (stacked tile)
-            bursts = len(self.tins) * th * self.tw * -(-g.k // RBE_CHANNELS)
+        if self.stacked:  # a burst per 32-channel tile (packed: bit plane), pixel and operand
+            bursts = len(self.tins) * th * self.tw * (
+                self.tin.bits if self.packed else -(-g.k // RBE_CHANNELS))
         dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
             bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
         out_rows = th * self.tw if kt < g.k else th if strided else 0
@@ -1112,19 +1139,19 @@ class Planner:
         return self._blob(data), len(data), []
 
     def _add_weights(self, lay: _Layer) -> tuple[int, int, list]:
-        """Weights + NormQuant of an add on the RBE (``numerics.add_recipe``) in the L2 image:
-        the 1x1 BinConv of one 32-channel output tile from its Kin-stacked operand tiles (``a``
-        in input channels 0..31, ``b`` in 32..63) with unsigned weights ``w[k, k] = wa``,
-        ``w[k, 32 + k] = wb``, shared by the jobs of every tile (a partial last tile uses the
-        first rows); kappa per channel, and lambda with the rounding, the zero points of both
-        operands and their unsigned storage offsets, the output zero point and offset folded
-        in."""
+        """Weights + NormQuant of an add on the RBE (``numerics.add_recipe``) in the L2 image: the
+        1x1 BinConv of one 32-channel output tile from its Kin-stacked operand tiles (``a`` in input
+        channels 0..31, ``b`` in 32..63; packed: ``0..C-1`` and ``C..2C-1``) with unsigned weights
+        ``w[k, k] = wa``, ``w[k, 32 + k] = wb`` (packed: ``w[k, C + k]``), shared by the jobs of
+        every tile (a partial last tile uses the first rows); kappa per channel, and lambda with the
+        rounding, the zero points of both operands and their unsigned storage offsets, the output
+        zero point and offset folded in."""
         ly, (a, b), tout = lay.layer, lay.tins, lay.tout
         wa, wb, kappa, wbits = add_factors(ly.a_multiplier, ly.b_multiplier)
         c = min(lay.geo.c, RBE_CHANNELS)
         w = np.zeros((c, lay.k_in, 1, 1), np.int64)
         w[np.arange(c), np.arange(c)] = wa
-        w[np.arange(c), RBE_CHANNELS + np.arange(c)] = wb
+        w[np.arange(c), (c if lay.packed else RBE_CHANNELS) + np.arange(c)] = wb
         rq = ly.requant
         lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + tout.offset_value) << rq.shift) \
             - kappa * (wa * (ly.a_zero_point + a.offset_value)
@@ -1311,7 +1338,9 @@ class Planner:
                 fetch.append(replace(window, src_mem="L3", dst_mem="L2", dst=b))
                 window = cg.Dma(src_mem="L2", dst_mem="L1", src=b, dst=d, length=size)
                 b += _al(size)
-            if lay.stacked:  # the operand's tiles into its half of every stacked tile pair
+            if lay.packed:  # the operand's bytes of every bit-plane word
+                out += self._packed(window, t, chi - clo, dst + i * t.c // 8)
+            elif lay.stacked:  # the operand's tiles into its half of every stacked tile pair
                 out += self._stacked(window, t, chi - clo, dst + i * t.bits * 4)
             else:
                 out.append(window)
@@ -1336,6 +1365,22 @@ class Planner:
         return [cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=src, dst=d, length=tb, rows=nt,
                        planes=n, src_row_stride=tb, src_plane_stride=pix, dst_row_stride=2 * tb,
                        dst_plane_stride=2 * pix) for src, n, d in blocks]
+
+    @staticmethod
+    def _packed(window: cg.Dma, t: TensorInfo, cols: int, dst: int) -> list[cg.Dma]:
+        """A packed add (:attr:`_Layer.packed`): the copy of one operand's tile (``window``, as
+        in :meth:`_stacked`) rewritten as 3-D copies of its ``C / 8`` bytes of each bit-plane
+        word (bytes x planes x pixels) to ``dst`` in the L1 words; with ``dst`` at byte 0 for
+        the first operand and ``C / 8`` for the second, each word holds ``[a, b]``."""
+        pix = t.bits * 4
+        if window.rows == 1:
+            blocks = [(window.src, window.length // pix, dst)]
+        else:
+            blocks = [(window.src + r * window.src_row_stride, cols, dst + r * cols * pix)
+                      for r in range(window.rows)]
+        return [cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=src, dst=d, length=t.c // 8,
+                       rows=t.bits, planes=n, src_row_stride=4, src_plane_stride=pix,
+                       dst_row_stride=4, dst_plane_stride=pix) for src, n, d in blocks]
 
     def _in_bounce(self, addr: int) -> bool:
         return self.bounce_in[0] <= addr < self.bounce_out[0]
@@ -1365,6 +1410,8 @@ class Planner:
             pix = int(t.pix_bytes())
             tp = -(-kk // RBE_CHANNELS) * t.bits * 4
             dst = base + ((n * g.ho + ho0) * g.wo + wo0) * pix + (k0 // RBE_CHANNELS) * t.bits * 4
+            if k0 % RBE_CHANNELS or (kk % RBE_CHANNELS and k0 + kk < g.k):
+                return self._subword_stores(g, t, n, ho0, hh, wo0, ww, k0, kk, src)
         else:
             pix = g.k * t.cbits / 8
             tp = kk * t.cbits / 8
@@ -1382,6 +1429,23 @@ class Planner:
         return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=int(tp),
                        rows=ww, planes=hh, src_row_stride=int(tp), dst_row_stride=int(pix),
                        src_plane_stride=int(ww * tp), dst_plane_stride=int(g.wo * pix))]
+
+    @staticmethod
+    def _subword_stores(g: Geometry, t: TensorInfo, n: int, ho0: int, hh: int, wo0: int,
+                        ww: int, k0: int, kk: int, src: int) -> list:
+        """DMA_OUT of a tile of fewer than 32 channels (``SUBWORD_TILES``) into a bit-plane
+        tensor: ``kk / 8`` bytes of every bit-plane word, the rest of each word belonging to the
+        neighbouring tiles; one 3-D copy (bytes x planes x pixels) per output row, or one for
+        all rows when the tile spans the width. The L1 tile holds one 32-channel word per
+        plane."""
+        pix, wb = int(t.pix_bytes()), t.bits * 4
+        dst = (t.offset + ((n * g.ho + ho0) * g.wo + wo0) * pix + (k0 // RBE_CHANNELS) * wb
+               + (k0 % RBE_CHANNELS) // 8)
+        runs = [(0, hh * ww)] if ww == g.wo else [(r, ww) for r in range(hh)]
+        return [cg.Dma(src_mem="L1", dst_mem="L2", src=src + r * ww * wb,
+                       dst=dst + r * g.wo * pix, length=kk // 8, rows=t.bits, planes=npix,
+                       src_row_stride=4, dst_row_stride=4, src_plane_stride=wb,
+                       dst_plane_stride=pix) for r, npix in runs]
 
     def _computes(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, k0: int,
                   kk: int, buf, wslot: int, chunk: tuple = (0, 1, 0, None)

@@ -26,12 +26,7 @@ def _run(g, xs, cfg=CFG, knobs=None):
     return prog, {n: np.moveaxis(o, -1, 1) for n, o in outs.items()}, stats
 
 
-@pytest.mark.parametrize("case, engine", [
-    (c, e) for c in BIG for e in ("rbe", "cluster")
-    # an RBE tile holds all input channels: the weights of 32 output channels over a
-    # 2048-channel reduction do not fit L1 (no input-channel tiling yet), so that layer runs on
-    # the cluster
-    if e == "cluster" or c != "2048x7x7-1x1"])
+@pytest.mark.parametrize("case, engine", [(c, e) for c in BIG for e in ("rbe", "cluster")])
 def test_layers_beyond_l2_run_bit_exact_through_l3(case, engine):
     shape, k, kernel, stride = BIG[case]
     rng = np.random.default_rng(3)
@@ -100,3 +95,25 @@ def test_w_tiling_when_a_full_width_tile_does_not_fit_l1_is_bit_exact(engine, fo
     assert meta["tile_w"] < 96 and stats.iodma_busy > 0
     if forced:
         assert (meta["tile_w"], meta["tile_k"]) == (5, knobs["tile_k"])
+
+
+@pytest.mark.parametrize("tile_k, tile_w", [(8, 7), (16, 4)])
+def test_subword_output_tiles_keep_wide_3x3_layers_on_the_rbe(tile_k, tile_w):
+    """A 3x3 conv over 512 channels (ResNet-18's stage 4): 32 output channels of 4-bit weights
+    are 73.7 KiB, too many to double-buffer in L1, so the RBE runs 8- or 16-channel jobs whose
+    outputs fill part of each bit-plane word of the next RBE layer's input, bit-exact (tiles
+    of the full width and narrower)."""
+    rng = np.random.default_rng(6)
+    sh = (1, 512, 7, 7)
+    layers = [conv(rng, "c1", "x", "y", 512, 512, 3, wbits=4, obits=4),
+              conv(rng, "c2", "y", "z", 512, 64, 1, wbits=4)]
+    g = LayerGraph({"x": T("x", sh, 4), "y": T("y", sh, 4), "z": T("z", (1, 64, 7, 7))},
+                   layers, ["x"], ["z"])
+    xs = {"x": rng.integers(-8, 8, sh).astype(np.int8)}
+    default = strategy.plan(g, CFG)
+    assert default.layers[0].engine == "rbe" and default.layers[0].meta["tile_k"] < 32
+    prog, outs, _ = _run(g, xs, knobs={"c1": {"tile_k": tile_k, "tile_w": tile_w}})
+    np.testing.assert_array_equal(outs["z"], reference_execute(g, xs)["z"])
+    assert prog.tensors["y"].layout == "rbe" and prog.layers[0].engine == "rbe"
+    jobs = [c for c in prog.layers[0].commands if isinstance(c, cg.RbeJob)]
+    assert {j.k_out for j in jobs} == {tile_k}
