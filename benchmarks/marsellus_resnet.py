@@ -8,6 +8,8 @@
   the paper's RBE 4x4b network) at 0.8 V: latency, energy and Top/s/W beside the paper's 48 ms
   and 5.83 Top/s/W, and per layer what bounds it (Fig. 18: off-chip = the I/O DMA to L3,
   on-chip = L2 <-> L1, compute); its tensors and weights live in L3.
+- Beside both, the energy floor of this power model (:func:`energy_floor_uj`): every conv and FC
+  on the RBE at its peak rate and per-operation energy, nothing else; what no mapping can beat.
 
 Every network goes through the whole flow (ONNX QDQ -> canonicalize -> partition -> strategy):
 the 8-bit ResNet-20 is the zoo's QDQ model, the mixed one ``zoo.resnet20_mixed()`` (HAWQ-style:
@@ -32,10 +34,12 @@ from tvm_accel import zoo
 from tvm_accel.layers import AddLayer, LayerGraph, reference_execute
 from tvm_accel.profiler import bound_label
 from tvm_accel.report import format_table
+from tvm_marsellus import codegen as cg
 from tvm_marsellus import strategy
-from tvm_marsellus.energy import ABB_065, LOW_05, NOMINAL, energy_uj
+from tvm_marsellus.energy import ABB_065, LOW_05, NOMINAL, energy_coefficients, energy_uj
 from tvm_marsellus.hw_config import load_config
 from tvm_marsellus.runtime import execute_program
+from tvm_marsellus.simulator import rbe_job_phases
 
 POINTS = (("0.8 V 420 MHz", NOMINAL), ("0.65 V 400 MHz ABB", ABB_065),
           ("0.5 V 100 MHz", LOW_05))
@@ -88,6 +92,33 @@ def run(graphs: list[LayerGraph], cfg, knobs: dict | None = None) -> tuple[list[
     return rows, exact
 
 
+def rbe_peak_macs_per_cycle(cfg, w_bits: int, i_bits: int) -> float:
+    """The RBE's best MAC rate at W x I bits in the simulator's cycle model: one large job
+    (30 x 30 outputs, 256 -> 64 channels), the faster of the 3x3 and 1x1 modes."""
+    best = 0.0
+    for k in (3, 1):
+        job = cg.RbeJob(h_in=29 + k, w_in=29 + k, h_out=30, w_out=30, k_in=256, k_out=64,
+                        in_bits=i_bits, w_bits=w_bits, out_bits=8, kernel=k)
+        best = max(best, 30 * 30 * 256 * 64 * k * k / sum(rbe_job_phases(cfg, job).values()))
+    return best
+
+
+def energy_floor_uj(rows: list[tuple], cfg, op) -> float:
+    """The least energy any mapping of the network's convs and FCs can take under this power
+    model: every one on the RBE at its W x I bits (the cheapest engine per operation), at the
+    RBE's peak rate, charged its per-operation energy (Fig. 15 fit) plus idle + leakage for
+    that time only; no residual adds, pools, marshaling, DMA, tiling overhead or idle gaps."""
+    coef = energy_coefficients(op)
+    pj = 0.0
+    for _, _, prec, _, macs in rows:
+        if not macs:
+            continue
+        w, i = (int(b) for b in prec.split("/")[:2])
+        pj += 2 * macs * (coef["rbe_op"] + w * i * coef["rbe_binop"])
+        pj += coef["static"] * macs / rbe_peak_macs_per_cycle(cfg, w, i)
+    return pj * 1e-6
+
+
 def _bound(st) -> str:
     return bound_label({"off-chip": st.iodma_busy, "on-chip": max(st.dma_in_busy,
                                                                    st.dma_out_busy),
@@ -102,7 +133,8 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
         rows, exact = run(graphs, cfg, knobs)
         cyc = sum(r[3].cycles for r in rows)
         tot = {p: sum(energy_uj(r[3], op) for r in rows) for p, op in POINTS}
-        totals[label] = (cyc, tot, exact)
+        floor = {p: energy_floor_uj(rows, cfg, op) for p, op in POINTS}
+        totals[label] = (cyc, tot, exact, floor)
         if layers:
             print(f"\nResNet-20 {label} ({how if label == 'mixed' else 'zoo QDQ int8'}), "
                   f"bit-exact vs reference: {exact}")
@@ -117,13 +149,15 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
     print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how}; knobs {knobs or {}})")
     out = []
     for p, op in POINTS:
-        c8, e8, _ = totals["8-bit"]
-        cm, em, _ = totals["mixed"]
+        c8, e8, _, _ = totals["8-bit"]
+        cm, em, _, fm = totals["mixed"]
         out.append((p, f"{c8 / op.freq_mhz / 1e3:.2f}", f"{e8[p]:.1f}",
-                    f"{cm / op.freq_mhz / 1e3:.2f}", f"{em[p]:.1f}", f"{PAPER_MIXED[p]:.0f}",
-                    f"{e8[p] / em[p]:.2f}x"))
+                    f"{cm / op.freq_mhz / 1e3:.2f}", f"{em[p]:.1f}", f"{fm[p]:.1f}",
+                    f"{PAPER_MIXED[p]:.0f}", f"{e8[p] / em[p]:.2f}x"))
     print(format_table(["operating point", "8-bit ms", "8-bit uJ", "mixed ms", "mixed uJ",
-                        "paper mixed uJ", "8-bit / mixed (paper ~3x)"], out))
+                        "mixed floor uJ", "paper mixed uJ", "8-bit / mixed (paper ~3x)"], out))
+    print("floor: the convs and FC alone, each on the RBE at its peak rate and per-op energy, "
+          "idle + leakage for that time only (energy_floor_uj)")
     print(f"bit-exact vs reference_execute: 8-bit {totals['8-bit'][2]}, "
           f"mixed {totals['mixed'][2]}")
 
@@ -141,6 +175,7 @@ def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
     cyc = sum(r[3].cycles for r in rows)
     uj = sum(energy_uj(r[3], op) for r in rows)
     ops = 2 * sum(r[4] for r in rows)
+    floor = energy_floor_uj(rows, cfg, op)
     ms = cyc / op.freq_mhz / 1e3
     bounds = {}
     for r in rows:
@@ -151,6 +186,8 @@ def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
         ["", "latency ms", "energy mJ", "Gop", "Top/s/W", "bit-exact"],
         [("ours", f"{ms:.1f}", f"{uj / 1e3:.2f}", f"{ops / 1e9:.2f}",
           f"{ops / (uj * 1e-6) / 1e12:.2f}", str(exact)),
+         ("floor (energy_floor_uj)", "", f"{floor / 1e3:.2f}", f"{ops / 1e9:.2f}",
+          f"{ops / (floor * 1e-6) / 1e12:.2f}", ""),
          ("paper", f"{PAPER_R18['ms']:.0f}", "", "", f"{PAPER_R18['tops_w']:.2f}", "")]))
     print("layers by bound: " + ", ".join(f"{k} {v}" for k, v in sorted(bounds.items())))
     print(f"layers on the RBE: {sum(r[1] == 'RBE' for r in rows)} of {len(rows)}")
