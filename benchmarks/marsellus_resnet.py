@@ -4,10 +4,10 @@
   precision, at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
   the paper's (Sec. IV: ~28 uJ mixed at nominal, 68 % less than 8-bit; Table II / Fig. 17:
   ~21 uJ with ABB at 0.65 V, ~12 uJ at 0.5 V).
-- ResNet-18 (ImageNet, 224x224, ``zoo.resnet18_mixed``: 4-bit weights and block activations,
-  the paper's RBE 4x4b network) at 0.8 V: latency, energy and Top/s/W beside the paper's 48 ms
-  and 5.83 Top/s/W, and per layer what bounds it (Fig. 18: off-chip = the I/O DMA to L3,
-  on-chip = L2 <-> L1, compute); its tensors and weights live in L3.
+- ResNet-18 (ImageNet, 224x224, ``zoo.resnet18_mixed``: HAWQ-V3's W4A4, 4-bit weights and
+  activations, the paper's RBE 4x4b network) at 0.8 V: latency, energy and Top/s/W beside
+  the paper's 48 ms and 5.83 Top/s/W, and per layer what bounds it (Fig. 18: off-chip = the
+  I/O DMA to L3, on-chip = L2 <-> L1, compute); its tensors and weights live in L3.
 - Beside both, the energy floor of this power model (:func:`energy_floor_uj`): every conv and FC
   on the RBE at its peak rate and per-operation energy, nothing else; what no mapping can beat.
 

@@ -927,14 +927,18 @@ RESNET20_HAWQ: dict[str, dict[str, int]] = {
     "layer3.0.downsample": {"w": 6},
     "fc": {"w": 8},
 }
-#: 4-bit ResNet-18 for :func:`resnet18_mixed`, in the spirit of the MARSELLUS paper's HAWQ
-#: ResNet-18 on the RBE at 4x4 bits: every conv of the blocks has 4-bit weights, the first
-#: conv of a block a 4-bit output (the second conv reads 4 bits); block outputs, which the
-#: residual adds read beside the 8-bit shortcut, the stem conv and the FC stay 8-bit
+#: 4-bit ResNet-18 for :func:`resnet18_mixed`: HAWQ-V3's uniform W4A4 network (68.5% top-1,
+#: the MARSELLUS paper's "full HAWQ-quantized 4-bit" ResNet-18 on the RBE at 4x4 bits): every
+#: conv of the blocks has 4-bit weights, and every activation a conv reads is 4-bit (conv
+#: outputs, residual add outputs, the stem's output and the max pool's); the stem's and the
+#: FC's weights stay 8-bit, as in HAWQ-V3
 RESNET18_4BIT: dict[str, dict[str, int]] = {
-    **{f"layer{s}.{i}.conv1": {"w": 4, "o": 4} for s in range(1, 5) for i in range(2)},
-    **{f"layer{s}.{i}.conv2": {"w": 4} for s in range(1, 5) for i in range(2)},
-    **{f"layer{s}.0.downsample": {"w": 4} for s in range(2, 5)},
+    "conv1": {"o": 4},
+    "maxpool": {"o": 4},
+    **{f"layer{s}.{i}.{c}": {"w": 4, "o": 4}
+       for s in range(1, 5) for i in range(2) for c in ("conv1", "conv2")},
+    **{f"layer{s}.{i}.add": {"o": 4} for s in range(1, 5) for i in range(2)},
+    **{f"layer{s}.0.downsample": {"w": 4, "o": 4} for s in range(2, 5)},
 }
 #: bit assignment for :func:`mobilenet_tiny_mixed`: 4-bit depthwise outputs, 4/6-bit pointwise
 MOBILENET_TINY_MIXED: dict[str, dict[str, int]] = {
@@ -952,7 +956,8 @@ def apply_mixed_precision(qmodel: onnx.ModelProto, bits: dict[str, dict[str, int
                           native_int4: bool = True) -> onnx.ModelProto:
     """Turn an int8 QDQ model (from :func:`quantize`) into a mixed-precision one.
 
-    ``bits`` maps Conv/Gemm node names to ``{"w": W, "o": O}`` (2..8, missing = 8):
+    ``bits`` maps node names to ``{"w": W, "o": O}`` (2..8, missing = 8; ``w`` for Conv/Gemm
+    only, ``o`` for any node with a quantized output, e.g. an Add or a MaxPool):
 
     - ``w``: the weights are re-quantized to symmetric W-bit values (per channel as before);
       4-bit weights become an INT4 initializer (opset 21) when ``native_int4``, other widths
@@ -1103,8 +1108,8 @@ def resnet20_mixed(seed: int = 0, batch: int = 1, native_int4: bool = True) -> o
 
 
 def resnet18_mixed(seed: int = 0, batch: int = 1, native_int4: bool = True) -> onnx.ModelProto:
-    """ImageNet ResNet-18 with :data:`RESNET18_4BIT` (4-bit weights, 4-bit activations inside
-    the blocks), as a QDQ model onnxruntime runs."""
+    """ImageNet ResNet-18 with :data:`RESNET18_4BIT` (HAWQ-V3's W4A4: 4-bit weights in the
+    blocks, 4-bit activations), as a QDQ model onnxruntime runs."""
     return quantize_mixed(resnet18(seed, batch), RESNET18_4BIT, native_int4=native_int4,
                           seed=seed)
 

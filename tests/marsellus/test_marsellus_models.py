@@ -62,9 +62,9 @@ def test_mixed_precision_mobilenet_tiny_is_bit_exact(compare):
 
 
 def test_4bit_resnet18_at_224_runs_through_l3_bit_exact(compare):
-    """ImageNet ResNet-18 (4-bit weights and block activations, the paper's RBE 4x4b network):
-    its tensors and weights exceed L2, so they live in L3 and stream through L2; every conv,
-    add and pool is offloaded and the result is bit-exact."""
+    """ImageNet ResNet-18 (HAWQ-V3 W4A4, the paper's RBE 4x4b network): its tensors and
+    weights exceed L2, so they live in L3 and stream through L2; every conv, add and pool is
+    offloaded and the result is bit-exact."""
     r = compare(zoo.resnet18_mixed())
     r.assert_bit_exact()
     placed = {o.op: o.placement for o in r.report.offloads}
