@@ -4,7 +4,9 @@ generation with double buffering).
 
 Engines. A conv layer goes to the RBE when it is a 3x3 or 1x1 convolution with stride 1 or 2,
 groups 1, 2..8-bit W/I/O and padding smaller than the kernel, unless the cores are estimated at
-least twice as fast (a 3-channel stem; knob ``engine``); otherwise (other kernels, depthwise,
+least twice as fast (a 3-channel stem) and, under the default ``objective: energy``, also
+cheaper in estimated energy over the conv and its neighbours (a stem feeding RBE layers is
+not: on the RBE it needs no marshaling; knob ``engine``); otherwise (other kernels, depthwise,
 dense) it runs on the 16-core cluster (XpulpNN CONV / DWCONV / FC kernels), as do MAXPOOL and
 AVGPOOL.
 
@@ -36,9 +38,9 @@ and of the layers whose layouts follow its engine (its operands' producers and r
 readers) is lower with the cluster ADD: the RBE add takes longer than ``CL.ADD``
 (the RBE streams 3x3 output patches) but spares the marshaling on both sides. The global knob
 ``objective`` says what that choice minimises: ``energy`` (default, as above) or ``latency``
-(the same layers' estimated cycles). The conv engine rule and the tiles are time-based under
-both (the tile objective is the pipelined time; the cores take an RBE conv only when much
-faster, see ``CLUSTER_WINS``).
+(the same layers' estimated cycles). It steers the conv engine rule the same way (above; the
+cores take an RBE conv only when much faster, see ``CLUSTER_WINS``, and under ``energy`` only
+when that also saves energy); the tiles are time-based under both (the pipelined time).
 
 Layouts and marshaling. Tensors live in L2 in one of two layouts: ``rbe`` (the RBE bit-plane
 layout, I/O bits = the tensor's ``bits``; a signed tensor is stored unsigned with the offset
@@ -811,6 +813,11 @@ class Planner:
         return cost["cluster"] < CLUSTER_WINS * cost["rbe"]
 
     def _choose(self) -> None:
+        """Engines, then layouts. A conv the RBE can run but whose cores are much faster
+        (:meth:`_cluster_much_faster`) goes back to the RBE under ``objective: energy`` when
+        that costs less estimated energy over it and its neighbours (:meth:`_near_cost`: e.g.
+        a stem feeding RBE layers, which then need no marshaling)."""
+        faster: list = []
         consumers: dict[str, list] = {}
         for ly in self.g.layers:
             ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
@@ -829,6 +836,8 @@ class Planner:
                 want = user.get("engine")
                 if want is None:
                     want = "cluster" if reasons or self._cluster_much_faster(ly) else "rbe"
+                    if want == "cluster" and not reasons:
+                        faster.append(ly)
                 if want == "rbe" and reasons:
                     if "engine" in user:
                         raise MappingError(f"layer {ly.name}: engine rbe: {reasons[0]}")
@@ -837,6 +846,13 @@ class Planner:
             self.engines[ly.name] = eng
         self.consumers = consumers
         self._choose_adds()
+        if self.objective == "energy":
+            moved = [ly for ly in faster
+                     if self._near_cost(ly, "rbe") < self._near_cost(ly, "cluster")]
+            for ly in moved:
+                self.engines[ly.name] = "rbe"
+            if moved:
+                self._choose_adds()
         io = set(self.g.inputs) | set(self.g.outputs)
         # biased HWC: a signed tensor between kernels that all fold an offset (not max pool,
         # whose clamp cannot subtract it) is stored unsigned, so the RBE reads it without the
@@ -892,7 +908,7 @@ class Planner:
         cluster ADD cheaper under the global knob ``objective`` (estimated energy by default,
         or estimated time with ``latency``): the add with the layer(s) producing its operands,
         those reading them and those reading its output, whose layouts (and marshaling) change
-        with the add's engine (:meth:`_add_energy`)."""
+        with the add's engine (:meth:`_near_cost`)."""
         adds = [ly for ly in self.g.layers if self.kinds[ly.name] == "add"]
         for ly in adds:
             a, b = (self.t[n] for n in ly.inputs)
@@ -906,7 +922,7 @@ class Planner:
         for ly in adds:
             if self.engines[ly.name] != "rbe" or "engine" in self.user.get(ly.name, {}):
                 continue
-            if self._add_energy(ly, "cluster") < self._add_energy(ly, "rbe"):
+            if self._near_cost(ly, "cluster") < self._near_cost(ly, "rbe"):
                 self.engines[ly.name] = "cluster"
                 self._settle_adds(adds)
         self._layouts()
@@ -929,14 +945,16 @@ class Planner:
                 self.add_reasons[ly.name].append(why)
                 self.engines[ly.name] = "cluster"
 
-    def _add_energy(self, add: AddLayer, eng: str) -> float:
-        """Estimated energy (pJ) of an add and of the layers whose layouts depend on its
-        engine, with the add on ``eng`` (each layer at its own best tile); their estimated
-        cycles instead under ``objective: latency``."""
-        saved = self.engines[add.name]
-        self.engines[add.name] = eng
+    def _near_cost(self, layer, eng: str) -> float:
+        """Estimated energy (pJ) of a layer and of the layers whose layouts depend on its
+        engine (its inputs' producers and readers, its output's readers), with the layer on
+        ``eng`` (each at its own best tile); their estimated cycles under ``objective:
+        latency``."""
+        saved = self.engines[layer.name]
+        self.engines[layer.name] = eng
         self._layouts()
-        names = set(add.inputs) | {add.output}
+        names = set(layer.inputs if isinstance(layer, AddLayer) else (layer.input,)) | {
+            layer.output}
         near = [ly for ly in self.g.layers if ly.output in names or any(
             n in names for n in (ly.inputs if isinstance(ly, AddLayer) else (ly.input,)))]
         total = 0.0
@@ -953,7 +971,7 @@ class Planner:
             except MappingError:
                 total = float("inf")
                 break
-        self.engines[add.name] = saved
+        self.engines[layer.name] = saved
         self._layouts()
         return total
 
