@@ -559,11 +559,26 @@ class _Layer:
         if self.kind == "add":  # CL.ADD: elements at the element-wise rate
             return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt / \
                 cfg.CL_ELTWISE_ELEMS_PER_CYCLE
-        macs = th * self.tw * kt * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
-        rate = (cfg.cluster_macs_per_cycle(self.tin.cbits) if self.kind in ("conv", "fc")
-                else cfg.CL_DW_MACS_PER_CYCLE)
-        psum = 2 * th * self.tw * kt / cfg.CLUSTER_CORES if self.chunked else 0
-        return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + macs / rate + th * self.tw * kt + psum
+        # the simulator's CL.* model: taps at the pool rate; MatMul at the wider of the input
+        # and weight containers, im2col for windows, NormQuant of the last chunk and partial-sum
+        # traffic on the cores
+        outs = th * self.tw * kt
+        if self.kind == "pool":
+            return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * g.kh * g.kw / \
+                cfg.CL_POOL_TAPS_PER_CYCLE
+        macs = outs * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
+        if self.kind == "dw":
+            work = macs / cfg.CL_DW_MACS_PER_CYCLE
+        else:
+            rate = cfg.cluster_macs_per_cycle(max(self.tin.cbits,
+                                                  cluster_bits(self.layer.weight_bits)))
+            work = macs / (rate * (cfg.CL_FC_EFFICIENCY if self.kind == "fc" else 1.0))
+            if self.kind == "conv" and (g.kh * g.kw > 1 or g.sh > 1 or g.sw > 1):
+                work += th * self.tw * g.kh * g.kw * self.tc * self.tin.cbits / 8 / \
+                    cfg.CL_IM2COL_BYTES_PER_CYCLE
+        nq = outs * cfg.CL_NQ_CYCLES_PER_OUTPUT / cfg.CLUSTER_CORES / self.n_chunks
+        psum = 2 * outs / cfg.CLUSTER_CORES if self.chunked else 0
+        return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + work + nq + psum
 
     def cost(self, th: int, kt: int) -> float:
         """Estimated cycles of the layer: ``steps x`` the slowest engine per step (DMA_IN,
@@ -639,10 +654,26 @@ class _Layer:
             e += 2 * macs * (coef["rbe_op"] + self.w_bits * self.tin.bits * coef["rbe_binop"])
         return e
 
+    def group_bytes(self, kt: int) -> int:
+        """L2 bytes of the weight group of ``kt`` output channels (all input channels) and
+        their NormQuant records: what one L2 staging slot holds when the weights live in L3."""
+        g = self.geo
+        if self.kind in ("add", "pool"):
+            return 0
+        if self.engine == "rbe":
+            return cg.weight_bytes(kt, g.c, g.kh, self.w_bits) + 6 * kt
+        taps = g.kh * g.kw * (g.c if self.kind != "dw" else 1)
+        return _al(kt * taps * cluster_bits(self.layer.weight_bits) / 8) + 6 * kt
+
     def candidates(self) -> list[tuple[int, int]]:
+        """Feasible ``(tile_h, tile_k)``: whole bytes, double-buffered in L1, and a weight group
+        of at most a quarter of L2 (so two staging slots and the bounce slots fit beside the
+        tensors when the weights move to L3) where some ``tile_k`` allows it."""
         g = self.geo
         ths = range(1, g.ho + 1)
-        return [(th, kt) for kt in self.k_options() for th in ths
+        kts = self.k_options()
+        kts = [kt for kt in kts if self.group_bytes(kt) <= self.cfg.L2_BYTES // 4] or kts[:1]
+        return [(th, kt) for kt in kts for th in ths
                 if self.byte_ok(th, kt) and self.fits(th, kt)]
 
     def solve(self) -> tuple[int, int, float]:

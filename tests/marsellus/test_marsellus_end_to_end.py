@@ -6,22 +6,23 @@ import pytest
 
 from tvm_accel import zoo
 
-# (cin, cout, k, stride, hw): RBE 3x3 / 1x1, stride 1 / 2, channels 32 / 64 / 96 and not a
-# multiple of 32; a 5x5 conv runs on the cluster
+# (cin, cout, k, stride, hw, engine, pinned by the knob): RBE 3x3 / 1x1, stride 1 / 2, channels
+# 32 / 64 / 96 and not a multiple of 32; a 5x5 conv runs on the cluster
 CONV_CASES = [
-    (32, 32, 3, 1, 8, "rbe"),
-    (64, 64, 3, 2, 9, "rbe"),
-    (16, 96, 1, 1, 6, "rbe"),
-    (96, 40, 1, 2, 7, "cluster"),  # marshaling a host tensor costs more than the cores' conv
-    (96, 40, 1, 2, 7, "rbe"),      # ... unless the knob says RBE
-    (20, 45, 3, 1, 7, "rbe"),
-    (8, 16, 5, 1, 8, "cluster"),
+    (32, 32, 3, 1, 8, "rbe", False),
+    (64, 64, 3, 2, 9, "rbe", False),
+    (16, 96, 1, 1, 6, "cluster", False),  # a 1x1 over 16 channels of a 6x6 host tensor: the
+    (16, 96, 1, 1, 6, "rbe", True),       # cores' conv costs less than the marshaling
+    (96, 40, 1, 2, 7, "cluster", False),  # likewise ...
+    (96, 40, 1, 2, 7, "rbe", True),       # ... unless the knob says RBE
+    (20, 45, 3, 1, 7, "rbe", False),
+    (8, 16, 5, 1, 8, "cluster", False),
 ]
 
 
-@pytest.mark.parametrize("cin, cout, k, stride, hw, engine", CONV_CASES)
-def test_conv2d_is_bit_exact(compare, cin, cout, k, stride, hw, engine):
-    knobs = {"conv": {"engine": "rbe"}} if engine == "rbe" and k == 1 and stride == 2 else None
+@pytest.mark.parametrize("cin, cout, k, stride, hw, engine, pinned", CONV_CASES)
+def test_conv2d_is_bit_exact(compare, cin, cout, k, stride, hw, engine, pinned):
+    knobs = {"conv": {"engine": engine}} if pinned else None
     r = compare(zoo.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride,
                               pad=k // 2, hw=hw), knobs=knobs)
     assert [o.op for o in r.offloaded] == ["conv2d"]

@@ -76,8 +76,8 @@ def test_without_l3_a_function_beyond_l2_is_a_mapping_error():
 @pytest.mark.parametrize("forced", [False, True])
 def test_w_tiling_when_a_full_width_tile_does_not_fit_l1_is_bit_exact(engine, forced):
     """A wide layer on a small L1: the tile spans part of the width (input windows with their
-    column halo, strided stores; with tile_k < K the stores are 3-D), bit-exact on both
-    engines, also with the output in L3."""
+    column halo, strided stores; with tile_k < K the stores are 3-D) or, on the cores, maybe
+    part of the input channels; bit-exact on both engines, also with the output in L3."""
     from dataclasses import replace
 
     rng = np.random.default_rng(6)
@@ -92,7 +92,9 @@ def test_w_tiling_when_a_full_width_tile_does_not_fit_l1_is_bit_exact(engine, fo
     prog, outs, stats = _run(g, xs, cfg, {"c": {"engine": engine, **knobs}})
     np.testing.assert_array_equal(outs["y"], reference_execute(g, xs)["y"])
     meta = prog.layers[0].meta
-    assert meta["tile_w"] < 96 and stats.iodma_busy > 0
+    assert stats.iodma_busy > 0
+    # the cores may split the input channels instead (Kin tiling at the full width)
+    assert meta["tile_w"] < 96 or (engine == "cluster" and not forced and meta["tile_c"] < 32)
     if forced:
         assert (meta["tile_w"], meta["tile_k"]) == (5, knobs["tile_k"])
 

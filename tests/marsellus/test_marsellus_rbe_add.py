@@ -46,7 +46,9 @@ def test_add_scale_ratio_beyond_8_bit_weights_falls_back_to_the_cluster_recipe()
 
 def _block(rng, c, hw, bits, signed, add_bits=None, knobs=None, relu=False):
     """x -> c0 -> y0; c1: y0 -> y1; c2: y1 -> y2; add(y2, y0) -> y3; c3 (1x1): y3 -> z. The
-    operands (y2, y0) have ``bits``, the add's output ``add_bits``."""
+    operands (y2, y0) have ``bits``, the add's output ``add_bits``; the convs are pinned to
+    the RBE (on images this small the cores would run some of them faster)."""
+    knobs = {**{n: {"engine": "rbe"} for n in ("c0", "c1", "c2", "c3")}, **(knobs or {})}
     ob = add_bits or bits
     dt = "int8" if signed else "uint8"
     layers = [conv(rng, "c0", "x", "y0", c, c, 3, obits=bits, osigned=signed),
