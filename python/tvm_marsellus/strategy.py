@@ -66,16 +66,16 @@ tile i-1 overlap the compute of tile i. The tile is chosen by **exact enumeratio
 ``(tile_h, tile_k)`` pairs (at most ``H_out x`` a few channel candidates per layer, so CP-SAT
 buys nothing here) at the full width, or, when no full-width tile fits L1 (W tiling), at the
 widest ``tile_w`` (the width split in 2..64 near-equal parts) that has one: constraint = the
-double-buffered footprint fits L1; objective = the pipelined time ``steps x max(DMA in,
-compute, DMA out, I/O DMA) + fill/drain`` with the RBE compute taken from the simulator's own
-cycle model (:func:`~tvm_marsellus.simulator.rbe_job_phases`), which rewards what the RBE likes
-(output rows in multiples of the 3x3 patch, channels in multiples of 32) and fewer, larger DMA
-transfers. Output
-tiles of 8 or 16 channels are options too (a job filling part of the BinConv columns, stored into
-part of each bit-plane word): they keep wide 3x3 layers on the RBE, whose 32-channel weight tiles
-over 512 input channels do not fit L1 twice. A tile narrower than the tensor is loaded and stored
-with strided (row / plane) DMA copies. All are knobs (``tile_h``, ``tile_w``, ``tile_k``,
-``tile_c``, ``engine``) with these defaults (:func:`knob_space`).
+double-buffered footprint fits L1; objective = the pipelined time ``steps x max(DMA in, compute,
+DMA out, I/O DMA) + fill/drain`` with the RBE compute taken from the simulator's own cycle model
+(:func:`~tvm_marsellus.simulator.rbe_job_phases`) and the cluster kernels' from the simulator's
+formulas, which rewards what the RBE likes (output rows in multiples of the 3x3 patch, channels
+in multiples of 32) and fewer, larger DMA transfers. Output tiles of 8 or 16 channels are
+options too (a job filling part of the BinConv columns, stored into part of each bit-plane
+word): they keep wide 3x3 layers on the RBE, whose 32-channel weight tiles over 512 input
+channels do not fit L1 twice. A tile narrower than the tensor is loaded and stored with strided
+(row / plane) DMA copies. All are knobs (``tile_h``, ``tile_w``, ``tile_k``, ``tile_c``,
+``engine``) with these defaults (:func:`knob_space`).
 
 Kin tiling (input-channel chunks). When no tile with all input channels fits L1 at any width
 (e.g. a 5x5 conv over 512 / 832 channels: the weights of 8 output channels alone exceed half
