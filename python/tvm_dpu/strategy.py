@@ -6,7 +6,9 @@ its output to DDR (function inputs in INPUT, outputs in OUTPUT, intermediates in
 and biases in PARAM). The streams of a function are then merged into **one** instruction stream
 (:func:`merge_streams`, DPUV3INT8's whole-network schedule): each group keeps its dependencies
 and, across groups, an instruction waits by byte range for the earlier groups' accesses, so the
-next group's weights and first input band load during the current group's tail. With
+next group's weights and first input band load during the current group's tail; a list
+scheduler on the cycle model (:func:`list_schedule`) then orders every unit's queue, filling
+the idle units of one group with the work of the next ones. With
 ``{"@fusion": {"overlap": False}}`` every group stays a stream of its own (ending in END) and
 the runtime runs the streams one after the other.
 
@@ -18,8 +20,10 @@ allocated for the batch rounded up to a multiple of ``NUM_PE``, the extra images
 Tiling (knobs per layer, :func:`knob_space`):
 
 - ``oc_tile`` -- weight tiling over output channels (multiple of ``CONV_OC_PAR``) when a
-  layer's int8 weights + int32 biases exceed the PM; chunks that fit half the PM alternate
-  between the two halves (double buffering), larger ones use the whole PM.
+  layer's int8 weights + int32 biases exceed the PM, or exceed half of it and take longer to
+  load than to convolve (a dense layer: its first chunk loads beside the previous group);
+  chunks that fit half the PM alternate between the two halves (double buffering), larger
+  ones use the whole PM.
 - ``tile_h`` -- H-split: output rows per tile; options are multiples of the preferred height
   (``CONV_ROW_PAR`` = 8 for conv, ``MISC_ROW_PAR`` = 2 for pool/eltwise) plus the full height;
   default: the largest that fits, at most about a quarter of the height.
@@ -62,6 +66,7 @@ column of the output (the shuffle is DDR placement).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -341,8 +346,14 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
         kts = _options(k, cfg.CONV_OC_PAR)
         fit = [t for t in kts if _pm_bytes(_param_bytes(layer, t, c)) <= cfg.PM_BYTES]
         half_fit = [t for t in fit if _pm_bytes(_param_bytes(layer, t, c)) <= cfg.PM_BYTES // 2]
-        # all channels at once if they fit; else chunks that double-buffer in the PM halves
-        kt = k if k in fit else max(half_fit or fit or [kts[0]])
+        # all channels at once if they fit; else chunks that double-buffer in the PM halves.
+        # Also in chunks when loading the weights takes longer than the convolution (a dense
+        # layer): the first chunk then loads while the previous group still uses the other half
+        conv_cycles = (_cdiv(ho, cfg.CONV_ROW_PAR) * wo * _cdiv(k, cfg.CONV_OC_PAR)
+                       * _cdiv(c, cfg.CONV_IC_PAR) * kh * kw)
+        load_bound = _param_bytes(layer, k, c) > conv_cycles * cfg.DDR_BYTES_PER_CYCLE
+        whole = k in (half_fit if load_bound and half_fit else fit)
+        kt = k if whole else max(half_fit or fit or [kts[0]])
         ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
         pref = cfg.CONV_ROW_PAR
 
@@ -974,13 +985,139 @@ def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool
     return out
 
 
+def insn_cycles(insn, cfg: DPUConfig) -> int:
+    """Cycles of one instruction on its unit, the cycle model of ``sim/dpu`` (see
+    :mod:`tvm_dpu.hw_config`): what :func:`list_schedule` orders the units' queues by."""
+    if isinstance(insn, (cg.Load, cg.Save)):
+        moved = insn.rows * insn.cols * insn.chans
+        if moved == 0:
+            return 1
+        if not (isinstance(insn, cg.Load) and insn.to_pm):
+            moved *= cfg.NUM_PE
+        lat = cfg.LOAD_LATENCY_CYCLES if isinstance(insn, cg.Load) else cfg.SAVE_LATENCY_CYCLES
+        return max(1, lat + int(np.ceil(moved / cfg.DDR_BYTES_PER_CYCLE)))
+    if isinstance(insn, cg.Conv):
+        if insn.out_h * insn.out_w * insn.oc == 0:
+            return 1
+        steps = (_cdiv(insn.out_h, cfg.CONV_ROW_PAR) * insn.out_w * _cdiv(insn.oc, cfg.CONV_OC_PAR)
+                 * (1 if insn.depthwise else _cdiv(insn.ic, cfg.CONV_IC_PAR))
+                 * insn.kernel_h * insn.kernel_w)
+        return max(1, steps + cfg.CONV_LATENCY_CYCLES)
+    if isinstance(insn, cg.End) or insn.out_h * insn.out_w * insn.chans == 0:
+        return 1
+    taps = insn.kernel_h * insn.kernel_w if isinstance(insn, cg.Pool) else 1
+    steps = _cdiv(insn.out_h, cfg.MISC_ROW_PAR) * insn.out_w * _cdiv(insn.chans, cfg.MISC_CH_PAR)
+    return max(1, steps * taps + cfg.MISC_LATENCY_CYCLES)
+
+
+def list_schedule(items: list[tuple[object, list[int]]], groups: list[int], cfg: DPUConfig,
+                  sides: list[int] | None = None, window: int = 1) -> list[int]:
+    """Reorder a stream the way DPUV3INT8's scheduler fills its parallel units: list scheduling
+    on the cycle model (:func:`insn_cycles`).
+
+    ``items`` are ``(instruction, dependencies)`` in a valid program order, ``groups[i]`` the
+    (non-decreasing) group of item ``i`` and ``sides[i]`` its side within the group (the two
+    independent streams of a parallel pair; default 0); the dependencies must hold every
+    ordering that different groups and sides need from each other. A unit keeps the order of
+    each queue: a side's PM LOADs (weights), its FM LOADs (feature maps, from read-only or
+    already saved DDR) and its instructions of every other unit. Among the queue heads whose
+    dependencies are placed, the one that could start first (on its unit, after its
+    dependencies end) comes next (ties: the shorter, then program order), where a queue of a
+    younger group than the oldest with work on that unit (at most ``window`` groups younger)
+    only fills a gap: its instruction must end before the oldest group's next one there could
+    start. So the CONVs of a pair's conv stream run while its pool stream's CONVs wait for
+    their MAXPOOLs, a band's LOAD passes the next layer's weights, and the next group's work
+    fills the idle units of the current group's tail. Returns the new order (item indices);
+    every dependency still points backwards."""
+    n_units = len(cg.UNITS)
+    sides = sides or [0] * len(items)
+    unit = [cg.unit_of(insn) for insn, _ in items]
+    key = [(groups[i], sides[i], isinstance(insn, cg.Load) and insn.to_pm)
+           for i, (insn, _) in enumerate(items)]
+    queues: list[dict[tuple, list[int]]] = [{} for _ in range(n_units)]
+    for i, u in enumerate(unit):
+        queues[u].setdefault(key[i], []).append(i)
+    order_of = [sorted(q) for q in queues]  # queues of each unit, oldest group first
+    first = [0] * n_units  # first queue of order_of[u] with work left
+    head = [dict.fromkeys(q, 0) for q in queues]
+    users: list[list[int]] = [[] for _ in items]
+    missing = [0] * len(items)
+    for i, (_, deps) in enumerate(items):
+        ds = set(deps)
+        missing[i] = len(ds)
+        for d in ds:
+            users[d].append(i)
+    ready = [0] * len(items)
+    free = [0] * n_units
+    cost = [insn_cycles(insn, cfg) for insn, _ in items]
+    pos = [-1] * len(items)
+
+    def earliest(i: int) -> int:
+        """When item ``i`` could start at the earliest (exact once its dependencies are placed;
+        else a lower bound over the unplaced ones)."""
+        t = max(free[unit[i]], ready[i])
+        if missing[i]:
+            t = max([t, *(free[unit[d]] + cost[d] for d in items[i][1] if pos[d] < 0)])
+        return t
+
+    def heads_of(u: int) -> list[int]:
+        """The next instruction of every queue of unit ``u`` within the window."""
+        out: list[int] = []
+        for k in order_of[u][first[u]:]:
+            if out and k[0] > groups[out[0]] + window:
+                break
+            if head[u][k] < len(queues[u][k]):
+                out.append(queues[u][k][head[u][k]])
+        return out
+    order: list[int] = []
+    for _ in range(len(items)):
+        best = None
+        for u in range(n_units):
+            heads = heads_of(u)
+            if not heads:
+                continue
+            oldest = min(earliest(i) for i in heads if groups[i] == groups[heads[0]])
+            for i in heads:
+                t = earliest(i)
+                fits = groups[i] == groups[heads[0]] or t + cost[i] <= oldest
+                if not missing[i] and fits and (best is None or (t, cost[i], i) < best):
+                    best = (t, cost[i], i)
+        start, _, i = best
+        u = unit[i]
+        pos[i] = len(order)
+        order.append(i)
+        free[u] = end = start + cost[i]
+        head[u][key[i]] += 1
+        while first[u] < len(order_of[u]) and \
+                head[u][order_of[u][first[u]]] >= len(queues[u][order_of[u][first[u]]]):
+            first[u] += 1
+        for j in users[i]:
+            missing[j] -= 1
+            ready[j] = max(ready[j], end)
+    return order
+
+
+def reorder(items: list[tuple[object, list[int]]], order: list[int]
+            ) -> tuple[list[tuple[object, list[int]]], list[int]]:
+    """``items`` in the new ``order`` with their dependencies renumbered, and where each went."""
+    where = [0] * len(items)
+    for k, i in enumerate(order):
+        where[i] = k
+    return [(items[i][0], [where[d] for d in items[i][1]]) for i in order], where
+
+
 # --- one stream per function: overlap across groups -------------------------------------------
+#: groups of the merged stream whose instructions :func:`list_schedule` may interleave on a unit
+#: beyond the oldest one with work left there (0: every group keeps its place)
+MERGE_WINDOW = 2
 _GRAIN = 64  # bytes per entry of the footprint maps (buffers and PM blocks are 64-byte aligned)
 
 
 class _Footprints:
     """Last writer and last reader per unit of every ``_GRAIN`` bytes of a memory (FM memory,
-    PM, or a DDR region), as of the end of the groups merged so far."""
+    PM, or a DDR region), as of the end of the groups merged so far. An access is one byte
+    range ``[lo, hi)`` or, with arrays ``lo`` / ``hi``, several (a strided DDR access); ranges
+    wrap around the memory (FM and PM are circular)."""
 
     def __init__(self, size: int):
         self.size = max(1, size)
@@ -988,40 +1125,70 @@ class _Footprints:
         self.writer = np.full(n, -1, dtype=np.int64)
         self.reader = np.full((len(cg.UNITS), n), -1, dtype=np.int64)
 
-    def _slices(self, lo: int, hi: int):
-        lo, hi = max(0, lo), max(lo + 1, hi)
-        if hi - lo >= self.size:
-            yield 0, len(self.writer)
-            return
+    def _grains(self, lo, hi) -> np.ndarray | slice:
+        """Indices of the grains the ranges touch."""
+        lo = np.maximum(np.atleast_1d(np.asarray(lo, dtype=np.int64)), 0)
+        hi = np.maximum(np.atleast_1d(np.asarray(hi, dtype=np.int64)), lo + 1)
+        if (hi - lo >= self.size).any():
+            return slice(None)
         a, b = lo % self.size, (hi - 1) % self.size + 1
-        parts = [(a, b)] if a < b else [(a, self.size), (0, b)]
-        for x, y in parts:
-            yield x // _GRAIN, _cdiv(y, _GRAIN)
+        wrap = a >= b
+        a, b = np.concatenate([a, np.zeros(wrap.sum(), np.int64)]), \
+            np.concatenate([np.where(wrap, self.size, b), b[wrap]])
+        ga, gb = a // _GRAIN, -(-b // _GRAIN)
+        n = gb - ga
+        if len(n) == 1:
+            return slice(int(ga[0]), int(gb[0]))
+        return np.repeat(ga - np.cumsum(n) + n, n) + np.arange(n.sum())
 
-    def conflicts(self, lo: int, hi: int, write: bool) -> list[int]:
+    def conflicts(self, lo, hi, write: bool) -> list[int]:
         """Earlier instructions an access of bytes ``[lo, hi)`` must wait for: the last writer
-        (read after write, write after write) and, for a write, the last reader of every unit
-        (write after read)."""
-        out = []
-        for a, b in self._slices(lo, hi):
-            w = int(self.writer[a:b].max())
-            if w >= 0:
-                out.append(w)
-            if write:
-                out += [int(r) for r in self.reader[:, a:b].max(axis=1) if r >= 0]
-        return out
+        of every byte (read after write, write after write) and, for a write, its last reader
+        of every unit (write after read). Every one of them, not only the latest: once
+        :func:`list_schedule` interleaves the groups, an earlier writer of part of the range
+        may end after a later one."""
+        g = self._grains(lo, hi)
+        out = set(np.unique(self.writer[g]).tolist())
+        if write:
+            out.update(np.unique(self.reader[:, g]).tolist())
+        out.discard(-1)
+        return sorted(out)
 
-    def record(self, lo: int, hi: int, write: bool, unit: int, idx: int) -> None:
-        for a, b in self._slices(lo, hi):
-            if write:
-                self.writer[a:b] = idx
-                self.reader[:, a:b] = -1
-            else:
-                self.reader[unit, a:b] = idx
+    def last_reader(self, lo, hi, unit: int) -> list[int]:
+        """The last reader of ``unit`` of bytes ``[lo, hi)``: a new read of that unit keeps
+        its place after it, so the write-after-read dependencies (on the last reader per unit)
+        still cover every earlier reader once :func:`list_schedule` interleaves the groups."""
+        r = int(self.reader[unit, self._grains(lo, hi)].max())
+        return [r] if r >= 0 else []
+
+    def record(self, lo, hi, write: bool, unit: int, idx: int) -> None:
+        g = self._grains(lo, hi)
+        if write:
+            self.writer[g] = idx
+            self.reader[:, g] = -1
+        else:
+            self.reader[unit, g] = idx
 
 
 def _ext(rows: int, cols: int, pix: int, row: int, last: int) -> int:
     return (max(rows, 1) - 1) * row + (max(cols, 1) - 1) * pix + last
+
+
+def _ddr_ranges(insn, cfg: DPUConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The DDR byte ranges ``(lo, hi)`` a LOAD / SAVE touches, of every PE's image: one per
+    image when its rows are contiguous, else one per row, and one per pixel when the pixels
+    are channel slices of wider ones (concat inputs saved in place), so that accesses to
+    different channel slices of a tensor do not wait for each other."""
+    rows, cols, pix, row = insn.rows, insn.cols, insn.ddr_pix_stride, insn.ddr_row_stride
+    base = insn.ddr_offset + insn.img_stride * np.arange(cfg.NUM_PE, dtype=np.int64)
+    if pix != insn.chans and cols > 1:
+        starts = (base[:, None, None] + row * np.arange(rows)[None, :, None]
+                  + pix * np.arange(cols)[None, None, :]).reshape(-1)
+        return starts, starts + insn.chans
+    if row != cols * pix and rows > 1:
+        starts = (base[:, None] + row * np.arange(rows)[None, :]).reshape(-1)
+        return starts, starts + _ext(1, cols, pix, row, insn.chans)
+    return base, base + _ext(rows, cols, pix, row, insn.chans)
 
 
 def _footprint(insn, cfg: DPUConfig) -> list[tuple[tuple, int, int, bool]]:
@@ -1035,11 +1202,7 @@ def _footprint(insn, cfg: DPUConfig) -> list[tuple[tuple, int, int, bool]]:
             return [(("PM",), insn.dst_addr, insn.dst_addr + insn.rows * insn.cols * insn.chans,
                      True)]
         if insn.region in (cg.REGION_OUTPUT, cg.REGION_SWAP):
-            ext = _ext(insn.rows, insn.cols, insn.ddr_pix_stride, insn.ddr_row_stride, insn.chans)
-            write = isinstance(insn, cg.Save)
-            for p in range(cfg.NUM_PE):
-                lo = insn.ddr_offset + p * insn.img_stride
-                out.append((("DDR", insn.region), lo, lo + ext, write))
+            out.append((("DDR", insn.region), *_ddr_ranges(insn, cfg), isinstance(insn, cg.Save)))
         if isinstance(insn, cg.Load):
             rows = insn.rows + insn.pad_top + insn.pad_bottom
             cols = insn.cols + insn.pad_left + insn.pad_right
@@ -1077,54 +1240,110 @@ def _footprint(insn, cfg: DPUConfig) -> list[tuple[tuple, int, int, bool]]:
     return out
 
 
-def _shift(insn, fm: int, pm: int, cfg: DPUConfig) -> None:
-    """Move an instruction's FM addresses by ``fm`` and PM addresses by ``pm`` (both memories are
-    circular, so a whole stream moved alike computes the same)."""
+def _shift(insn, fm: int, pm: int, cfg: DPUConfig, mems: tuple[int, ...] | None = None) -> None:
+    """Move an instruction's FM addresses by ``fm`` and PM addresses by ``pm`` and its FM
+    memory ``m`` to ``mems[m]`` (the memories are alike and circular, so a whole stream moved
+    alike computes the same)."""
     m, p = cfg.fm_memory_bytes, cfg.PM_BYTES
+    mems = mems or tuple(range(cfg.FM_MEMORIES))
     if isinstance(insn, cg.Load):
         insn.dst_addr = (insn.dst_addr + (pm if insn.to_pm else fm)) % (p if insn.to_pm else m)
+        if not insn.to_pm:
+            insn.fm_mem = mems[insn.fm_mem]
     elif isinstance(insn, cg.Save):
         insn.src_addr = (insn.src_addr + fm) % m
+        insn.fm_mem = mems[insn.fm_mem]
     elif not isinstance(insn, cg.End):
         insn.in_addr = (insn.in_addr + fm) % m
         insn.out_addr = (insn.out_addr + fm) % m
+        insn.in_mem, insn.out_mem = mems[insn.in_mem], mems[insn.out_mem]
         if isinstance(insn, cg.Conv):
             insn.param_addr = (insn.param_addr + pm) % p
         elif isinstance(insn, cg.EltAdd):
             insn.b_addr = (insn.b_addr + fm) % m
+            insn.b_mem = mems[insn.b_mem]
 
 
-def _place_next(part: list, maps: dict, cfg: DPUConfig) -> None:
-    """Move the next group's FM buffers and PM blocks by half a memory when that lets its
-    leading LOADs (those before its first compute: weights and the first input bands) wait for
-    earlier instructions of the previous groups (e.g. the ping-pong buffer and PM half the
-    previous group's last tiles do not use)."""
-    lead = []
-    for insn, _ in part:
-        if not isinstance(insn, cg.Load):
-            break
-        lead.append(insn)
-    if not lead:
+#: placements :func:`_place_next` tries for the next group: shifts by this fraction of an FM
+#: memory and of the PM
+PLACE_STEPS = 8
+#: placements with the earliest leading LOADs whose group :func:`_place_next` estimates (with
+#: the half-memory shifts), over its first ``PLACE_HORIZON`` instructions
+PLACE_SHORTLIST = 16
+PLACE_HORIZON = 64
+
+
+def _place_next(part: list, maps: dict, cfg: DPUConfig, end: np.ndarray, free: list[int]
+                ) -> None:
+    """Place the next group's FM buffers and PM blocks where it can start early, given when
+    the earlier instructions it would wait for end (``end``, estimated on the cycle model; the
+    units are free at ``free``): e.g. in an FM memory, or part of one, and the part of the
+    circular PM that the previous group's last tiles do not use. Of every permutation of the
+    FM memories, FM shifts by ``1 / PLACE_STEPS`` of a memory and PM shifts by
+    ``1 / PLACE_STEPS`` of the PM, the ``PLACE_SHORTLIST`` whose leading LOADs (weights and
+    first input bands, before the first compute) finish first and the half-memory shifts are
+    estimated over the group's first ``PLACE_HORIZON`` instructions; the earliest end wins."""
+    head = part[:PLACE_HORIZON]
+    n_lead = next((k for k, (insn, _) in enumerate(head) if not isinstance(insn, cg.Load)),
+                  len(head))
+    if n_lead == 0:
         return
+    ident = tuple(range(cfg.FM_MEMORIES))
+    fm_step, pm_step = cfg.fm_memory_bytes // PLACE_STEPS, cfg.PM_BYTES // PLACE_STEPS
+    fm_opts = [(k * fm_step, mems) for mems in itertools.permutations(ident)
+               for k in range(PLACE_STEPS)]
+    pm_opts = [k * pm_step for k in range(PLACE_STEPS)]
 
-    def cost(fm: int, pm: int) -> tuple[int, int]:
-        for insn in lead:
-            _shift(insn, fm, pm, cfg)
-        waits = [max([-1, *(maps[mm].conflicts(lo, hi, w) if mm in maps else [])])
-                 for insn in lead for mm, lo, hi, w in _footprint(insn, cfg)]
-        for insn in lead:
-            _shift(insn, -fm, -pm, cfg)
-        return sum(waits), max(waits, default=-1)
-    fm_half, pm_half = cfg.fm_memory_bytes // 2, cfg.PM_BYTES // 2
-    options = [(0, 0), (fm_half, 0), (0, pm_half), (fm_half, pm_half)]
-    fm, pm = min(options, key=lambda o: (cost(*o), options.index(o)))
-    if fm or pm:
+    def latest(insn, kind: str) -> int:
+        """When the earlier instructions an instruction's ``kind`` (FM, PM, DDR) accesses wait
+        for end."""
+        t = 0
+        for mm, lo, hi, w in _footprint(insn, cfg):
+            if mm[0] == kind and mm in maps:
+                deps = maps[mm].conflicts(lo, hi, w)
+                if deps:
+                    t = max(t, int(end[deps].max()))
+        return t
+    cache: dict[tuple, int] = {}
+
+    def wait(k: int, fo, po) -> int:
+        """The cross-group wait of instruction ``k`` of the group placed at ``(fo, po)``: its
+        DDR part does not move, its FM part depends on ``fo`` only, its PM part on ``po``."""
+        insn = head[k][0]
+        for kind, opt in (("DDR", None), ("FM", fo), ("PM", po)):
+            if (k, kind, opt) not in cache:
+                moved = dataclasses.replace(insn)
+                if kind == "FM":
+                    _shift(moved, opt[0], 0, cfg, opt[1])
+                elif kind == "PM":
+                    _shift(moved, 0, opt, cfg)
+                cache[(k, kind, opt)] = latest(moved, kind)
+        return max(cache[(k, "DDR", None)], cache[(k, "FM", fo)], cache[(k, "PM", po)])
+    dur = [insn_cycles(insn, cfg) for insn, _ in head]
+
+    def finish(fo, po, n: int) -> int:
+        """Estimated end of the group's first ``n`` instructions placed at ``(fo, po)``."""
+        at = list(free)
+        ends: list[int] = []
+        for k, (insn, deps) in enumerate(head[:n]):
+            u = cg.unit_of(insn)
+            at[u] = max([at[u], wait(k, fo, po), *(ends[d] for d in deps)]) + dur[k]
+            ends.append(at[u])
+        return max(ends)
+    options = [(fo, po) for fo in fm_opts for po in pm_opts]
+    ranked = sorted(options, key=lambda o: (finish(*o, n_lead), options.index(o)))
+    halves = [o for o in options if o[0][0] % (cfg.fm_memory_bytes // 2) == 0
+              and o[1] % (cfg.PM_BYTES // 2) == 0]
+    shortlist = list(dict.fromkeys([*ranked[:PLACE_SHORTLIST], *halves]))
+    (fm, mems), pm = min(shortlist, key=lambda o: (finish(*o, len(head)), options.index(o)))
+    if fm or pm or mems != ident:
         for insn, _ in part:
-            _shift(insn, fm, pm, cfg)
+            _shift(insn, fm, pm, cfg, mems)
 
 
 def merge_streams(layers: list[LayerProgram], parts: list[list], cfg: DPUConfig,
-                  region_sizes: dict[str, int]) -> None:
+                  region_sizes: dict[str, int], sides: list[list[int] | None] | None = None
+                  ) -> None:
     """Compile the streams of consecutive layers / fused groups into **one** instruction stream
     (DPUV3INT8's whole-network schedule), in place: ``parts[i]`` is the ``(instruction,
     dependencies)`` list of ``layers[i]`` (:func:`schedule`). Each group keeps its own
@@ -1135,31 +1354,58 @@ def merge_streams(layers: list[LayerProgram], parts: list[list], cfg: DPUConfig,
     group's weight LOADs (into the PM half the current group does not use) and first input
     bands (into the FM buffer its last tiles do not use) are issued while the current group's
     tail (last CONVs, SAVEs) runs, and a group's first LOAD of a tensor waits only for the
-    SAVE of the rows it reads. Every dependency points backwards, so the merged stream cannot
-    deadlock. The layers keep their own instruction ranges (``stream`` = 0, END after the
-    last), so the runtime reports marginal cycles per layer / group
-    (:func:`tvm_dpu.simulator.simulate_ranges`)."""
+    SAVE of the rows it reads (DDR ranges per pixel for channel slices, :func:`_ddr_ranges`).
+    Each group is first placed in the FM memories and the PM where it starts earliest
+    (:func:`_place_next`); then :func:`list_schedule` reorders the units' queues on the cycle
+    model (a band's LOAD before the next layer's weights, a parallel pair's two sides
+    interleaved, the next ``MERGE_WINDOW`` groups' work in the idle gaps of the current one).
+    Every dependency points backwards, so the merged stream cannot deadlock. Each layer gets
+    an instruction range (``stream`` = 0, END after the last) ending after its last
+    instruction, which may hold a younger group's instructions issued early, so the runtime
+    reports marginal cycles per layer / group (:func:`tvm_dpu.simulator.simulate_ranges`).
+    ``sides[i]`` marks the two independent sides of a parallel pair (None: one side)."""
     fm = {("FM", m): _Footprints(cfg.fm_memory_bytes) for m in range(cfg.FM_MEMORIES)}
     maps = {**fm, ("PM",): _Footprints(cfg.PM_BYTES)}
     for name, r in (("OUTPUT", cg.REGION_OUTPUT), ("SWAP", cg.REGION_SWAP)):
         maps[("DDR", r)] = _Footprints(region_sizes.get(name, 64))
     merged: list[tuple[object, list[int]]] = []
+    groups: list[int] = []
+    side_of: list[int] = []
     bounds = []
-    for part in parts:
+    end = np.zeros(sum(len(part) for part in parts), dtype=np.int64)  # estimated, in order
+    free = [0] * len(cg.UNITS)
+    for g, part in enumerate(parts):
         base = len(merged)
+        side_of += (sides[g] if sides and sides[g] else None) or [0] * len(part)
         if base:
-            _place_next(part, maps, cfg)
+            _place_next(part, maps, cfg, end, free)
         prints = []
         for insn, deps in part:
-            fp = [(maps[m], lo, hi, w) for m, lo, hi, w in _footprint(insn, cfg) if m in maps]
-            cross = [d for mp, lo, hi, w in fp for d in mp.conflicts(lo, hi, w)]
+            u = cg.unit_of(insn)
+            fp = [(m, maps[m], lo, hi, w) for m, lo, hi, w in _footprint(insn, cfg) if m in maps]
+            cross = [d for _, mp, lo, hi, w in fp for d in mp.conflicts(lo, hi, w)]
+            cross += [d for m, mp, lo, hi, w in fp if not w and m[0] != "DDR"
+                      for d in mp.last_reader(lo, hi, u)]
             merged.append((insn, [base + d for d in deps] + cross))
-            prints.append(fp)
+            prints.append([x[1:] for x in fp])
+            groups.append(len(bounds))
+            deps_all = merged[-1][1]
+            free[u] = max(free[u], int(end[deps_all].max()) if deps_all else 0) \
+                + insn_cycles(insn, cfg)
+            end[len(merged) - 1] = free[u]
         for k, fp in enumerate(prints):
             u = cg.unit_of(merged[base + k][0])
             for mp, lo, hi, w in sorted(fp, key=lambda x: x[3]):  # reads, then writes
                 mp.record(lo, hi, w, u, base + k)
         bounds.append((base, len(merged)))
+    # a group's range ends after its last instruction (and holds the younger groups'
+    # instructions issued before that); should a range come out empty, keep the merged order
+    scheduled, where = reorder(merged, list_schedule(merged, groups, cfg, side_of, MERGE_WINDOW))
+    cuts: list[int] = []
+    for a, b in bounds:
+        cuts.append(max(cuts[-1] + 1 if cuts else 1, max(where[a:b]) + 1))
+    if cuts[-1] == len(merged):
+        merged, bounds = scheduled, list(zip([0, *cuts[:-1]], cuts, strict=True))
     insns = resolve_tokens(merged)
     for i, (ly, (a, b)) in enumerate(zip(layers, bounds, strict=True)):
         body = insns[a:b] + ([cg.End()] if i == len(layers) - 1 else [])
@@ -1255,7 +1501,7 @@ class _Planner:
     def _schedule(self, *args, **kw) -> list:
         """:func:`schedule`, remembering the dependency list of the last stream."""
         insns = schedule(*args, **kw)
-        self.last_items = insns.items
+        self.last_items, self.last_sides = insns.items, None
         return insns
 
     def _grid(self, t: TensorPlacement, rows: tuple[int, int], cols: tuple[int, int], th: int,
@@ -2013,7 +2259,7 @@ class _Planner:
         """Two independent streams run concurrently (DPUV3INT8's parallel schedule of, e.g., an
         Inception max pool on MISC beside a convolution on CONV): each is planned for half of
         every FM memory and half the PM, ``b``'s addresses move to the upper halves, and the two
-        dependency lists are interleaved in proportion and turned into one set of tokens."""
+        dependency lists are merged by :func:`list_schedule` and turned into one set of tokens."""
         cfg = self.cfg
         half_cfg = dataclasses.replace(cfg, FM_BANKS=cfg.FM_BANKS // 2, PM_BYTES=cfg.PM_BYTES // 2)
         self.cfg = half_cfg
@@ -2027,23 +2273,11 @@ class _Planner:
         fm_off, pm_off = half_cfg.fm_memory_bytes, half_cfg.PM_BYTES
         for insn, _ in items_b:
             _relocate(insn, fm_off, pm_off)
-        merged: list[tuple[object, list[int]]] = []
-        where_a: list[int] = []
-        where_b: list[int] = []
-        ia = ib = 0
-        while ia < len(items_a) or ib < len(items_b):
-            take_a = ib >= len(items_b) or (ia < len(items_a)
-                                            and ia * len(items_b) <= ib * len(items_a))
-            if take_a:
-                insn, deps = items_a[ia]
-                merged.append((insn, [where_a[d] for d in deps]))
-                where_a.append(len(merged) - 1)
-                ia += 1
-            else:
-                insn, deps = items_b[ib]
-                merged.append((insn, [where_b[d] for d in deps]))
-                where_b.append(len(merged) - 1)
-                ib += 1
+        both = [*items_a, *[(insn, [len(items_a) + d for d in deps]) for insn, deps in items_b]]
+        sides = [0] * len(items_a) + [1] * len(items_b)
+        order = list_schedule(both, [0] * len(both), cfg, sides)
+        merged, _ = reorder(both, order)
+        self.last_sides = [sides[i] for i in order]
         insns = [*resolve_tokens(merged), cg.End()]
         self.last_items = merged
         return LayerProgram(f"{pa.name}||{pb.name}", f"{pa.op} || {pb.op}",
@@ -2481,15 +2715,16 @@ def plan(graph: LayerGraph, cfg: DPUConfig, knobs: dict[str, dict] | None = None
         groups = [(t, g) for t, g in groups
                   if not (t is None and by[g[0]].output in placed)]
     p = _Planner(graph, cfg, on_chip, views)
-    layers, parts = [], []
+    layers, parts, sides = [], [], []
     for tpl, names in groups:
         if tpl == "parallel":
             layers.append(p.parallel(names[0], names[1], knobs))
         else:
             layers.append(p.spec((tpl, names), knobs))
         parts.append(p.last_items)
+        sides.append(p.last_sides)
     if overlap and len(layers) > 1:
-        merge_streams(layers, parts, cfg, p.region_use)
+        merge_streams(layers, parts, cfg, p.region_use, sides)
     sizes = {r: max(64, _cdiv(v, 4096) * 4096) for r, v in p.region_use.items()}
     sizes["PARAM"] = max(64, _cdiv(len(p.params), 4096) * 4096)
     sizes["INSN"] = max(64, _cdiv(sum(len(ly.insns) for ly in layers), 4096) * 4096)

@@ -453,7 +453,8 @@ def test_pool_stream_runs_beside_an_independent_conv_stream_bit_exact(cfg):
     assert prog.fusion.parallel and prog.fusion.parallel[0][2] < prog.fusion.parallel[0][1]
     off, st_off = _run(g, cfg, {"@fusion": {"parallel": False}})
     assert not any("||" in ly.name for ly in off.layers)
-    assert sum(x.cycles for _, x in st) < sum(x.cycles for _, x in st_off)
+    # without the pair, the merged stream's list scheduling overlaps the two groups as well
+    assert sum(x.cycles for _, x in st) <= sum(x.cycles for _, x in st_off)
 
 
 def test_padding_wider_than_the_kernel_is_bit_exact():
