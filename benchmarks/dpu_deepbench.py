@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import geomean, load_rows, make_layer, parse_args  # noqa: E402
+from vta_deepbench import LayerRuns, geomean, load_rows, make_layer, parse_args  # noqa: E402
 
 from tvm_accel.layers import Requant  # noqa: E402
 
@@ -63,7 +62,6 @@ def cpu_reason(layer, in_shape) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, "dpu_default", argv)
 
-    from tvm_accel.layers import reference_execute
     from tvm_accel.profiler import bound_label
     from tvm_accel.report import format_table
     from tvm_dpu.hw_config import load_config
@@ -72,30 +70,21 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(args.config)
     rows = load_rows(args.csv, args.ids, args.limit)
-    table, effs, failed, exact = [], [], [], True
-    t_compile = t_sim = 0.0
+    runs = LayerRuns(lambda g: plan(g, cfg), lambda p, x: execute_program(p, x, cfg),
+                     MappingError, args.check)
+    table, effs, failed = [], [], []
     for row in rows:
         graph, inputs = make_layer({**row, "n": str(cfg.NUM_PE)}, int(row["id"]), dpu_recipe)
         layer = graph.layers[0]
         x = graph.tensors["x"].shape
         shape = (f"{x[1]}x{x[2]}x{x[3]}->{layer.weight.shape[0]} "
                  f"{layer.kernel[0]}x{layer.kernel[1]} s{layer.strides[0]}")
-        t0 = time.perf_counter()
-        try:
-            why = cpu_reason(layer, x)
-            if why:
-                raise MappingError(why)
-            prog = plan(graph, cfg)
-        except MappingError as e:
-            failed.append((row["id"], str(e)))
-            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", str(e)[:60]))
+        out = runs.run(graph, inputs, cpu_reason(layer, x))
+        if isinstance(out, str):
+            failed.append((row["id"], out))
+            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", out[:60]))
             continue
-        t1 = time.perf_counter()
-        outs, stats = execute_program(prog, inputs, cfg)
-        t2 = time.perf_counter()
-        t_compile, t_sim = t_compile + t1 - t0, t_sim + t2 - t1
-        if args.check:
-            exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
+        prog, stats, t_plan = out
         st = stats[0][1]
         for _, more in stats[1:]:
             st = st + more
@@ -108,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         tiles = ",".join(f"{k.replace('tile_', '')}={v}" for k, v in kn.items()
                          if k in ("oc_tile", "tile_h", "tile_w", "format") and v is not False)
         table.append((row["id"], shape, "DPU", f"{st.cycles:,}", f"{100 * eff:.1f}%", bound,
-                      f"{t1 - t0:.2f}", tiles))
+                      f"{t_plan:.2f}", tiles))
     print(f"config {cfg.name}: {cfg.NUM_PE} PEs (batch {cfg.NUM_PE}, one image per PE), "
           f"{cfg.peak_macs_per_cycle} MACs/cycle, DDR {cfg.DDR_BYTES_PER_CYCLE:.0f} B/cycle")
     print(format_table(["id", "layer (CxHxW -> K)", "engine", "cycles", "HW eff", "bound",
@@ -116,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     ran = len(rows) - len(failed)
     geo = geomean(effs)
     print(f"\nlayers on the DPU: {ran} / {len(rows)}; geomean HW efficiency {100 * geo:.1f}%; "
-          f"compile {t_compile:.1f} s, simulation {t_sim:.1f} s"
-          + (f"; bit-exact: {exact}" if args.check else ""))
+          f"compile {runs.t_plan:.1f} s, simulation {runs.t_sim:.1f} s"
+          + (f"; bit-exact: {runs.exact}" if args.check else ""))
     for lid, why in failed:
         print(f"  on the CPU: layer {lid}: {why}")
-    return 0 if exact else 1
+    return 0 if runs.exact else 1
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ Figures are information for issue notes, never assertions.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import geomean, load_rows, make_layer, parse_args  # noqa: E402
+from vta_deepbench import LayerRuns, geomean, load_rows, make_layer, parse_args  # noqa: E402
 
 from tvm_accel.layers import Requant  # noqa: E402
 
@@ -38,7 +37,6 @@ def marsellus_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, None, argv)
 
-    from tvm_accel.layers import reference_execute
     from tvm_accel.profiler import bound_label
     from tvm_accel.report import format_table
     from tvm_marsellus.hw_config import load_config
@@ -48,29 +46,22 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(args.config)
     rows = load_rows(args.csv, args.ids, args.limit)
-    table, utils, failed, exact = [], [], [], True
-    t_compile = t_sim = 0.0
+    runs = LayerRuns(lambda g: plan(g, cfg), lambda p, x: execute_program(p, x, cfg),
+                     MappingError, args.check)
+    table, utils, failed = [], [], []
     for row in rows:
         graph, inputs = make_layer(row, int(row["id"]), marsellus_recipe)
         layer = graph.layers[0]
         shape = (f"{graph.tensors['x'].shape}->{layer.weight.shape[0]} "
                  f"{layer.kernel[0]}x{layer.kernel[1]} s{layer.strides[0]}")
-        t0 = time.perf_counter()
-        try:
-            if max(*layer.kernel, *layer.strides, *layer.padding) > MAX_WINDOW:
-                raise MappingError("pattern: kernel, stride or padding above 255 (8-bit window "
-                                   "fields)")
-            prog = plan(graph, cfg)
-        except MappingError as e:
-            failed.append((row["id"], str(e)))
-            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", "-", str(e)[:60]))
+        refused = ("pattern: kernel, stride or padding above 255 (8-bit window fields)"
+                   if max(*layer.kernel, *layer.strides, *layer.padding) > MAX_WINDOW else "")
+        out = runs.run(graph, inputs, refused)
+        if isinstance(out, str):
+            failed.append((row["id"], out))
+            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", "-", out[:60]))
             continue
-        t1 = time.perf_counter()
-        outs, stats = execute_program(prog, inputs, cfg)
-        t2 = time.perf_counter()
-        t_compile, t_sim = t_compile + t1 - t0, t_sim + t2 - t1
-        if args.check:
-            exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
+        prog, stats, _ = out
         (_, st), lp = stats[0], prog.layers[0]
         peak = cfg.rbe_and_gates / 64 if lp.engine == "rbe" else cfg.cluster_macs_per_cycle(8)
         util = min(1.0, lp.macs / (st.cycles * peak)) if st.cycles else 0.0
@@ -87,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ran = len(rows) - len(failed)
     geo = geomean(utils)
     print(f"\nlayers run: {ran} / {len(rows)}; geomean utilization {100 * geo:.1f}%; "
-          f"plan {t_compile:.1f} s, simulation {t_sim:.1f} s"
-          + (f"; bit-exact: {exact}" if args.check else ""))
+          f"plan {runs.t_plan:.1f} s, simulation {runs.t_sim:.1f} s"
+          + (f"; bit-exact: {runs.exact}" if args.check else ""))
     for lid, why in failed:
         print(f"  not mapped: layer {lid}: {why}")
     return 0

@@ -21,6 +21,8 @@ import csv
 import math
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,42 @@ def geomean(values: list[float]) -> float:
     if not values:
         return 0.0
     return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+@dataclass
+class LayerRuns:
+    """Plans and simulates single DeepBench layers for one target: ``plan(graph)`` ->
+    program, ``execute(program, inputs)`` -> (outputs, stats), ``error`` the planner's mapping
+    error; totals the planning and simulation seconds of the layers that map and, with
+    ``check``, whether every one is bit-exact against ``reference_execute``."""
+
+    plan: Callable
+    execute: Callable
+    error: type
+    check: bool = False
+    t_plan: float = 0.0
+    t_sim: float = 0.0
+    exact: bool = True
+
+    def run(self, graph: LayerGraph, inputs: dict, refused: str = ""):
+        """``(program, stats, planning seconds)``, or the reason the layer stays on the CPU
+        (``refused`` by the target's pattern checks, or the planner's mapping error)."""
+        from tvm_accel.layers import reference_execute
+
+        t0 = time.perf_counter()
+        try:
+            if refused:
+                raise self.error(refused)
+            prog = self.plan(graph)
+        except self.error as e:
+            return str(e)
+        t1 = time.perf_counter()
+        outs, stats = self.execute(prog, inputs)
+        t2 = time.perf_counter()
+        self.t_plan, self.t_sim = self.t_plan + t1 - t0, self.t_sim + t2 - t1
+        if self.check:
+            self.exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
+        return prog, stats, t1 - t0
 
 
 def make_layer(row: dict, seed: int, recipe=None):

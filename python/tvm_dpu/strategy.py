@@ -349,9 +349,10 @@ def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
         # all channels at once if they fit; else chunks that double-buffer in the PM halves.
         # Also in chunks when loading the weights takes longer than the convolution (a dense
         # layer): the first chunk then loads while the previous group still uses the other half
-        conv_cycles = (_cdiv(ho, cfg.CONV_ROW_PAR) * wo * _cdiv(k, cfg.CONV_OC_PAR)
-                       * _cdiv(c, cfg.CONV_IC_PAR) * kh * kw)
-        load_bound = _param_bytes(layer, k, c) > conv_cycles * cfg.DDR_BYTES_PER_CYCLE
+        whole_conv = cg.Conv(out_h=ho, out_w=wo, oc=k, ic=c, kernel_h=kh, kernel_w=kw,
+                             depthwise=layer.is_depthwise)
+        load_bound = _param_bytes(layer, k, c) > insn_cycles(whole_conv, cfg) * \
+            cfg.DDR_BYTES_PER_CYCLE
         whole = k in (half_fit if load_bound and half_fit else fit)
         kt = k if whole else max(half_fit or fit or [kts[0]])
         ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))

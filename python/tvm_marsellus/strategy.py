@@ -1406,14 +1406,10 @@ class Planner:
         tb = t.bits * 4
         nt = -(-t.c // RBE_CHANNELS)
         pix = nt * tb
-        if window.rows == 1:  # a contiguous block of pixels
-            blocks = [(window.src, window.length // pix, dst)]
-        else:
-            blocks = [(window.src + r * window.src_row_stride, cols, dst + r * cols * 2 * pix)
-                      for r in range(window.rows)]
         return [cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=src, dst=d, length=tb, rows=nt,
                        planes=n, src_row_stride=tb, src_plane_stride=pix, dst_row_stride=2 * tb,
-                       dst_plane_stride=2 * pix) for src, n, d in blocks]
+                       dst_plane_stride=2 * pix)
+                for src, n, d in _pixel_runs(window, cols, pix, 2 * pix, dst)]
 
     @staticmethod
     def _packed(window: cg.Dma, t: TensorInfo, cols: int, dst: int) -> list[cg.Dma]:
@@ -1422,14 +1418,10 @@ class Planner:
         word (bytes x planes x pixels) to ``dst`` in the L1 words; with ``dst`` at byte 0 for
         the first operand and ``C / 8`` for the second, each word holds ``[a, b]``."""
         pix = t.bits * 4
-        if window.rows == 1:
-            blocks = [(window.src, window.length // pix, dst)]
-        else:
-            blocks = [(window.src + r * window.src_row_stride, cols, dst + r * cols * pix)
-                      for r in range(window.rows)]
         return [cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=src, dst=d, length=t.c // 8,
                        rows=t.bits, planes=n, src_row_stride=4, src_plane_stride=pix,
-                       dst_row_stride=4, dst_plane_stride=pix) for src, n, d in blocks]
+                       dst_row_stride=4, dst_plane_stride=pix)
+                for src, n, d in _pixel_runs(window, cols, pix, pix, dst)]
 
     def _in_bounce(self, addr: int) -> bool:
         return self.bounce_in[0] <= addr < self.bounce_out[0]
@@ -1666,6 +1658,17 @@ class Planner:
         return cg.ClusterKernel(kernel="AVGPOOL", relu=int(relu), kappa_a=kap, lambda_=lam,
                                 shift=int(rq.shift), pad_value=int(izp),
                                 **common)
+
+
+def _pixel_runs(window: cg.Dma, cols: int, src_pix: int, dst_pix: int, dst: int
+                ) -> list[tuple[int, int, int]]:
+    """``(source, pixels, destination)`` runs of contiguous source pixels in the input window
+    copy ``window`` (one block, or one run per row of ``cols`` pixels), the destination
+    advancing ``dst_pix`` bytes per pixel from ``dst``."""
+    if window.rows == 1:  # a contiguous block of pixels
+        return [(window.src, window.length // src_pix, dst)]
+    return [(window.src + r * window.src_row_stride, cols, dst + r * cols * dst_pix)
+            for r in range(window.rows)]
 
 
 def _rbe2hwc(tout: TensorInfo, src: int, dst: int, hh: int, ww: int, kk: int
