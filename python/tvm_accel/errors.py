@@ -57,9 +57,30 @@ class SimulatorError(AccelError):
 
 
 class MappingError(AccelError):
-    """A layer (or fused group) the target cannot map under its config or the user's knobs;
-    each target's strategy raises its own subclass naming the layer. Lowering turns it into a
-    CPU fallback of that layer with this message as the reason, never a failed compile."""
+    """A layer (or fused group) the target cannot map under its config: the message names the
+    layer. Lowering turns it into a CPU fallback of that layer with this message as the reason,
+    never a failed compile."""
+
+
+class KnobError(MappingError, ValueError):
+    """A knob value set by the user (``knobs=``, tuning records) that the layer's knob space
+    does not allow: one line naming the layer, the knob and the allowed values. Unlike other
+    mapping errors it fails the compile instead of moving the layer to the CPU, since the user
+    asked for that value and a silent fallback would hide the typo. Raised by
+    :func:`tvm_accel.knobs.validate_knobs`; a subclass of ``MappingError`` so a strategy's
+    search over candidate knobs can still skip an infeasible one."""
+
+
+class EncodeError(AccelError, ValueError):
+    """An instruction field does not fit its encoding (a value out of the field's range)."""
+
+
+class DecodeError(BlobError, ValueError):
+    """Bytes that are not a valid instruction of the target's ISA."""
+
+
+class AsmError(AccelError, ValueError):
+    """An assembly line that does not parse."""
 
 
 class PackageError(AccelError):

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tvm_accel.errors import KnobError
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -199,3 +201,15 @@ class KnobSpace:
         return {"name": self.name,
                 "knobs": [{"name": k.name, "options": list(k.options), "default": k.default}
                           for k in self._knobs.values()]}
+
+
+def validate_knobs(space: KnobSpace, user: Mapping[str, Any] | None, layer: str) -> dict:
+    """A layer's knobs: ``user`` (partial) completed with ``space``'s defaults and checked.
+
+    The one rule of every target: an unknown knob, a value outside its options or a combination
+    the space's feasibility check rejects raises :class:`~tvm_accel.errors.KnobError`, one line
+    naming the layer, the knob and its allowed values; the compile stops there."""
+    try:
+        return space.validate(user or {})
+    except ValueError as e:
+        raise KnobError(f"layer {layer}: {e}") from None

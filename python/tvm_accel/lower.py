@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from tvm_accel.canonicalize import _AUTO_NAME, span_layer
-from tvm_accel.errors import AccelError, MappingError
+from tvm_accel.errors import AccelError, KnobError, MappingError
 from tvm_accel.frontend import sanitize_name
 from tvm_accel.layers import (
     AddLayer,
@@ -354,6 +354,8 @@ def _unmappable_layers(target: AccelTarget, graph: LayerGraph, config, knobs: di
     for layer in graph.layers:
         try:
             target.compile_function(single_layer_graph(layer, graph), config, knobs)
+        except KnobError:
+            raise
         except MappingError as e:
             out[layer.name] = str(e)
     if out:
@@ -407,6 +409,8 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
         fn_knobs, tuned = apply_history(target, graph, config, knobs)
         try:
             data = target.compile_function(graph, config, fn_knobs, name=name)
+        except KnobError:
+            raise
         except MappingError as e:
             unmapped.update(_unmappable_layers(target, graph, config, fn_knobs, e))
             continue
