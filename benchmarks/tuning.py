@@ -17,7 +17,7 @@
   energy of both configs); then the geomean and the worst speedup and the model's cycles
   weighted by how often it uses each task.
 - ``model``, whole-model tuning as a user runs it: ``tvmc tune``'s own code path
-  (:func:`tvm_accel.tuning.autotuner.tune_model`) on a zoo model, records to a temporary file.
+  (:func:`tvm_accel.cli.tuner.tune_from_args`) on a zoo model, records to a temporary file.
   Printed per task: wall time and its share, trials, errors, default and tuned cycles; then the
   number of tasks and trials, the total wall time (task extraction included) and the model's
   default vs tuned cycles, each task weighted by its number of uses.
@@ -280,8 +280,8 @@ def model(args) -> int:
 
     from tvm_accel import zoo
     from tvm_accel.cli import build_parser
+    from tvm_accel.cli.tuner import tune_from_args
     from tvm_accel.report import format_table
-    from tvm_accel.tuning.autotuner import tune_model
 
     with tempfile.TemporaryDirectory(prefix="tune_bench_") as tmp:
         path = os.path.join(tmp, f"{args.model}.onnx")
@@ -294,7 +294,7 @@ def model(args) -> int:
             argv += [f"--target-{args.target}-config", args.config]
         print("tvmc " + " ".join(argv), flush=True)
         t0 = time.perf_counter()
-        outcomes = tune_model(build_parser().parse_args(argv))
+        outcomes = tune_from_args(build_parser().parse_args(argv))
         total = time.perf_counter() - t0
         n_lines = sum(1 for _ in open(records)) if os.path.exists(records) else 0
         size = os.path.getsize(records) if os.path.exists(records) else 0

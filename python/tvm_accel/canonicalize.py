@@ -184,15 +184,15 @@ class _Recipes:
         ``conv2d_transpose``, ``max_pool2d``, ``avg_pool2d``, ``global_avg_pool2d``, ``concat``,
         ``upsample``, ``requantize``, ...).
 
-        A target may define ``recipe_for(op)`` returning a solver with ``requant_recipe``'s
-        signature, or None for the default: the target's ``requant_recipe`` for the
+        The target's ``recipe_for`` (:class:`~tvm_accel.target.AccelTarget`) may return a
+        solver with ``requant_recipe``'s signature, or None for the default: the target's
+        ``requant_recipe`` for the
         multiply-accumulate layers (:data:`TARGET_RECIPE_OPS`) and the generic int64 CPU recipe
         for everything else (pools, concat, upsample, layout ops), which is what a target that
         does not offload those ops wants (VTA)."""
         if self.target is None:
             return self.cpu
-        hook = getattr(self.target, "recipe_for", None)
-        solver = hook(op) if hook is not None else None
+        solver = self.target.recipe_for(op)
         if solver is not None:
             return solver
         return self.requant if op in TARGET_RECIPE_OPS else self.cpu
@@ -1235,7 +1235,7 @@ def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
     """Rewrite the QDQ patterns of ``mod[func_name]`` into the canonical integer graph.
 
     ``target``: an :class:`~tvm_accel.target.AccelTarget` (or its kind, e.g. ``"vta"``, or any
-    object with ``requant_recipe``/``add_recipe`` and optionally ``recipe_for``) whose recipe is
+    object with its ``requant_recipe``, ``add_recipe`` and ``recipe_for``) whose recipe is
     used for conv2d, dense, conv2d_transpose and add (and whatever ``recipe_for`` claims);
     ``None`` uses the generic int64 CPU recipe. A recipe that raises
     :class:`tvm_accel.numerics.RecipeError` (scale not representable on the hardware) leaves

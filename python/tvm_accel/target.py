@@ -1,19 +1,43 @@
 """The target protocol: what the shared core asks of each accelerator package.
 
 A target plugs into the core by subclassing :class:`AccelTarget` and calling
-:func:`register_target` at import time. The core then drives every stage (canonicalize,
-partition, lower, run) through these methods, so no core module names a specific target.
+:func:`register_target` at import time; an installed package announces itself under the entry
+point group ``tvm_accel.targets`` (``vta = "tvm_vta_cp:TARGET"``), which :func:`get_target`
+loads on first use. The core then drives every stage (canonicalize, partition, lower, plan,
+run, the command line's ``--target-<kind>-*`` options, tuning) through these methods, so no
+core module names a specific target.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
 
 from tvm_accel.errors import AccelError
 from tvm_accel.layers import LayerGraph, Requant
+
+#: entry point group under which installed packages register their targets
+ENTRY_POINT_GROUP = "tvm_accel.targets"
+
+
+@dataclass(frozen=True)
+class TargetOption:
+    """One command-line option of a target, ``--target-<kind>-<name>`` (upstream tvmc builds
+    its target options from the registered targets the same way). ``type`` is ``str``,
+    ``int``, ``float`` or ``bool`` (a flag); ``choices`` restricts the values. Ranges and
+    other rules are the target's to check in :meth:`AccelTarget.knobs_from_options` or
+    :meth:`AccelTarget.load_config`, with a message naming the option."""
+
+    name: str
+    help: str
+    type: type = str
+    choices: tuple | None = None
+    metavar: str | None = None
 
 
 class AccelTarget(ABC):
@@ -44,6 +68,12 @@ class AccelTarget(ABC):
         """Integer multipliers ``(ma, mb)`` and the requant applied to
         ``(a - za) * ma + (b - zb) * mb`` for an add with output scale 1 (scales pre-divided)."""
 
+    def recipe_for(self, op: str) -> Callable | None:
+        """The recipe solver (``requant_recipe``'s signature) of a pooling or other operator
+        the target offloads with its own division (e.g. average pools on a 16-bit multiplier);
+        None: canonicalize's default for ``op``."""
+        return None
+
     @abstractmethod
     def pattern_table(self) -> list[tuple]:
         """Pattern entries ``(name, pattern, annotations, check)``, highest priority first."""
@@ -55,6 +85,29 @@ class AccelTarget(ABC):
     def compile_function(self, graph: LayerGraph, config: Any, knobs: dict | None = None,
                          name: str = "") -> bytes:
         """Compile one offloaded function's layer graph into a program blob."""
+
+    @abstractmethod
+    def plan(self, graph: LayerGraph, config: Any, knobs: dict | None = None) -> Any:
+        """The strategy: a layer graph -> the target's program (instruction streams and memory
+        map), before it is serialised into a blob."""
+
+    @abstractmethod
+    def execute(self, program: Any, inputs: dict[str, np.ndarray], config: Any,
+                trace_path: str | None = None) -> tuple[dict[str, np.ndarray], list]:
+        """Run a planned program on the simulator: ``(outputs, [(layer, stats), ...])``."""
+
+    def options(self) -> list[TargetOption]:
+        """The target's ``--target-<kind>-*`` command-line options; every target has
+        ``config`` (a hardware config file or bundled name), read by :meth:`load_config`."""
+        return [TargetOption("config", f"{self.name} hardware config JSON or bundled name",
+                             metavar="FILE")]
+
+    def knobs_from_options(self, values: dict[str, Any]) -> dict | None:
+        """The compile-time knobs (global knobs such as a strategy or an operating point) that
+        the parsed options ``values`` (option name -> value, None when not given; ``config``
+        included) stand for; None: none. Raise :class:`AccelError` naming the option for a
+        value the parser could not check."""
+        return None
 
     def prepare_offload(self, mod, config: Any, knobs: dict | None = None, report=None):
         """Target-specific rewrites of the canonical module before partitioning (the VTA
@@ -82,22 +135,29 @@ class AccelTarget(ABC):
 
 _TARGETS: dict[str, AccelTarget] = {}
 
-# Target kind -> package that registers it; imported on first use.
-_KNOWN = {"vta": "tvm_vta_cp", "dpu": "tvm_dpu", "marsellus": "tvm_marsellus"}
-
 
 def register_target(target: AccelTarget) -> AccelTarget:
     _TARGETS[target.name] = target
     return target
 
 
-def get_target(name: str) -> AccelTarget:
-    """Look up a target by kind, importing its package if needed."""
-    if name not in _TARGETS and name in _KNOWN:
-        import importlib
+def _installed() -> dict[str, Any]:
+    """Entry points of the installed target packages, by target kind."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
-        importlib.import_module(_KNOWN[name])
+
+def available_targets() -> list[str]:
+    """Every registered or installed target kind, sorted."""
+    return sorted(set(_installed()) | set(_TARGETS))
+
+
+def get_target(name: str) -> AccelTarget:
+    """Look up a target by kind, loading its installed package on first use."""
+    if name not in _TARGETS:
+        ep = _installed().get(name)
+        if ep is not None:
+            ep.load()  # importing the package registers the target
     if name not in _TARGETS:
         raise AccelError(f"unknown accelerator target '{name}' (available: "
-                         f"{', '.join(sorted(set(_KNOWN) | set(_TARGETS)))})")
+                         f"{', '.join(available_targets())})")
     return _TARGETS[name]

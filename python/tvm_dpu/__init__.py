@@ -27,7 +27,7 @@ from tvm_accel.pipeline import (
     register_target_pipeline,
     target_pipeline,
 )
-from tvm_accel.target import AccelTarget, register_target
+from tvm_accel.target import AccelTarget, TargetOption, register_target
 from tvm_dpu import hw_config, patterns
 from tvm_dpu.hw_config import DPUConfig, load_config
 
@@ -63,11 +63,25 @@ class DPUTarget(AccelTarget):
     def pattern_table(self):
         return patterns.pattern_table()
 
+    def plan(self, graph: LayerGraph, config: DPUConfig, knobs: dict | None = None):
+        from tvm_dpu import strategy
+
+        return strategy.plan(graph, config, knobs)
+
+    def execute(self, program, inputs, config: DPUConfig, trace_path: str | None = None):
+        from tvm_dpu.runtime import execute_program
+
+        return execute_program(program, inputs, config, trace_path)
+
     def compile_function(self, graph: LayerGraph, config: DPUConfig, knobs: dict | None = None,
                          name: str = "") -> bytes:
-        from tvm_dpu import codegen, strategy
+        from tvm_dpu import codegen
 
-        return codegen.build_blob(strategy.plan(graph, config, knobs), config, name)
+        return codegen.build_blob(self.plan(graph, config, knobs), config, name)
+
+    def options(self) -> list[TargetOption]:
+        return [TargetOption("config", "DPU hardware config JSON or bundled name (dpu_default, "
+                             "dpu_8pe)", metavar="FILE")]
 
     def tuning_tasks(self, graph: LayerGraph, config) -> list:
         from tvm_dpu.tuning import tuning_tasks

@@ -45,7 +45,7 @@ def tuning_tasks(graph: LayerGraph, cfg: DPUConfig) -> list[Task]:
                                             cfg)
         except (ValueError, TypeError, KeyError):
             continue  # a layer kind without declared knobs
-    return layer_tasks("dpu", "tvm_dpu", graph, cfg, spaces) + _group_tasks(graph, cfg)
+    return layer_tasks("dpu", graph, cfg, spaces) + _group_tasks(graph, cfg)
 
 
 def group_graph(graph: LayerGraph, names: tuple[str, ...]) -> LayerGraph:

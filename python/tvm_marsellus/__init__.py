@@ -26,7 +26,7 @@ from tvm_accel.pipeline import (
     register_target_pipeline,
     target_pipeline,
 )
-from tvm_accel.target import AccelTarget, register_target
+from tvm_accel.target import AccelTarget, TargetOption, register_target
 from tvm_marsellus import codegen, energy, hw_config, patterns, simulator
 from tvm_marsellus.energy import NOMINAL, OperatingPoint
 from tvm_marsellus.hw_config import MarsellusConfig, load_config
@@ -69,16 +69,52 @@ class MarsellusTarget(AccelTarget):
     def pattern_table(self):
         return patterns.pattern_table()
 
-    def compile_function(self, graph: LayerGraph, config: MarsellusConfig,
-                         knobs: dict | None = None, name: str = "") -> bytes:
-        from tvm_marsellus import codegen, strategy
+    def plan(self, graph: LayerGraph, config: MarsellusConfig, knobs: dict | None = None):
+        """The strategy at the operating point of the knobs (nominal when unset), recorded
+        in each layer's metadata for the energy report."""
+        from tvm_marsellus import strategy
 
         knobs = dict(knobs or {})
         op = operating_point_of(knobs.pop(OP_KNOB, None))
         program = strategy.plan(graph, config, knobs, op)
         for ly in program.layers:
             ly.meta["op"] = [op.vdd, op.freq_mhz, bool(op.abb)]
-        return codegen.build_blob(program, config, name)
+        return program
+
+    def execute(self, program, inputs, config: MarsellusConfig, trace_path: str | None = None):
+        from tvm_marsellus.runtime import execute_program
+
+        return execute_program(program, inputs, config, trace_path)
+
+    def compile_function(self, graph: LayerGraph, config: MarsellusConfig,
+                         knobs: dict | None = None, name: str = "") -> bytes:
+        return codegen.build_blob(self.plan(graph, config, knobs), config, name)
+
+    def options(self) -> list[TargetOption]:
+        return [
+            TargetOption("config", "MARSELLUS hardware config JSON or bundled name "
+                         "(marsellus_default)", metavar="FILE"),
+            TargetOption("vdd", "MARSELLUS supply voltage for the energy report (0.5..0.8, "
+                         "default 0.8)", type=float, metavar="V"),
+            TargetOption("freq", "MARSELLUS clock (default: the maximum at the voltage)",
+                         type=float, metavar="MHZ"),
+            TargetOption("abb", "MARSELLUS adaptive body biasing on", type=bool),
+            TargetOption("objective", "what the MARSELLUS engine choices minimise (default "
+                         "energy: residual adds on the RBE, no marshaling; latency: on the "
+                         "cores, faster)", choices=("energy", "latency")),
+        ]
+
+    def knobs_from_options(self, values: dict) -> dict | None:
+        """The objective and the operating point (vdd, freq, abb) as global knobs."""
+        vdd, freq, abb = values.get("vdd"), values.get("freq"), bool(values.get("abb"))
+        knobs = {}
+        if values.get("objective") is not None:
+            knobs["objective"] = values["objective"]
+        if vdd is None and freq is None and not abb:
+            return knobs or None
+        op = operating_point_of({"vdd": 0.8 if vdd is None else vdd, "freq_mhz": freq,
+                                 "abb": abb})
+        return {**knobs, OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
 
     def tuning_tasks(self, graph: LayerGraph, config) -> list:
         from tvm_marsellus.tuning import tuning_tasks

@@ -39,5 +39,5 @@ def tuning_tasks(graph: LayerGraph, cfg: MarsellusConfig) -> list[Task]:
     """One task per layer of ``graph`` whose knob space has a choice, in layer order."""
     from tvm_marsellus.strategy import layer_knob_spaces
 
-    return layer_tasks("marsellus", "tvm_marsellus", graph, cfg, layer_knob_spaces(graph, cfg),
+    return layer_tasks("marsellus", graph, cfg, layer_knob_spaces(graph, cfg),
                        measure=measure_layer_energy)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
+from tvm_accel.errors import AccelError
 from tvm_accel.layers import LayerGraph, Requant
 from tvm_accel.pipeline import (
     canonicalize_for,
@@ -29,7 +30,7 @@ from tvm_accel.pipeline import (
     register_target_pipeline,
     target_pipeline,
 )
-from tvm_accel.target import AccelTarget, register_target
+from tvm_accel.target import AccelTarget, TargetOption, register_target
 from tvm_vta_cp import hw_config, patterns
 from tvm_vta_cp.hw_config import VTAConfig, load_config
 
@@ -78,11 +79,45 @@ class VTATarget(AccelTarget):
     def pattern_table(self):
         return patterns.pattern_table()
 
+    def plan(self, graph: LayerGraph, config: VTAConfig, knobs: dict | None = None):
+        from tvm_vta_cp import strategy
+
+        return strategy.plan(graph, config, _layer_knobs(knobs))
+
+    def execute(self, program, inputs, config: VTAConfig, trace_path: str | None = None):
+        from tvm_vta_cp.runtime import execute_program
+
+        return execute_program(program, inputs, config, trace_path)
+
     def compile_function(self, graph: LayerGraph, config: VTAConfig, knobs: dict | None = None,
                          name: str = "") -> bytes:
-        from tvm_vta_cp import codegen, strategy
+        from tvm_vta_cp import codegen
 
-        return codegen.build_blob(strategy.plan(graph, config, _layer_knobs(knobs)), config, name)
+        return codegen.build_blob(self.plan(graph, config, knobs), config, name)
+
+    def options(self) -> list[TargetOption]:
+        return [
+            TargetOption("config", "VTA hardware config JSON or bundled name (vta_1x16x16, "
+                         "vta_8x8x8)", metavar="FILE"),
+            TargetOption("strategy", "VTA strategy: TVM's static template, the CP embedding with "
+                         "layout rewrites, or the best of both by simulated combined time "
+                         "(default auto)", choices=("static", "cp", "auto")),
+            TargetOption("embedding-weights", "weights of the MAC and data-movement overheads "
+                         "when ranking CP embeddings (default 1,1)", metavar="MAC,DATA"),
+            TargetOption("top-k", "CP candidates measured per layer (default 5)", type=int,
+                         metavar="K"),
+        ]
+
+    def knobs_from_options(self, values: dict) -> dict | None:
+        text = values.get("embedding-weights")
+        weights = None
+        if text is not None:
+            try:
+                weights = [float(v) for v in text.split(",")]
+            except ValueError:
+                raise AccelError("--target-vta-embedding-weights: expected two numbers "
+                                 f"'MAC,DATA', got {text!r}") from None
+        return strategy_knobs(None, values.get("strategy"), weights, values.get("top-k"))
 
     def prepare_offload(self, mod, config, knobs=None, report=None):
         """Layout rewrites of the CP strategy (``cp``/``auto``): every conv2d (groups 1) gets
@@ -92,15 +127,11 @@ class VTATarget(AccelTarget):
         from tvm_vta_cp.embedding import STRATEGIES, check_weights, choose
 
         if strat not in STRATEGIES:
-            from tvm_accel.errors import AccelError
-
             raise AccelError(f"unknown VTA strategy {strat!r} (choose from "
                              f"{', '.join(STRATEGIES)})")
         weights = check_weights(opts.get("weights", (1.0, 1.0)))
         top_k, limit = int(opts.get("top_k", 5)), float(opts.get("time_limit", 10.0))
         if top_k < 1 or not limit > 0:
-            from tvm_accel.errors import AccelError
-
             raise AccelError(f"VTA strategy: top_k must be >= 1 and time_limit > 0 (got "
                              f"{top_k}, {limit})")
         forced = {n: v[EMBEDDING_KNOB] for n, v in (knobs or {}).items()

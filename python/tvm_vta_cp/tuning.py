@@ -32,4 +32,4 @@ def tuning_tasks(graph: LayerGraph, cfg: VTAConfig) -> list[Task]:
         dtypes = tuple(graph.tensors[n].dtype for n in [*layer_inputs(layer), layer.output])
         spaces[layer.name] = knob_space(layer, graph.tensors[layer_inputs(layer)[0]].shape,
                                         cfg, dtypes)
-    return layer_tasks("vta", "tvm_vta_cp", graph, cfg, spaces)
+    return layer_tasks("vta", graph, cfg, spaces)

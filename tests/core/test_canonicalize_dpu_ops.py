@@ -201,9 +201,15 @@ class RefTarget(AccelTarget):
     def pattern_table(self):
         return table(self.name)
 
+    def plan(self, graph, config, knobs=None):
+        return graph
+
+    def execute(self, program, inputs, config, trace_path=None):
+        return reference_execute(program, inputs), []
+
     def compile_function(self, graph, config, knobs=None, name=""):
         self.graphs.append(graph)
-        return pickle.dumps(graph)
+        return pickle.dumps(self.plan(graph, config, knobs))
 
     def disassemble(self, blob, layer=None, limit=0):
         return ""
@@ -501,8 +507,9 @@ def test_targets_route_pool_and_concat_recipes_with_recipe_for():
     q = zoo.quantize(zoo.single_pool("avg", 4, 2, 2, 0, hw=6), power_of_two=True)
     mod = load_onnx(q)[0]
 
-    class ConvOnly(_Pow2):  # no recipe_for: pools use the generic CPU recipe
-        recipe_for = None
+    class ConvOnly(_Pow2):  # no recipe of its own: pools use the generic CPU recipe
+        def recipe_for(self, op):
+            return None
 
     _, rep = canonicalize(mod, ConvOnly())
     assert rep[1].detail["requant"].multiplier[0] > 1       # CPU recipe: multiplier + shift

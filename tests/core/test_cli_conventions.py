@@ -160,7 +160,7 @@ def test_c_and_llvm_hosts_give_the_same_outputs(dotted, capsys):
 
 def test_long_compiles_print_a_progress_line_per_function(dotted, capsys, monkeypatch):
     d, model, _, _ = dotted
-    monkeypatch.setattr(cli._ProgressLines, "AFTER", 0.0)
+    monkeypatch.setattr(cli.compiler._ProgressLines, "AFTER", 0.0)
     capsys.readouterr()
     assert _tvmc("compile", model, "--target", "vta, llvm", "-o", d / "p.tar") == 0
     err = capsys.readouterr().err.splitlines()

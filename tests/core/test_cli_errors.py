@@ -382,7 +382,7 @@ def test_a_bug_is_one_internal_error_line_with_exit_code_1(monkeypatch, capsys, 
     def boom(args):
         raise KeyError("oops")
 
-    monkeypatch.setattr(cli, "cmd_disassemble", boom)
+    monkeypatch.setattr(cli.disassembler, "cmd_disassemble", boom)
     assert _tvmc(["disassemble", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tvmc disassemble: internal error: KeyError")

@@ -1,6 +1,7 @@
 """Per-layer tuning tasks, shared by the targets: a layer's workload key, the one-layer graph
-it is measured as, and the measurement itself (the target's ``strategy.plan`` and
-``runtime.execute_program`` on seeded random inputs; timing does not depend on the data).
+it is measured as, and the measurement itself (the target's ``plan`` and ``execute``, see
+:class:`~tvm_accel.target.AccelTarget`, on seeded random inputs; timing does not depend on the
+data).
 
 The workload key holds everything of the layer that its program's timing can depend on: the
 layer kind, its scalar fields (strides, padding, dilation, groups, zero points, multipliers,
@@ -12,7 +13,6 @@ clip range) and the shapes and dtypes of its tensors. Two layers with equal keys
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from tvm_accel.knobs import KnobSpace
 from tvm_accel.layers import LayerGraph, Requant, Tensor
+from tvm_accel.target import get_target
 from tvm_accel.tuning.task import Task
 
 __all__ = ["layer_cost", "layer_inputs", "layer_tasks", "layer_workload", "loop_features",
@@ -73,15 +74,15 @@ def single_layer_graph(layer, graph: LayerGraph) -> LayerGraph:
 
 
 def run_layer(context: tuple[str, LayerGraph, Any], config: dict) -> tuple[Any, list]:
-    """Plan the one-layer graph of ``context`` (``(target package, graph, hardware config)``)
+    """Plan the one-layer graph of ``context`` (``(target kind, graph, hardware config)``)
     under ``config`` and run it on the simulator with seeded random inputs: ``(program,
-    [(layer, stats), ...])`` as the target's ``runtime.execute_program`` returns them. An
-    invalid configuration raises ``ValueError`` (from the strategy's knob check)."""
-    package, graph, cfg = context
-    plan = importlib.import_module(f"{package}.strategy").plan
-    execute = importlib.import_module(f"{package}.runtime").execute_program
-    prog = plan(graph, cfg, {graph.layers[0].name: dict(config)})
-    _, stats = execute(prog, seeded_inputs(graph), cfg)
+    [(layer, stats), ...])`` as the target's ``execute`` returns them. An invalid
+    configuration raises :class:`~tvm_accel.errors.KnobError` (a ``ValueError``) from the
+    strategy's knob check."""
+    kind, graph, cfg = context
+    target = get_target(kind)
+    prog = target.plan(graph, cfg, {graph.layers[0].name: dict(config)})
+    _, stats = target.execute(prog, seeded_inputs(graph), cfg)
     return prog, stats
 
 
@@ -125,7 +126,7 @@ def loop_features(layer, graph: LayerGraph) -> tuple[float, ...]:
             float(h), float(w))
 
 
-def layer_tasks(target: str, package: str, graph: LayerGraph, cfg: Any,
+def layer_tasks(target: str, graph: LayerGraph, cfg: Any,
                 spaces: Mapping[str, KnobSpace],
                 measure: Callable[[Any, dict], tuple[int, float, float | None]] = measure_layer
                 ) -> list[Task]:
@@ -142,7 +143,7 @@ def layer_tasks(target: str, package: str, graph: LayerGraph, cfg: Any,
         tasks.append(Task(
             name=f"{target}.{op}",
             target=target, workload=layer_workload(layer, graph), space=space,
-            measure=measure, context=(package, single_layer_graph(layer, graph), cfg),
+            measure=measure, context=(target, single_layer_graph(layer, graph), cfg),
             layers=[layer.name], config_name=getattr(cfg, "name", ""),
             config_fingerprint=cfg.fingerprint.hex(),
             loop_features=loop_features(layer, graph)))

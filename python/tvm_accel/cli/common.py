@@ -1,0 +1,153 @@
+"""What every ``tvmc`` verb shares: the ``--target`` string, the targets' own
+``--target-<kind>-*`` options (built from the target registry, as upstream tvmc builds them),
+``--input-shapes``, output paths, the version line and the one-line error parser."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from tvm_accel.errors import AccelError
+from tvm_accel.target import TargetOption, available_targets, get_target
+
+HOSTS = ("llvm", "c")
+
+
+def parse_target(text: str) -> tuple[str | None, str]:
+    """``"vta, llvm"`` -> ``("vta", "llvm")``; the host must come last and may be a full TVM
+    target string (``"vta, llvm -mcpu=skylake"``, ``"dpu, c"``)."""
+    kinds: list[str] = []
+    for piece in (t.strip() for t in text.split(",")):  # "-mattr=+avx2,+fma" keeps its comma
+        last = kinds[-1].split()[-1] if kinds else ""
+        if last.startswith("-") and "=" in last and piece and " " not in piece:
+            kinds[-1] += "," + piece
+        elif piece:
+            kinds.append(piece)
+    if not kinds:
+        raise AccelError("--target is empty; use e.g. --target \"vta, llvm\"")
+    host = kinds[-1]
+    if host.split()[0] not in HOSTS:
+        raise AccelError(f"--target: the last target must be the host ({', '.join(HOSTS)}, "
+                         f"with options such as 'llvm -mcpu=skylake'), got '{host}'")
+    _check_host(host)
+    accels = kinds[:-1]
+    for k in accels:
+        if k not in available_targets():
+            raise AccelError(f"--target: unknown accelerator '{k}' (available: "
+                             f"{', '.join(available_targets())})")
+    if len(accels) > 1:
+        raise AccelError("--target: give at most one accelerator before the host")
+    return (accels[0] if accels else None), host
+
+
+def _check_host(host: str) -> None:
+    """A host target string TVM accepts (``llvm -mcpu=...`` with a CPU LLVM knows)."""
+    from tvm_accel.pipeline import host_target
+
+    try:
+        host_target(host)
+    except Exception as e:
+        why = one_line(str(e))
+        m = re.search(r"Attribute '([^']+)' is not available", why)
+        why = why.split(". Target creation")[0]
+        raise AccelError(f"--target: host '{host}' is not a valid TVM target: "
+                         + (f"{host.split()[0]} has no option -{m[1]}" if m else why)) from None
+
+
+#: ``name:[1,3,224,224]`` of ``--input-shapes`` (upstream tvmc's syntax)
+_SHAPE_ITEM = re.compile(r"\s*([^\s:][^:]*?)\s*:\s*\[([^\]]*)\]\s*")
+
+
+def parse_input_shapes(text: str | None) -> dict[str, list[int]] | None:
+    """``--input-shapes "input:[1,3,224,224] mask:[1,128]"`` -> ``{name: shape}``; each
+    dimension a positive integer."""
+    if not text:
+        return None
+    out, pos = {}, 0
+    while pos < len(text):
+        m = _SHAPE_ITEM.match(text, pos)
+        if m is None:
+            raise AccelError(f"--input-shapes: cannot read '{text[pos:].strip()}'; give "
+                             "name:[d0,d1,...] per input, space-separated, e.g. "
+                             "\"input:[1,3,224,224]\"")
+        dims = [d.strip() for d in m[2].split(",") if d.strip()]
+        if not dims or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise AccelError(f"--input-shapes: {m[1]}: dimensions must be positive integers, "
+                             f"got [{m[2]}]")
+        out[m[1]] = [int(d) for d in dims]
+        pos = m.end()
+    return out
+
+
+def add_input_shapes_option(p: argparse.ArgumentParser) -> None:
+    """``--input-shapes`` (compile, tune): static shapes for a model with dynamic inputs."""
+    p.add_argument("--input-shapes", metavar="SHAPES",
+                   help='shapes of inputs with dynamic dimensions, e.g. '
+                   '"input:[1,3,224,224] mask:[1,128]"')
+
+
+def version_line() -> str:
+    """``tvmc --version``: this package's version and the TVM it runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("tvm-accel")
+    except PackageNotFoundError:
+        mine = "unknown"
+    try:
+        tvm_v = version("apache-tvm")
+    except PackageNotFoundError:
+        tvm_v = "not installed"
+    return f"tvmc (tvm-accel) {mine}, Apache TVM {tvm_v}"
+
+
+def check_output_path(path: str, example: str = "module.tar", what: str = "package") -> None:
+    """Refuse an ``-o`` the package (or ``what``) cannot be written to before spending time
+    compiling."""
+    if os.path.isdir(path):
+        raise AccelError(f"-o {path}: is a directory; give the {what} file name, e.g. "
+                         f"{os.path.join(path, example)}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise AccelError(f"-o {path}: directory {parent} does not exist")
+
+
+def _option_dest(kind: str, option: TargetOption) -> str:
+    return f"target_{kind}_{option.name}".replace("-", "_")
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """The ``--target-<kind>-<option>`` flags of every available target (compile, tune), as
+    each target declares them (:meth:`~tvm_accel.target.AccelTarget.options`)."""
+    for kind in available_targets():
+        for opt in get_target(kind).options():
+            flag, dest = f"--target-{kind}-{opt.name}", _option_dest(kind, opt)
+            if opt.type is bool:
+                parser.add_argument(flag, dest=dest, action="store_true", help=opt.help)
+            else:
+                parser.add_argument(flag, dest=dest, type=opt.type, choices=opt.choices,
+                                    metavar=opt.metavar, help=opt.help)
+
+
+def target_options(accel: str, args: argparse.Namespace) -> dict:
+    """The parsed ``--target-<accel>-*`` values, by option name (None: not given)."""
+    return {opt.name: getattr(args, _option_dest(accel, opt), None)
+            for opt in get_target(accel).options()}
+
+
+def target_knobs(accel: str, args: argparse.Namespace) -> dict | None:
+    """Compile-time knobs of the target's options beyond its config (e.g. a strategy or an
+    operating point): :meth:`~tvm_accel.target.AccelTarget.knobs_from_options`."""
+    return get_target(accel).knobs_from_options(target_options(accel, args))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error convention: one line, exit 2 (no usage block)."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def one_line(text: str) -> str:
+    return "; ".join(t.strip() for t in text.strip().splitlines() if t.strip())

@@ -1,0 +1,204 @@
+"""``tvmc compile``: an ONNX model -> a package (.tar) for one target and host, with the
+``--dump-offloads`` table (a row per operator: placement, reason, scale error, bits, knobs,
+embedding)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+
+from tvm_accel.cli.common import (
+    add_input_shapes_option,
+    add_target_options,
+    check_output_path,
+    parse_input_shapes,
+    parse_target,
+    target_knobs,
+    target_options,
+    version_line,
+)
+from tvm_accel.errors import AccelError, MappingError
+
+
+def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
+    """``(inputs, outputs, quantized)``: the graph's input and output specs (dynamic input
+    dimensions from ``shapes``), and whether it holds any Q/DQ (or other quantized) operator."""
+    import onnx
+
+    from tvm_accel.package import TensorSpec
+    from tvm_accel.quantize import is_quantized
+
+    model = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+
+    def spec(vi):
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+        return TensorSpec(vi.name, shape, dtype)
+
+    inputs = [spec(v) for v in model.graph.input if v.name not in inits]
+    for t in inputs:
+        if shapes and t.name in shapes:
+            t.shape = list(shapes[t.name])
+    return inputs, [spec(v) for v in model.graph.output], is_quantized(model)
+
+
+def _not_quantized(accel: str) -> str:
+    """Reason of a layer of a float model: the targets offload quantized layers only."""
+    return (f"model not quantized (no Q/DQ; the {accel} runs quantized layers): "
+            "run 'tvmc quantize'")
+
+
+def cmd_compile(args) -> int:
+    from tvm_accel.frontend import load_onnx
+    from tvm_accel.lower import compile_progress
+    from tvm_accel.package import PackageMetadata, save_package
+    from tvm_accel.pipeline import compile_reference
+    from tvm_accel.quantize import default_output
+    from tvm_accel.report import format_table
+    from tvm_accel.target import get_target
+
+    accel, host = parse_target(args.target)
+    check_output_path(args.output)
+    if args.dump_offloads not in (None, "-", "all") and (
+            os.path.isdir(args.dump_offloads)
+            or not os.path.isdir(os.path.dirname(os.path.abspath(args.dump_offloads)))):
+        raise AccelError(f"--dump-offloads {args.dump_offloads}: not a file in an existing "
+                         "directory")
+    precision = None
+    if getattr(args, "precision_config", None):
+        from tvm_accel.precision import load_precision
+
+        precision = load_precision(args.precision_config)
+    shapes = parse_input_shapes(args.input_shapes)
+    mod, info = load_onnx(args.model, shapes=shapes)
+    inputs, outputs, quantized = _onnx_signature(args.model, shapes)
+    t0 = time.perf_counter()
+    if accel is None:
+        ex = compile_reference(mod, None, host, precision=precision)
+        report, config, cfg, knobs = None, "", None, None
+    else:
+        target = get_target(accel)
+        given = target_options(accel, args)["config"]
+        cfg = target.load_config(given)
+        knobs = target_knobs(accel, args)
+        records = getattr(args, "tuning_records", None)
+        try:
+            with compile_progress(_ProgressLines(t0)):
+                ex, report = _compile(mod, target, cfg, knobs, host, precision, records)
+        except MappingError as e:  # not one layer (those fall back): the whole config
+            raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
+                             f"config: use one with more memory, or --target-{accel}-config "
+                             "of another instance)") from e
+        config = cfg.name
+    seconds = time.perf_counter() - t0
+    offloads = [asdict(r) for r in report.nodes] if report else []
+    float_model = accel is not None and not quantized
+    reasons = {}  # layer -> reason shown (a float model: "not quantized" for the CPU layers)
+    for r in offloads:
+        if float_model and r["placement"] == "cpu" and \
+                r["reason"].startswith(f"no {accel} pattern for"):
+            r["reason"] = reasons[r["layer"]] = _not_quantized(accel)
+    blobs = {f.name: f.blob for f in report.functions} if report else {}
+    save_package(args.output, ex, PackageMetadata(
+        accel or "", host, config, inputs, outputs, offloads,
+        host_functions=list(report.host_functions) if report else [], tool=version_line(),
+        config_fields=cfg.to_json() if cfg is not None else {}, knobs=knobs or {}), blobs)
+    layers = [r for r in offloads if r["kind"] == "layer"]
+    n_acc = sum(1 for r in layers if r["placement"] != "cpu")
+    print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
+          f"{accel or 'cpu'}, {len(layers) - n_acc} on the cpu -> {args.output}")
+    if float_model and n_acc == 0:
+        print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), so "
+              f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "
+              f"-o {default_output(args.model)}"
+              f"{' --scheme power-of-two' if accel == 'dpu' else ''}")
+    if accel:
+        print(f"config {config}; knobs {json.dumps(knobs or {}, sort_keys=True)}; "
+              f"{version_line()}")
+    if args.dump_offloads and report:
+        err = {r.onnx_name: r for r in report.numerics} if report.numerics else {}
+        rows = []
+        for r in report.nodes:
+            if r.kind in ("qdq", "const") and args.dump_offloads != "all":
+                continue
+            e = err.get(r.layer) if r.kind == "layer" else None
+            bits = (e.detail.get("bits") or {}) if e is not None else {}
+            wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
+            rows.append((r.layer, r.op, r.shape, r.placement,
+                         f"{e.max_rel_error:.2e}" if e is not None else "-",
+                         wio if bits else "-", reasons.get(r.layer, r.reason)))
+        heads = ["layer", "op", "shape", "placement", "scale err", "W/I/O", "reason"]
+        if getattr(args, "tuning_records", None):
+            tuned = {ly: cfg_ for f in report.functions for ly, cfg_ in f.tuned.items()}
+            rows = [(*r[:-1], "record" if r[0] in tuned else "-" if r[3] == "cpu" else
+                     "default", r[-1]) for r in rows]
+            heads = [*heads[:-1], "knobs", "reason"]
+        if report.layouts:  # the VTA CP strategy: the embedding chosen per layer
+            lay = {d.layer: d.summary() for d in report.layouts}
+            rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
+            heads = [*heads[:-1], "embedding", "reason"]
+        table = format_table(heads, rows)
+        if args.dump_offloads in ("-", "all"):
+            print(table)
+        else:
+            try:
+                with open(args.dump_offloads, "w") as f:
+                    f.write(table + "\n")
+            except OSError as e:
+                raise AccelError(f"--dump-offloads {args.dump_offloads}: cannot write it "
+                                 f"({e.strerror})") from None
+            print(f"offloads -> {args.dump_offloads}")
+    return 0
+
+
+def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None):
+    """:func:`tvm_accel.pipeline.compile_model`, with the tuning records applied if given."""
+    from tvm_accel.pipeline import compile_model
+
+    if not records:
+        return compile_model(mod, target, cfg, knobs, host, precision=precision)
+    from tvm_accel.tuning.records import ApplyHistoryBest
+
+    with ApplyHistoryBest(records):
+        return compile_model(mod, target, cfg, knobs, host, precision=precision)
+
+
+class _ProgressLines:
+    """Progress of a long compile on stderr: one line per step (offloaded function, VTA
+    embedding search) once the compile has run for :attr:`AFTER` seconds (short compiles stay
+    quiet)."""
+
+    AFTER = 3.0
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+
+    def __call__(self, stage: str, index: int, count: int, name: str, seconds: float) -> None:
+        elapsed = time.perf_counter() - self.t0
+        if elapsed >= self.AFTER:
+            of = f"/{count}" if count else ""
+            print(f"  [{stage} {index}{of}] {name}: {seconds:.1f} s (total {elapsed:.0f} s)",
+                  file=sys.stderr, flush=True)
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
+    c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
+    c.add_argument("--target", required=True, help='targets, host last, e.g. "vta, llvm"')
+    add_target_options(c)
+    c.add_argument("-o", "--output", default="module.tar", help="output package (.tar)")
+    add_input_shapes_option(c)
+    c.add_argument("--precision-config", metavar="FILE",
+                   help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
+                   '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
+    c.add_argument("--dump-offloads", nargs="?", const="-", metavar="FILE",
+                   help="list every layer, where it runs and why (to FILE, or stdout: '-' "
+                   "or no value; 'all': stdout, with the folded Q/DQ and constant nodes)")
+    c.add_argument("--tuning-records", metavar="FILE",
+                   help="apply the best configuration per workload from 'tvmc tune' records")
+    c.set_defaults(func=cmd_compile)

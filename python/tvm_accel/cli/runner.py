@@ -1,0 +1,211 @@
+"""``tvmc run`` and ``tvmc timeline``: a package on the simulator, its inputs checked against
+the compiled signature, profiled, traced and timed on request; the VM's and simulator's
+failures turned into one-line user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from tvm_accel.cli.common import check_output_path, one_line
+from tvm_accel.errors import AccelError, BlobError
+
+
+def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
+    """``arr`` as the model input ``spec`` describes: same shape, real numbers, finite."""
+    if arr.dtype.kind not in "biuf":
+        raise AccelError(f"{path}: input '{spec.name}' has dtype {arr.dtype}, the model expects "
+                         f"{spec.dtype} numbers")
+    if list(arr.shape) != list(spec.shape):
+        raise AccelError(f"{path}: input '{spec.name}' has shape {list(arr.shape)}, the model "
+                         f"expects {spec.shape}")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise AccelError(f"{path}: input '{spec.name}' contains NaN or infinity")
+    return arr.astype(spec.dtype)
+
+
+def _make_inputs(meta, args) -> list[np.ndarray]:
+    from tvm_accel.frontend import read_npz
+
+    data = read_npz(args.inputs, args.inputs, "inputs") if args.inputs else {}
+    rng = np.random.default_rng(0)
+    out = []
+    for spec in meta.inputs:
+        if spec.name in data:
+            out.append(_check_input(args.inputs, np.asarray(data[spec.name]), spec))
+            continue
+        if args.inputs and args.fill_mode is None:
+            raise AccelError(f"{args.inputs}: no array named '{spec.name}' (have: "
+                             f"{', '.join(data.keys()) or 'none'}); or pass --fill-mode")
+        mode = args.fill_mode or "random"
+        if mode == "zeros":
+            out.append(np.zeros(spec.shape, spec.dtype))
+        elif mode == "ones":
+            out.append(np.ones(spec.shape, spec.dtype))
+        else:
+            out.append(rng.uniform(-1, 1, spec.shape).astype(spec.dtype))
+    return out
+
+
+def cmd_run(args) -> int:
+    import tvm
+
+    from tvm_accel import simlib
+    from tvm_accel.package import load_package
+
+    if args.repeat < 1:
+        raise AccelError(f"--repeat {args.repeat}: give at least 1 run to time")
+    if args.max_cycles is not None and not 0 < args.max_cycles <= simlib.MAX_MAX_CYCLES:
+        raise AccelError(f"--max-cycles {args.max_cycles}: give a positive number of cycles "
+                         "(at most 2^62)")
+    pkg = load_package(args.package)
+    inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
+    outs = _run_checked(pkg, inputs, args)
+    names = [o.name for o in pkg.meta.outputs]
+    names += [f"output_{i}" for i in range(len(names), len(outs))]
+    if args.outputs:
+        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))
+        print(f"outputs written to {args.outputs}")
+    else:
+        for n, o in zip(names, outs, strict=False):
+            flat = o.reshape(-1)
+            print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
+    return 0
+
+
+def _run_checked(pkg, inputs: list, args) -> list[np.ndarray]:
+    """:func:`_execute` under the ``--max-cycles`` budget, its user errors as one line."""
+    from tvm_accel import simlib
+
+    try:
+        with simlib.cycle_budget(args.max_cycles):
+            return _execute(pkg, inputs, args)
+    except simlib.CycleBudgetError as e:
+        msg = one_line(str(e)).removesuffix("; raise max_cycles if the program is legitimate")
+        budget = args.max_cycles or f"default 2^34 = {simlib.DEFAULT_MAX_CYCLES}"
+        raise AccelError(f"{args.package}: {msg}; raise --max-cycles (now {budget} cycles per "
+                         "simulator run) if the program is legitimate") from e
+    except Exception as e:
+        translated = _run_error(args.package, e)
+        if translated is None:
+            raise
+        raise translated from e
+
+
+def cmd_timeline(args) -> int:
+    """``tvmc timeline``: run a package of any target once, traced, and draw the trace (one
+    lane per unit, one bar per instruction; :func:`tvm_accel.timeline.trace_to_png`)."""
+    import tvm
+
+    from tvm_accel.package import load_package
+    from tvm_accel.timeline import trace_to_png
+
+    png = args.output or os.path.splitext(os.path.basename(args.package))[0] + "_timeline.png"
+    check_output_path(png, "timeline.png", "picture")
+    args.trace = args.trace or os.path.splitext(png)[0] + ".json"
+    check_output_path(args.trace, "timeline.json", "trace")
+    args.profile = args.print_time = False
+    args.profile_csv = None
+    pkg = load_package(args.package)
+    if not pkg.meta.target:
+        raise AccelError(f"{args.package}: compiled for the CPU only; there is no accelerator "
+                         "program to draw")
+    inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
+    _run_checked(pkg, inputs, args)
+    trace_to_png(args.trace, png, title=args.title or
+                 f"{os.path.basename(args.package)} on {pkg.meta.target} ({pkg.meta.config})")
+    print(f"timeline written to {png} (trace {args.trace})")
+    return 0
+
+
+def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
+    """Run ``main`` once (profiled and traced when asked), then time it for --print-time."""
+    import tvm
+
+    from tvm_accel.package import outputs_to_numpy
+    from tvm_accel.profiler import profiling, time_host_functions
+
+    vm = pkg.vm()
+    if args.profile or args.trace or args.profile_csv:
+        with profiling(args.trace) as prof:
+            timed = pkg.vm()
+            time_host_functions(timed, pkg.meta.host_functions, prof)
+            result = timed["main"](*inputs)
+        if args.profile:
+            print(prof.table())
+            print("summary: " + json.dumps(prof.summary(), sort_keys=True))
+        if args.profile_csv:
+            prof.write_csv(args.profile_csv)
+            print(f"per-layer profile written to {args.profile_csv}")
+        if args.trace and args.verb == "run":  # tvmc timeline names both of its files
+            print(f"timeline written to {args.trace}")
+    else:
+        result = vm["main"](*inputs)
+    outs = outputs_to_numpy(result)
+    if args.print_time:
+        t = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=args.repeat)(*inputs)
+        print(f"wall time per run (host + simulator): mean {t.mean * 1e3:.2f} ms, "
+              f"std {t.std * 1e3:.2f} ms over {args.repeat} runs")
+    return outs
+
+
+#: how the VM reports an argument of ``main`` that does not match the compiled signature
+_VM_ARG_MISMATCH = re.compile(r"ErrorContext\(fn=main, loc=param\[\d+\], param=([^,]+), "
+                              r"annotation=(.*?)\)\s\s")
+
+
+def _run_error(package: str, exc: Exception) -> AccelError | None:
+    """The user error behind a failed VM call, or None for a bug. The project's own errors (a
+    blob or the simulator refusing the program) get the package named; the VM refusing inputs
+    that match metadata.json means metadata.json and mod.so disagree."""
+    if isinstance(exc, AccelError):
+        msg = one_line(str(exc))
+        if isinstance(exc, BlobError) and "recompile" not in msg:
+            msg += "; recompile the model with 'tvmc compile'"
+        return AccelError(f"{package}: {msg}")
+    m = _VM_ARG_MISMATCH.search(str(exc))
+    if m:
+        from tvm_accel.errors import PackageError
+
+        return PackageError(f"{package}: mod.so expects input '{m[1]}' as {m[2]}, not as "
+                            "metadata.json describes it (the package was edited after compile);"
+                            " recompile the model with 'tvmc compile'")
+    return None
+
+
+def add_parsers(sub) -> None:
+    """``run`` and ``timeline``."""
+    r = sub.add_parser("run", help="run a compiled package on the simulator")
+    r.add_argument("package")
+    r.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz)")
+    r.add_argument("--outputs", metavar="NPZ", help="write outputs to this .npz")
+    r.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
+                   help="fill inputs missing from --inputs (default random)")
+    r.add_argument("--print-time", action="store_true", help="print host wall time per run")
+    r.add_argument("--repeat", type=int, default=3, help="runs timed by --print-time")
+    r.add_argument("--profile", action="store_true",
+                   help="per-layer table: cycles, utilization, bytes moved")
+    r.add_argument("--profile-csv", metavar="FILE",
+                   help="write the per-layer profile as CSV (one row per layer)")
+    r.add_argument("--trace", metavar="JSON", help="write a Chrome-trace timeline of the run")
+    r.add_argument("--max-cycles", type=int, metavar="N",
+                   help="cycle budget of each simulator run (one per accelerator layer, "
+                   "default 2^34); a run that exceeds it stops with an error")
+    r.set_defaults(func=cmd_run)
+    tl = sub.add_parser("timeline", help="run a package once, traced, and draw its timeline "
+                        "(PNG: one lane per unit, one bar per instruction)")
+    tl.add_argument("package")
+    tl.add_argument("-o", "--output", metavar="PNG",
+                    help="picture to write (default: <package>_timeline.png)")
+    tl.add_argument("--trace", metavar="JSON",
+                    help="also keep the Chrome trace here (default: beside the picture)")
+    tl.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz)")
+    tl.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
+                    help="fill inputs missing from --inputs (default random)")
+    tl.add_argument("--max-cycles", type=int, metavar="N",
+                    help="cycle budget of each simulator run (default 2^34)")
+    tl.add_argument("--title", help="title of the picture")
+    tl.set_defaults(func=cmd_timeline)
