@@ -101,3 +101,8 @@ def get_target(name: str) -> AccelTarget:
         raise AccelError(f"unknown accelerator target '{name}' (available: "
                          f"{', '.join(sorted(set(_KNOWN) | set(_TARGETS)))})")
     return _TARGETS[name]
+
+
+def available_targets() -> list[str]:
+    """Every registered or installable target kind."""
+    return sorted(set(_KNOWN) | set(_TARGETS))
