@@ -52,7 +52,7 @@ beside the layer. Patterns are listed in priority order (the first match wins).
 
 Beyond these checks:
 
-- an operator no pattern matches (a Sigmoid, a Softmax) runs on the CPU ("no vta pattern for
+- an operator no pattern matches (a Sigmoid, a Softmax) runs on the CPU ("no <kind> pattern for
   Sigmoid"), and so does a layer canonicalize leaves float (a scale a target's recipe cannot
   express, see [architecture.md section 4](architecture.md#4-numerics-contract-bit-exactness));
 - a matched layer the target's strategy cannot map under the hardware config (a tile that fits
