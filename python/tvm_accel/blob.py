@@ -1,4 +1,4 @@
-"""The versioned program-blob container shared by every target (ARCHITECTURE.md section 5).
+"""The versioned program-blob container shared by every target (docs/architecture.md section 5).
 
 Layout (little-endian)::
 

@@ -1,4 +1,4 @@
-"""QDQ -> explicit integer graph (ARCHITECTURE.md sections 2 and 4).
+"""QDQ -> explicit integer graph (docs/architecture.md sections 2 and 4).
 
 ``canonicalize(mod, target)`` rewrites every recognised ``quantize(op(dequantize(x), ...))`` of
 the imported model into integer Relax ops, with requantize constants from the target's recipe.

@@ -1,6 +1,6 @@
 """ONNX import: a checked ONNX model (float or QDQ) -> Relax IRModule with bound constants.
 
-``load_onnx`` is the first stage of the flow (ARCHITECTURE.md section 2):
+``load_onnx`` is the first stage of the flow (docs/architecture.md section 2):
 
 1. load and validate the model with ``onnx.checker`` (a bad file is a one-line
    :class:`~tvm_accel.errors.ModelError` naming the file);

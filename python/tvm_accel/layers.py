@@ -2,7 +2,7 @@
 
 Lowering turns each offloaded ``Codegen`` function into a :class:`LayerGraph` of the layers below;
 a target's strategy turns that into its program. All arithmetic is the canonical integer
-arithmetic of the numerics contract (ARCHITECTURE.md section 4), and :func:`reference_execute`
+arithmetic of the numerics contract (docs/architecture.md section 4), and :func:`reference_execute`
 computes it in numpy (int64, no overflow) so strategies can be tested without TVM.
 
 Requantize (one recipe form for every target)::

@@ -1,4 +1,4 @@
-"""The compile flow as one Relax pipeline per target (ARCHITECTURE.md section 2).
+"""The compile flow as one Relax pipeline per target (docs/architecture.md section 2).
 
 ``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` runs: canonicalize
 (QDQ -> integer, target recipe) -> partition -> lower offloads to blobs -> TVM's default

@@ -161,3 +161,8 @@ def get_target(name: str) -> AccelTarget:
         raise AccelError(f"unknown accelerator target '{name}' (available: "
                          f"{', '.join(available_targets())})")
     return _TARGETS[name]
+
+
+def available_targets() -> list[str]:
+    """Every registered or installable target kind."""
+    return sorted(set(_KNOWN) | set(_TARGETS))

@@ -1,7 +1,7 @@
 """QDQ import + canonicalization: integer graph vs onnxruntime, recipe exactness, bad input.
 
 The LSB differences against onnxruntime (``ORT_DISABLE_ALL``, i.e. float DQ -> op -> Q) are
-information, not the contract (ARCHITECTURE.md section 4); they are printed (``pytest -s``) and
+information, not the contract (docs/architecture.md section 4); they are printed (``pytest -s``) and
 bounded loosely.
 """
 
