@@ -162,7 +162,3 @@ def get_target(name: str) -> AccelTarget:
                          f"{', '.join(available_targets())})")
     return _TARGETS[name]
 
-
-def available_targets() -> list[str]:
-    """Every registered or installable target kind."""
-    return sorted(set(_KNOWN) | set(_TARGETS))
