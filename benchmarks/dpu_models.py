@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from tvm_accel import quantize
+
 # name -> zoo builder kwargs (full-size inputs unless noted)
 MODELS = {
     "resnet18": {},
@@ -55,7 +57,8 @@ def measure(name: str, config: str) -> dict:
     from tvm_accel.profiler import profiling
 
     cfg = tvm_dpu.load_config(config)
-    model = zoo.quantize(zoo.MODELS[name](batch=cfg.NUM_PE, **MODELS[name]), power_of_two=True)
+    model = quantize.ort_quantize(zoo.MODELS[name](batch=cfg.NUM_PE, **MODELS[name]),
+                                  power_of_two=True)
     mod, info = load_onnx(model)
     t0 = time.perf_counter()
     ex, report = compile_model(mod, tvm_dpu.TARGET, cfg)

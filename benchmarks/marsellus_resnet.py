@@ -4,7 +4,7 @@
   precision, at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
   the paper's (Sec. IV: ~28 uJ mixed at nominal, 68 % less than 8-bit; Table II / Fig. 17:
   ~21 uJ with ABB at 0.65 V, ~12 uJ at 0.5 V).
-- ResNet-18 (ImageNet, 224x224, ``zoo.resnet18_mixed``: HAWQ-V3's W4A4, 4-bit weights and
+- ResNet-18 (ImageNet, 224x224, ``quantize.resnet18_mixed``: HAWQ-V3's W4A4, 4-bit weights and
   activations, the paper's RBE 4x4b network) at 0.8 V: latency, energy and Top/s/W beside
   the paper's 48 ms and 5.83 Top/s/W, and per layer what bounds it (Fig. 18: off-chip = the
   I/O DMA to L3, on-chip = L2 <-> L1, compute); its tensors and weights live in L3.
@@ -12,7 +12,7 @@
   on the RBE at its peak rate and per-operation energy, nothing else; what no mapping can beat.
 
 Every network goes through the whole flow (ONNX QDQ -> canonicalize -> partition -> strategy):
-the 8-bit ResNet-20 is the zoo's QDQ model, the mixed one ``zoo.resnet20_mixed()`` (HAWQ-style:
+the 8-bit ResNet-20 is the zoo's QDQ model, the mixed one ``quantize.resnet20_mixed()`` (HAWQ-style:
 weights 2/3/4/6/8 bits, activations 4/8 bits, int4/uint4 and clipped-range QDQ). Each offloaded
 function is run on the simulator and checked bit-exact against ``reference_execute`` before it
 is timed. Not run by the tests::
@@ -30,7 +30,7 @@ import argparse
 
 import numpy as np
 
-from tvm_accel import zoo
+from tvm_accel import quantize
 from tvm_accel.layers import AddLayer, LayerGraph, reference_execute
 from tvm_accel.profiler import bound_label
 from tvm_accel.report import format_table
@@ -126,8 +126,8 @@ def _bound(st) -> str:
 
 
 def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
-    base = resnet_graphs(zoo.quantized("resnet20"))
-    mixed, how = resnet_graphs(zoo.resnet20_mixed()), "zoo.resnet20_mixed"
+    base = resnet_graphs(quantize.quantized("resnet20"))
+    mixed, how = resnet_graphs(quantize.resnet20_mixed()), "quantize.resnet20_mixed"
     totals = {}
     for label, graphs in (("8-bit", base), ("mixed", mixed)):
         rows, exact = run(graphs, cfg, knobs)
@@ -163,11 +163,12 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
 
 
 def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
-    graphs = resnet_graphs(zoo.resnet18_mixed())
+    graphs = resnet_graphs(quantize.resnet18_mixed())
     rows, exact = run(graphs, cfg, knobs)
     op = NOMINAL
     if layers:
-        print(f"\nResNet-18 / ImageNet 4-bit (zoo.resnet18_mixed) at 0.8 V, bit-exact: {exact}")
+        print(f"\nResNet-18 / ImageNet 4-bit (quantize.resnet18_mixed) at 0.8 V, "
+              f"bit-exact: {exact}")
         print(format_table(["layer", "engine", "W/I/O", "cycles", "us", "uJ", "bound"],
                            [(name, eng, prec, st.cycles, f"{st.cycles / op.freq_mhz:.1f}",
                              f"{energy_uj(st, op):.2f}", _bound(st))
@@ -181,7 +182,7 @@ def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
     for r in rows:
         b = _bound(r[3])
         bounds[b] = bounds.get(b, 0) + 1
-    print("\nResNet-18 / ImageNet 224x224, 4-bit (zoo.resnet18_mixed), 0.8 V 420 MHz")
+    print("\nResNet-18 / ImageNet 224x224, 4-bit (quantize.resnet18_mixed), 0.8 V 420 MHz")
     print(format_table(
         ["", "latency ms", "energy mJ", "Gop", "Top/s/W", "bit-exact"],
         [("ours", f"{ms:.1f}", f"{uj / 1e3:.2f}", f"{ops / 1e9:.2f}",

@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tvm_accel import quantize
+
 TRIALS = {"efficiency": 48, "tuned": 32, "model": 64}
 
 
@@ -94,12 +96,11 @@ def _head(task) -> str:
 def model_tasks(args) -> list:
     """The tasks of ``--model`` (a zoo model, power-of-two scales for the DPU) for ``--target``
     and ``--config``."""
-    from tvm_accel import zoo
     from tvm_accel.frontend import load_onnx
     from tvm_accel.target import get_target
     from tvm_accel.tuning.extract import extract_tasks
 
-    model = zoo.quantized(args.model, power_of_two=args.target == "dpu")
+    model = quantize.quantized(args.model, power_of_two=args.target == "dpu")
     mod, _ = load_onnx(model)
     return extract_tasks(mod, get_target(args.target), args.config)
 
@@ -278,14 +279,13 @@ def tuned(args) -> int:
 def model(args) -> int:
     import onnx
 
-    from tvm_accel import zoo
     from tvm_accel.cli import build_parser
     from tvm_accel.cli.tuner import tune_from_args
     from tvm_accel.report import format_table
 
     with tempfile.TemporaryDirectory(prefix="tune_bench_") as tmp:
         path = os.path.join(tmp, f"{args.model}.onnx")
-        onnx.save(zoo.quantized(args.model, power_of_two=args.target == "dpu"), path)
+        onnx.save(quantize.quantized(args.model, power_of_two=args.target == "dpu"), path)
         records = os.path.join(tmp, "records.json")
         argv = ["tune", path, "--target", f"{args.target}, llvm", "-o", records,
                 "--tuner", "xgb", "--trials", str(args.trials), "--parallel",

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from tvm_accel import quantize
+
 
 def measure(name: str, config: str) -> dict:
     import numpy as np
@@ -21,12 +23,11 @@ def measure(name: str, config: str) -> dict:
     from tvm import relax
 
     import tvm_vta_cp
-    from tvm_accel import zoo
     from tvm_accel.frontend import load_onnx, random_inputs
     from tvm_accel.pipeline import compile_model, compile_reference
     from tvm_accel.profiler import profiling
 
-    model = zoo.quantized(name)
+    model = quantize.quantized(name)
     t0 = time.perf_counter()
     mod, info = load_onnx(model)
     ex, report = compile_model(mod, tvm_vta_cp.TARGET, config)

@@ -18,7 +18,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_accel.canonicalize import _AUTO_NAME, span_layer
+from tvm_accel.canonicalize import span_layer
+from tvm_accel.canonicalize.records import _AUTO_NAME
 from tvm_accel.errors import AccelError, KnobError, MappingError
 from tvm_accel.frontend import sanitize_name
 from tvm_accel.layers import (

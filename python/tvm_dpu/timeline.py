@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tvm_accel import quantize
 from tvm_accel.errors import AccelError
 from tvm_accel.timeline import trace_to_png
 
@@ -30,7 +31,7 @@ def model_timeline(model: str, out_prefix: str | Path, config: str | None = None
         raise AccelError(f"unknown model {model} (zoo: {', '.join(sorted(zoo.MODELS))})")
     cfg = tvm_dpu.load_config(config)
     kw = {"hw": hw} if hw else {}
-    onnx_model = zoo.quantize(zoo.MODELS[model](batch=batch or cfg.NUM_PE, **kw),
+    onnx_model = quantize.ort_quantize(zoo.MODELS[model](batch=batch or cfg.NUM_PE, **kw),
                               power_of_two=True)
     mod, info = load_onnx(onnx_model)
     ex, _ = compile_model(mod, tvm_dpu.TARGET, cfg)

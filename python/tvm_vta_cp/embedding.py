@@ -356,7 +356,7 @@ def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAC
     graph = LayerGraph({layer.input: Tensor(layer.input, shape, in_dtype),
                         layer.output: Tensor(layer.output, tuple(out), out_dtype)},
                        [layer], [layer.input], [layer.output])
-    return measure_layer(("tvm_vta_cp", graph, cfg), knobs or {})[0]
+    return measure_layer(("vta", graph, cfg), knobs or {})[0]
 
 
 def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,

@@ -17,7 +17,8 @@ import tvm
 from onnx import helper, numpy_helper
 from tvm import relax
 
-from tvm_accel import numerics, zoo
+from helpers import models
+from tvm_accel import numerics, quantize, zoo
 from tvm_accel.canonicalize import canonicalize, format_report
 from tvm_accel.errors import ModelError
 from tvm_accel.frontend import fold_constants_keep_qweights, load_onnx
@@ -109,7 +110,8 @@ CONV_CASES = [  # (k, stride, relu, activation, per_channel)
 
 @pytest.mark.parametrize("k,stride,relu,act,per_channel", CONV_CASES)
 def test_conv_matches_onnxruntime(k, stride, relu, act, per_channel, record_property):
-    q = zoo.quantize(zoo.single_conv(16, 24, k, stride, hw=9, relu=relu), act, per_channel)
+    q = quantize.ort_quantize(models.single_conv(16, 24, k, stride, hw=9, relu=relu), act,
+                              per_channel)
     lsb, _, report = _lsb_vs_ort(q)
     print(f"conv {k}x{k}/{stride} relu={relu} {act} per_channel={per_channel}: {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -120,7 +122,7 @@ def test_conv_matches_onnxruntime(k, stride, relu, act, per_channel, record_prop
 
 @pytest.mark.parametrize("act", ["int8", "uint8"])
 def test_conv_with_vta_recipe_matches_onnxruntime(act, record_property):
-    q = zoo.quantize(zoo.single_conv(32, 16, 3, 1, hw=8, relu=True), act)
+    q = quantize.ort_quantize(models.single_conv(32, 16, 3, 1, hw=8, relu=True), act)
     lsb, _, report = _lsb_vs_ort(q, _VTA())
     print(f"conv 3x3 {act}, VTA recipe: {lsb} LSB, rel err {report[0].max_rel_error:.2e}")
     record_property("max_lsb_vs_ort", lsb)
@@ -128,7 +130,7 @@ def test_conv_with_vta_recipe_matches_onnxruntime(act, record_property):
 
 
 def test_depthwise_conv_is_canonicalized_like_any_conv():
-    q = zoo.quantize(zoo.single_conv(8, 8, 3, 1, hw=8, groups=8))
+    q = quantize.ort_quantize(models.single_conv(8, 8, 3, 1, hw=8, groups=8))
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"depthwise conv: {lsb} LSB")
     assert report[0].op == "conv2d" and report[0].detail["groups"] == 8
@@ -136,7 +138,7 @@ def test_depthwise_conv_is_canonicalized_like_any_conv():
 
 
 def test_conv_with_weight_zero_points_matches_onnxruntime():
-    q = zoo.quantize(zoo.single_conv(16, 16, 3, 1, hw=8), "uint8", per_channel=False,
+    q = quantize.ort_quantize(models.single_conv(16, 16, 3, 1, hw=8), "uint8", per_channel=False,
                      symmetric_weights=False)
     zw = [numpy_helper.to_array(t) for t in q.graph.initializer
           if t.name == "conv.weight_zero_point"][0]
@@ -149,7 +151,7 @@ def test_conv_with_weight_zero_points_matches_onnxruntime():
 @pytest.mark.parametrize("act,relu,bias", [("int8", True, True), ("uint8", False, True),
                                            ("int8", False, False)])
 def test_dense_matches_onnxruntime(act, relu, bias, record_property):
-    q = zoo.quantize(zoo.single_dense(64, 32, batch=2, relu=relu, bias=bias), act)
+    q = quantize.ort_quantize(models.single_dense(64, 32, batch=2, relu=relu, bias=bias), act)
     lsb, _, report = _lsb_vs_ort(q)
     print(f"dense {act} relu={relu} bias={bias}: {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -160,7 +162,7 @@ def test_dense_matches_onnxruntime(act, relu, bias, record_property):
 @pytest.mark.parametrize("act", ["int8", "uint8"])
 @pytest.mark.parametrize("target", [None, _VTA()], ids=["cpu", "vta"])
 def test_conv_residual_add_matches_onnxruntime(act, target, record_property):
-    q = zoo.quantize(zoo.conv_residual(16, 8), act)
+    q = quantize.ort_quantize(models.conv_residual(16, 8), act)
     lsb, _, report = _lsb_vs_ort(q, target)
     print(f"conv + residual add {act} ({target and target.name}): {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -173,7 +175,7 @@ def test_conv_residual_add_matches_onnxruntime(act, target, record_property):
                                      ("gap", "global_avg_pool2d")])
 @pytest.mark.parametrize("act", ["int8", "uint8"])
 def test_pools_match_onnxruntime(kind, op, act, record_property):
-    q = zoo.quantize(zoo.conv_pool(kind, 16, 8), act)
+    q = quantize.ort_quantize(models.conv_pool(kind, 16, 8), act)
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"{op} {act}: {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -186,12 +188,12 @@ def test_pools_match_onnxruntime(kind, op, act, record_property):
 
 @pytest.mark.parametrize("act", ["int8", "uint8"])
 def test_concat_and_flatten_match_onnxruntime(act, record_property):
-    q = zoo.quantize(zoo.conv_concat(8, 8), act)
+    q = quantize.ort_quantize(models.conv_concat(8, 8), act)
     lsb, _, report = _lsb_vs_ort(q)
     concat = next(r for r in report if r.op == "concat")
     print(f"concat {act}: {lsb} LSB ({concat.detail['rescaled_inputs']} input(s) requantized)")
     assert all(r.integer for r in report) and lsb <= 2
-    q = zoo.quantize(zoo.conv_flatten_dense(8, 4), act)
+    q = quantize.ort_quantize(models.conv_flatten_dense(8, 4), act)
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"flatten + dense {act}: {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -203,7 +205,7 @@ def test_concat_and_flatten_match_onnxruntime(act, record_property):
 @pytest.mark.parametrize("op", ["Relu", "Clip"])
 def test_standalone_relu_and_clip_become_integer_clamps(op):
     # symmetric activations keep the ReLU / Clip(0, 6) node between its DQ and Q
-    q = zoo.quantize(zoo.conv_unary(op), "int8", symmetric_activations=True)
+    q = quantize.ort_quantize(models.conv_unary(op), "int8", symmetric_activations=True)
     assert op in [n.op_type for n in q.graph.node]
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"standalone {op}: {lsb} LSB")
@@ -216,7 +218,7 @@ def test_standalone_relu_and_clip_become_integer_clamps(op):
 
 
 def test_relu_between_conv_and_quantize_is_folded_into_qmin():
-    q = zoo.quantize(zoo.conv_unary("Relu"), "int8", symmetric_activations=True)
+    q = quantize.ort_quantize(models.conv_unary("Relu"), "int8", symmetric_activations=True)
     # drop the Q/DQ pair between conv1 and the Relu: DQ -> Conv -> Relu -> Q
     g = q.graph
     qn = next(n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == "conv1_out")
@@ -251,7 +253,7 @@ def _const_sig(call) -> list[tuple[str, tuple]]:
 
 
 def test_conv_and_dense_have_the_exact_canonical_op_sequence():
-    q = zoo.quantize(zoo.conv_flatten_dense(8, 4, cout=10), "uint8")
+    q = quantize.ort_quantize(models.conv_flatten_dense(8, 4, cout=10), "uint8")
     cmod, report = canonicalize(load_onnx(q)[0])
     conv = _chain(cmod, "conv_xi", 4 + len(REQUANT_TAIL))
     assert [o for _, o in conv] == ["relax.astype", "relax.subtract", "relax.nn.conv2d",
@@ -278,7 +280,7 @@ def test_conv_and_dense_have_the_exact_canonical_op_sequence():
 
 
 def test_residual_add_has_the_exact_canonical_op_sequence():
-    q = zoo.quantize(zoo.conv_residual(16, 8), "int8")
+    q = quantize.ort_quantize(models.conv_residual(16, 8), "int8")
     cmod, report = canonicalize(load_onnx(q)[0], _VTA())
     ops = _ops(cmod)
     i = next(k for k, (n, _) in enumerate(ops) if n == "add_acc")
@@ -293,7 +295,7 @@ def test_residual_add_has_the_exact_canonical_op_sequence():
 
 
 def test_model_input_quantize_and_output_dequantize_stay():
-    q = zoo.quantize(zoo.single_conv(8, 8, 3, hw=6))
+    q = quantize.ort_quantize(models.single_conv(8, 8, 3, hw=6))
     cmod, _ = canonicalize(load_onnx(q)[0])
     ops = [o for _, o in _ops(cmod)]
     assert ops[0] == "relax.quantize" and ops[-1] == "relax.dequantize"
@@ -304,7 +306,7 @@ def test_model_input_quantize_and_output_dequantize_stay():
 # --- whole models ----------------------------------------------------------------------------
 @pytest.mark.parametrize("target", [None, _VTA()], ids=["cpu", "vta"])
 def test_resnet20_matches_onnxruntime(target, record_property):
-    q = zoo.quantize(zoo.resnet20(), "int8")
+    q = quantize.ort_quantize(zoo.resnet20(), "int8")
     lsb, cmod, report = _lsb_vs_ort(q, target, seeds=(0, 1))
     print(f"\nResNet-20 ({target and target.name or 'cpu'} recipe): {lsb} LSB at the output")
     print(format_report(report))
@@ -317,7 +319,7 @@ def test_resnet20_matches_onnxruntime(target, record_property):
 
 
 def test_layers_carry_onnx_node_names():
-    q = zoo.quantize(zoo.resnet20(), "int8")
+    q = quantize.ort_quantize(zoo.resnet20(), "int8")
     mod, info = load_onnx(q)
     assert info.naming == "onnx"
     cmod, report = canonicalize(mod)
@@ -331,7 +333,7 @@ def test_layers_carry_onnx_node_names():
 def test_layers_without_onnx_names_are_numbered():
     from tvm.relax.frontend.onnx import from_onnx
 
-    q = zoo.quantize(zoo.conv_residual(8, 6))
+    q = quantize.ort_quantize(models.conv_residual(8, 6))
     mod = fold_constants_keep_qweights(from_onnx(q))  # no naming hook: vars are lv, lv1, ...
     cmod, report = canonicalize(mod)
     assert [r.name for r in report] == ["conv2d_0", "add_1"]
@@ -466,7 +468,7 @@ def test_layers_the_target_cannot_represent_stay_float():
         def requant_recipe(self, *a):
             raise numerics.RecipeError("scale out of range")
 
-    q = zoo.quantize(zoo.conv_residual(8, 6))
+    q = quantize.ort_quantize(models.conv_residual(8, 6))
     lsb, cmod, report = _lsb_vs_ort(q, Tiny(), seeds=(0,))
     assert [(r.op, r.integer) for r in report] == [("conv2d", False), ("add", True)]
     assert "no integer recipe" in report[0].detail["reason"]
@@ -497,7 +499,7 @@ def test_non_onnx_file_is_a_model_error_naming_the_file(tmp_path):
 
 
 def test_dynamic_input_shape_needs_an_override():
-    m = zoo.single_conv(4, 4, 3, hw=6)
+    m = models.single_conv(4, 4, 3, hw=6)
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
     with pytest.raises(ModelError, match=r"input 'input' has a dynamic shape \[N, 4, 6, 6\]"):
         load_onnx(m)
@@ -507,7 +509,7 @@ def test_dynamic_input_shape_needs_an_override():
 
 def test_inconsistent_bias_scale_is_a_model_error_naming_the_layer():
     q = onnx.ModelProto()
-    q.CopyFrom(zoo.quantize(zoo.single_conv(8, 8, 3, hw=6)))
+    q.CopyFrom(quantize.ort_quantize(models.single_conv(8, 8, 3, hw=6)))
     for t in q.graph.initializer:
         if t.name == "conv.bias_quantized_scale":
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
@@ -518,7 +520,7 @@ def test_inconsistent_bias_scale_is_a_model_error_naming_the_layer():
 
 def test_non_constant_weights_are_a_model_error_naming_the_layer():
     q = onnx.ModelProto()
-    q.CopyFrom(zoo.quantize(zoo.single_conv(8, 8, 3, hw=6)))
+    q.CopyFrom(quantize.ort_quantize(models.single_conv(8, 8, 3, hw=6)))
     w = next(t for t in q.graph.initializer if t.name == "conv.weight_quantized")
     q.graph.initializer.remove(w)
     q.graph.input.append(helper.make_tensor_value_info(w.name, w.data_type, list(w.dims)))
@@ -529,7 +531,7 @@ def test_non_constant_weights_are_a_model_error_naming_the_layer():
 
 @pytest.mark.parametrize("op", ["Sigmoid", "Softmax"])
 def test_unknown_op_stays_float_and_the_model_compiles(op):
-    q = zoo.quantize(zoo.conv_unary(op), "int8")
+    q = quantize.ort_quantize(models.conv_unary(op), "int8")
     lsb, cmod, report = _lsb_vs_ort(q, seeds=(0,))
     print(f"conv -> {op} (float) -> conv: {lsb} LSB")
     assert [(r.op.split(".")[-1], r.integer) for r in report] == [

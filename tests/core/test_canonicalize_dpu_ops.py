@@ -22,7 +22,8 @@ import tvm_ffi
 from onnx import numpy_helper
 from tvm import relax
 
-from tvm_accel import numerics, zoo
+from helpers import models
+from tvm_accel import numerics, quantize, zoo
 from tvm_accel.canonicalize import canonicalize, format_report, nearest_upsample_scale
 from tvm_accel.frontend import load_onnx
 from tvm_accel.layers import (
@@ -251,7 +252,7 @@ POOL_CASES = [  # kind, k, stride, pad, act, batch
 
 @pytest.mark.parametrize("kind,k,stride,pad,act,batch", POOL_CASES)
 def test_pools_match_onnxruntime(kind, k, stride, pad, act, batch, record_property):
-    q = zoo.quantize(zoo.single_pool(kind, 5, k, stride, pad, hw=7, batch=batch), act)
+    q = quantize.ort_quantize(models.single_pool(kind, 5, k, stride, pad, hw=7, batch=batch), act)
     lsb, cmod, report = _lsb_vs_ort(q)
     op = {"max": "max_pool2d", "avg": "avg_pool2d", "gap": "global_avg_pool2d"}[kind]
     print(f"{op} k{k}/{stride} pad {pad} {act} batch {batch}: {lsb} LSB")
@@ -270,7 +271,7 @@ def test_pools_match_onnxruntime(kind, k, stride, pad, act, batch, record_proper
     (2, "asymmetric", "round_prefer_floor", "int8"),
 ])
 def test_nearest_upsample_passes_integers_through(scale, mode, nearest, act, record_property):
-    q = zoo.quantize(zoo.single_upsample(6, 5, scale, 2, mode, nearest), act)
+    q = quantize.ort_quantize(models.single_upsample(6, 5, scale, 2, mode, nearest), act)
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"upsample x{scale} {mode}/{nearest} {act}: {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -282,7 +283,7 @@ def test_nearest_upsample_passes_integers_through(scale, mode, nearest, act, rec
 
 
 def test_linear_resize_and_inexact_nearest_mappings_stay_float():
-    q = zoo.quantize(zoo.single_upsample(4, 4, 2, mode="linear"))
+    q = quantize.ort_quantize(models.single_upsample(4, 4, 2, mode="linear"))
     lsb, _, report = _lsb_vs_ort(q, seeds=(0,))
     assert [(r.op, r.integer) for r in report] == [("conv2d", True), ("upsample", False)]
     assert lsb <= 1
@@ -315,7 +316,7 @@ DECONV_CASES = [  # cin, cout, k, stride, pad, output_padding, groups, per_chann
 @pytest.mark.parametrize("cin,cout,k,stride,pad,opad,groups,per_channel,batch,act", DECONV_CASES)
 def test_deconv_matches_onnxruntime(cin, cout, k, stride, pad, opad, groups, per_channel, batch,
                                     act, record_property):
-    q = zoo.quantize(zoo.single_deconv(cin, cout, k, stride, pad, opad, groups, hw=5,
+    q = quantize.ort_quantize(models.single_deconv(cin, cout, k, stride, pad, opad, groups, hw=5,
                                        batch=batch, relu=batch == 2), act, per_channel)
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"deconv {cin}->{cout} k{k}/{stride} p{pad} op{opad} g{groups} {act}: {lsb} LSB")
@@ -327,7 +328,8 @@ def test_deconv_matches_onnxruntime(cin, cout, k, stride, pad, opad, groups, per
 
 @pytest.mark.parametrize("c,k,stride", [(5, 3, 2), (8, 5, 1), (3, 7, 2)])
 def test_depthwise_conv_variants_match_onnxruntime(c, k, stride, record_property):
-    q = zoo.quantize(zoo.single_conv(c, c, k, stride, hw=9, groups=c, relu=True, batch=2))
+    q = quantize.ort_quantize(models.single_conv(c, c, k, stride, hw=9, groups=c, relu=True,
+                                                 batch=2))
     lsb, cmod, report = _lsb_vs_ort(q)
     print(f"depthwise {c}ch k{k}/{stride}: {lsb} LSB")
     record_property("max_lsb_vs_ort", lsb)
@@ -338,7 +340,7 @@ def test_depthwise_conv_variants_match_onnxruntime(c, k, stride, record_property
 
 # --- the canonical forms, op by op -----------------------------------------------------------
 def test_new_forms_have_the_exact_canonical_op_sequences():
-    q = zoo.quantize(zoo.encoder_decoder(hw=8, c=4), "int8")
+    q = quantize.ort_quantize(zoo.encoder_decoder(hw=8, c=4), "int8")
     cmod, report = canonicalize(load_onnx(q)[0])
     # transpose conv: the conv form around conv2d_transpose (IOHW int32 weights)
     assert _chain(cmod, "dec1_xi", 4 + len(RQ)) == [
@@ -356,7 +358,7 @@ def test_new_forms_have_the_exact_canonical_op_sequences():
             assert _chain(cmod, f"skip_in{i}_xi", len(RESCALE)) == RESCALE
     assert cat.detail["rescaled_inputs"] == sum(f"skip_in{i}_xi" in names for i in range(2))
 
-    q = zoo.quantize(zoo.single_pool("avg", 4, 3, 1, 1, hw=6))
+    q = quantize.ort_quantize(models.single_pool("avg", 4, 3, 1, 1, hw=6))
     cmod, _ = canonicalize(load_onnx(q)[0])
     assert _chain(cmod, "avgpool_x64", 4 + len(RQ)) == [
         "relax.astype", "relax.subtract", "relax.multiply", "relax.nn.avg_pool2d", *RQ]
@@ -364,12 +366,12 @@ def test_new_forms_have_the_exact_canonical_op_sequences():
     ap = _value(cmod, "avgpool_acc")
     assert bool(ap.attrs.count_include_pad) and str(ap.ty.dtype) == "int64"
 
-    q = zoo.quantize(zoo.single_pool("gap", 4, hw=6))
+    q = quantize.ort_quantize(models.single_pool("gap", 4, hw=6))
     cmod, _ = canonicalize(load_onnx(q)[0])
     assert _chain(cmod, "gap_xi", 3 + len(RQ)) == [
         "relax.astype", "relax.subtract", "relax.sum", *RQ]
 
-    q = zoo.quantize(zoo.single_pool("max", 4, hw=6))
+    q = quantize.ort_quantize(models.single_pool("max", 4, hw=6))
     cmod, report = canonicalize(load_onnx(q)[0])
     ops = _ops(cmod)
     assert ops[-2] == ("maxpool_acc", "relax.nn.max_pool2d")  # the whole layer, then the DQ
@@ -378,7 +380,8 @@ def test_new_forms_have_the_exact_canonical_op_sequences():
 
 def test_max_pool_with_a_folded_relu_gets_the_rescale_tail():
     q = onnx.ModelProto()
-    q.CopyFrom(zoo.quantize(zoo.single_pool("max", 4, hw=6), symmetric_activations=True))
+    q.CopyFrom(quantize.ort_quantize(models.single_pool("max", 4, hw=6),
+                                     symmetric_activations=True))
     # DQ -> MaxPool -> Relu -> Q: the Relu narrows the range, so the pool is requantized
     g = q.graph
     mp = next(n for n in g.node if n.op_type == "MaxPool")
@@ -457,16 +460,16 @@ def _assert_power_of_two_model(q: onnx.ModelProto):
 
 
 @pytest.mark.parametrize("build,ops", [
-    (lambda: zoo.single_conv(8, 12, 3, 2, hw=7, relu=True, batch=2), ["conv2d"]),
-    (lambda: zoo.conv_residual(8, 6), ["conv2d", "add"]),
-    (lambda: zoo.single_deconv(6, 5, 4, 2, 1, hw=4), ["conv2d_transpose"]),
-    (lambda: zoo.single_pool("avg", 4, 2, 2, 0, hw=6), ["conv2d", "avg_pool2d"]),
-    (lambda: zoo.single_pool("max", 4, 3, 2, 1, hw=6), ["conv2d", "max_pool2d"]),
-    (lambda: zoo.single_upsample(4, 4), ["conv2d", "upsample"]),
-    (lambda: zoo.conv_concat(4, 6), ["conv2d", "conv2d", "concat", "conv2d"]),
+    (lambda: models.single_conv(8, 12, 3, 2, hw=7, relu=True, batch=2), ["conv2d"]),
+    (lambda: models.conv_residual(8, 6), ["conv2d", "add"]),
+    (lambda: models.single_deconv(6, 5, 4, 2, 1, hw=4), ["conv2d_transpose"]),
+    (lambda: models.single_pool("avg", 4, 2, 2, 0, hw=6), ["conv2d", "avg_pool2d"]),
+    (lambda: models.single_pool("max", 4, 3, 2, 1, hw=6), ["conv2d", "max_pool2d"]),
+    (lambda: models.single_upsample(4, 4), ["conv2d", "upsample"]),
+    (lambda: models.conv_concat(4, 6), ["conv2d", "conv2d", "concat", "conv2d"]),
 ])
 def test_power_of_two_models_get_exact_shift_recipes(build, ops, record_property):
-    q = zoo.quantize(build(), power_of_two=True)
+    q = quantize.ort_quantize(build(), power_of_two=True)
     _assert_power_of_two_model(q)
     lsb, cmod, report = _lsb_vs_ort(q, _Pow2())
     print(f"{q.graph.name} power-of-two: {lsb} LSB vs onnxruntime")
@@ -483,14 +486,14 @@ def test_power_of_two_models_get_exact_shift_recipes(build, ops, record_property
 
 
 def test_scales_that_are_not_powers_of_two_leave_the_layer_float_with_the_reason():
-    q = zoo.quantize(zoo.conv_residual(8, 6))               # ordinary (float) scales
+    q = quantize.ort_quantize(models.conv_residual(8, 6))               # ordinary (float) scales
     lsb, cmod, report = _lsb_vs_ort(q, _Pow2(), seeds=(0,))
     assert [(r.op, r.integer) for r in report] == [("conv2d", False), ("add", False)]
     assert "is not a power of two (the DPU requantizes by shifting)" in (
         report[0].detail["reason"])
     assert lsb <= 1
     # a 3x3 average pool divides by 9: no shift does that, even in a power-of-two model
-    q = zoo.quantize(zoo.single_pool("avg", 4, 3, 1, 1, hw=6), power_of_two=True)
+    q = quantize.ort_quantize(models.single_pool("avg", 4, 3, 1, 1, hw=6), power_of_two=True)
     t = RefTarget()
     cmod, report = canonicalize(load_onnx(q)[0], _Pow2())
     recs = explain(cmod, t.pattern_table(), t.name, partition(cmod, t.pattern_table()),
@@ -504,7 +507,7 @@ def test_scales_that_are_not_powers_of_two_leave_the_layer_float_with_the_reason
 
 
 def test_targets_route_pool_and_concat_recipes_with_recipe_for():
-    q = zoo.quantize(zoo.single_pool("avg", 4, 2, 2, 0, hw=6), power_of_two=True)
+    q = quantize.ort_quantize(models.single_pool("avg", 4, 2, 2, 0, hw=6), power_of_two=True)
     mod = load_onnx(q)[0]
 
     class ConvOnly(_Pow2):  # no recipe of its own: pools use the generic CPU recipe
@@ -519,24 +522,24 @@ def test_targets_route_pool_and_concat_recipes_with_recipe_for():
 
 # --- patterns + extract_layer_graph ----------------------------------------------------------
 @pytest.mark.parametrize("build,kind,check", [
-    (lambda: zoo.single_pool("max", 5, 2, 1, [0, 0, 1, 1], hw=7),
+    (lambda: models.single_pool("max", 5, 2, 1, [0, 0, 1, 1], hw=7),
      PoolLayer, lambda ly: (ly.kind, ly.kernel, ly.strides, ly.padding, ly.requant) == (
          "max", (2, 2), (1, 1), (0, 0, 1, 1), None)),
-    (lambda: zoo.single_pool("avg", 5, 3, 2, 1, hw=7, batch=2),
+    (lambda: models.single_pool("avg", 5, 3, 2, 1, hw=7, batch=2),
      PoolLayer, lambda ly: (ly.kind, ly.kernel, ly.window, ly.op_name) == (
          "avg", (3, 3), 9, "avg_pool2d")),
-    (lambda: zoo.single_pool("gap", 5, hw=5),
+    (lambda: models.single_pool("gap", 5, hw=5),
      PoolLayer, lambda ly: (ly.kernel, ly.op_name) == ((5, 5), "global_avg_pool2d")),
-    (lambda: zoo.single_upsample(3, 4, 3),
+    (lambda: models.single_upsample(3, 4, 3),
      UpsampleLayer, lambda ly: ly.scale == (3, 3) and ly.requant is None),
-    (lambda: zoo.single_deconv(5, 7, 3, 2, 1, 1, hw=4, batch=2),
+    (lambda: models.single_deconv(5, 7, 3, 2, 1, 1, hw=4, batch=2),
      DeconvLayer, lambda ly: (ly.strides, ly.padding, ly.output_padding, ly.weight.shape) == (
          (2, 2), (1, 1, 1, 1), (1, 1), (5, 7, 3, 3))),
-    (lambda: zoo.single_conv(6, 6, 5, 2, hw=9, groups=6),
+    (lambda: models.single_conv(6, 6, 5, 2, hw=9, groups=6),
      ConvLayer, lambda ly: ly.groups == 6 and ly.is_depthwise and ly.weight.shape == (6, 1, 5, 5)),
 ])
 def test_each_pattern_matches_its_form_and_extract_rebuilds_the_layer(build, kind, check):
-    q = zoo.quantize(build())
+    q = quantize.ort_quantize(build())
     t, recs, _, _ = _offload_bit_exact(q, seeds=(0, 1))
     layers = [ly for g in t.graphs for ly in g.layers]
     mine = [ly for ly in layers if isinstance(ly, kind)]
@@ -545,7 +548,7 @@ def test_each_pattern_matches_its_form_and_extract_rebuilds_the_layer(build, kin
 
 
 def test_concat_pattern_takes_rescaled_and_identity_inputs():
-    q = zoo.quantize(zoo.conv_concat(4, 6), "uint8")
+    q = quantize.ort_quantize(models.conv_concat(4, 6), "uint8")
     cmod, report = canonicalize(load_onnx(q)[0])
     rec = next(r for r in report if r.op == "concat")
     t, recs, _, _ = _offload_bit_exact(q, seeds=(0, 1))
@@ -569,7 +572,7 @@ def test_concat_pattern_takes_rescaled_and_identity_inputs():
     ("encoder_decoder", dict(hw=16, batch=2), False, 8),
 ])
 def test_whole_models_offload_bit_exactly(name, kwargs, pow2, n_layers, record_property):
-    q = zoo.quantize(zoo.MODELS[name](**kwargs), power_of_two=pow2)
+    q = quantize.ort_quantize(zoo.MODELS[name](**kwargs), power_of_two=pow2)
     t, recs, report, lsb = _offload_bit_exact(q, _Pow2() if pow2 else None)
     print(f"\n{name} {kwargs} power_of_two={pow2}: {lsb} LSB vs onnxruntime")
     print(format_report(report))
@@ -592,7 +595,7 @@ def test_whole_models_offload_bit_exactly(name, kwargs, pow2, n_layers, record_p
 
 
 def test_power_of_two_differences_from_onnxruntime_are_only_rounding_ties():
-    q = zoo.quantize(zoo.single_conv(16, 16, 3, 1, hw=12, batch=2), power_of_two=True)
+    q = quantize.ort_quantize(models.single_conv(16, 16, 3, 1, hw=12, batch=2), power_of_two=True)
     # onnxruntime's float value before the output QuantizeLinear is exact here (sums of
     # products of small integers times powers of two), so the tie cases are visible
     qn = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] != "input")
@@ -613,10 +616,10 @@ def test_power_of_two_differences_from_onnxruntime_are_only_rounding_ties():
 
 
 def test_form_checks_keep_what_a_layer_cannot_express_on_the_cpu():
-    m = zoo.single_pool("max", 4, 3, 2, 0, hw=8)
+    m = models.single_pool("max", 4, 3, 2, 0, hw=8)
     pool = next(n for n in m.graph.node if n.op_type == "MaxPool")
     pool.attribute.append(onnx.helper.make_attribute("ceil_mode", 1))
-    q = zoo.quantize(m, cache=False)
+    q = quantize.ort_quantize(m, cache=False)
     t, recs, report, lsb = _offload_bit_exact(q)
     assert ("max_pool2d", True) in [(r.op, r.integer) for r in report]   # integer, on the CPU
     rec = next(r for r in recs if r.op == "max_pool2d")

@@ -1,5 +1,6 @@
 import pytest
 
+from helpers import models
 from tvm_accel.cli import build_parser, main, parse_target
 from tvm_accel.errors import AccelError
 
@@ -40,10 +41,9 @@ def test_version_names_this_package_and_tvm(capsys):
 def test_dump_offloads_writes_the_table_to_a_file(tmp_path, capsys):
     import onnx
 
-    from tvm_accel import zoo
 
     model = tmp_path / "m.onnx"
-    onnx.save(zoo.quantized("conv_residual", c=16, hw=8), model)
+    onnx.save(models.quantized("conv_residual", c=16, hw=8), model)
     dump = tmp_path / "offloads.txt"
     assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "m.tar"),
                  "--dump-offloads", str(dump)]) == 0

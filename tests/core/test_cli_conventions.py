@@ -12,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_accel import cli, zoo
+from helpers import models
+from tvm_accel import cli, quantize
 from tvm_accel.pipeline import host_target
 
 
@@ -55,7 +56,7 @@ def dotted(tmp_path_factory):
     """The dotted model quantized with symmetric activations (the Relu stays a node) and
     compiled for VTA; returns (dir, model path, package path, dump text)."""
     d = tmp_path_factory.mktemp("conventions")
-    q = zoo.quantize(_dotted_model(), symmetric_activations=True, cache=False)
+    q = quantize.ort_quantize(_dotted_model(), symmetric_activations=True, cache=False)
     onnx.save(q, d / "m.onnx")
     dump = d / "offloads.txt"
     assert _tvmc("compile", d / "m.onnx", "--target", "vta, llvm", "-o", d / "m.tar",
@@ -108,7 +109,7 @@ def test_dump_offloads_all_lists_the_folded_qdq_nodes(dotted, capsys):
 
 
 def test_a_fused_pool_keeps_its_name_in_the_profile(tmp_path, capsys):
-    onnx.save(zoo.quantized("conv_pool", power_of_two=True), tmp_path / "cp.onnx")
+    onnx.save(models.quantized("conv_pool", power_of_two=True), tmp_path / "cp.onnx")
     assert _tvmc("compile", tmp_path / "cp.onnx", "--target", "dpu, llvm", "-o",
                  tmp_path / "cp.tar", "--dump-offloads") == 0
     rows = _rows(capsys.readouterr().out)
@@ -119,7 +120,7 @@ def test_a_fused_pool_keeps_its_name_in_the_profile(tmp_path, capsys):
 
 
 def test_input_shapes_make_a_dynamic_model_compile_and_run(tmp_path, capsys):
-    model = zoo.quantized("single_conv", cin=16, cout=16, hw=8)
+    model = models.quantized("single_conv", cin=16, cout=16, hw=8)
     dim = model.graph.input[0].type.tensor_type.shape.dim[0]
     dim.ClearField("dim_value")
     dim.dim_param = "batch"
@@ -169,7 +170,7 @@ def test_long_compiles_print_a_progress_line_per_function(dotted, capsys, monkey
 
 
 def test_timeline_draws_a_package_of_any_target(tmp_path, capsys):
-    onnx.save(zoo.quantized("single_conv", cin=32, cout=32, hw=8), tmp_path / "m.onnx")
+    onnx.save(models.quantized("single_conv", cin=32, cout=32, hw=8), tmp_path / "m.onnx")
     assert _tvmc("compile", tmp_path / "m.onnx", "--target", "marsellus, llvm", "-o",
                  tmp_path / "m.tar", "--target-marsellus-objective", "latency") == 0
     assert '"objective": "latency"' in capsys.readouterr().out  # echoed with the knobs

@@ -19,14 +19,15 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_accel import cli, zoo
+from helpers import models
+from tvm_accel import cli
 from tvm_accel.errors import AccelError, BlobError, ConfigError
 from tvm_accel.package import file_record, metadata_digest
 
 MODELS = {
-    "vta": lambda: zoo.quantized("single_conv", cin=16, cout=16, hw=8),
-    "dpu": lambda: zoo.quantized("single_conv", power_of_two=True, cin=16, cout=16, hw=8),
-    "marsellus": lambda: zoo.quantized("single_conv", cin=32, cout=32, hw=8),
+    "vta": lambda: models.quantized("single_conv", cin=16, cout=16, hw=8),
+    "dpu": lambda: models.quantized("single_conv", power_of_two=True, cin=16, cout=16, hw=8),
+    "marsellus": lambda: models.quantized("single_conv", cin=32, cout=32, hw=8),
 }
 CONFIGS = {"vta": "vta_1x16x16", "dpu": "dpu_default", "marsellus": "marsellus_default"}
 RECOMPILE = "recompile the model"

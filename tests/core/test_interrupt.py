@@ -25,7 +25,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_accel import cli, simlib, zoo
+from helpers import models
+from tvm_accel import cli, simlib
 from tvm_accel.errors import AccelError, SimulatorError
 
 SIGNAL_AFTER_S = 0.3
@@ -227,7 +228,7 @@ def test_status_names_match_the_library():
 def package(tmp_path_factory):
     root = tmp_path_factory.mktemp("interrupt")
     model, pkg = str(root / "m.onnx"), str(root / "m.tar")
-    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), model)
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), model)
     assert cli.main(["compile", model, "--target", "vta, llvm", "--target-vta-strategy",
                      "static", "-o", pkg]) == 0
     return pkg

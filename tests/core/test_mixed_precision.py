@@ -17,7 +17,8 @@ import tvm
 from onnx import TensorProto, numpy_helper
 from tvm import relax
 
-from tvm_accel import zoo
+from helpers import models
+from tvm_accel import quantize, zoo
 from tvm_accel.canonicalize import canonicalize
 from tvm_accel.cli import main
 from tvm_accel.errors import ConfigError
@@ -64,12 +65,12 @@ def _bits(report, onnx_name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def conv8():
-    return zoo.quantize(zoo.single_conv(relu=True), "uint8")
+    return quantize.ort_quantize(models.single_conv(relu=True), "uint8")
 
 
 # --- import --------------------------------------------------------------------------------------
 def test_int4_uint4_qdq_model_loads_and_matches_onnxruntime(conv8):
-    q = zoo.apply_mixed_precision(conv8, {"conv": {"w": 4, "o": 4}}, native_int4=True)
+    q = quantize.apply_mixed_precision(conv8, {"conv": {"w": 4, "o": 4}}, native_int4=True)
     types = {t.data_type for t in q.graph.initializer}
     assert TensorProto.INT4 in types and TensorProto.UINT4 in types  # really an int4 model
     mod, info = load_onnx(q)
@@ -85,7 +86,7 @@ def test_int4_uint4_qdq_model_loads_and_matches_onnxruntime(conv8):
 
 @pytest.mark.parametrize("w, o", [(3, 3), (2, 6)])
 def test_clipped_range_model_loads_and_matches_onnxruntime(conv8, w, o):
-    q = zoo.apply_mixed_precision(conv8, {"conv": {"w": w, "o": o}}, native_int4=False)
+    q = quantize.apply_mixed_precision(conv8, {"conv": {"w": w, "o": o}}, native_int4=False)
     assert any(n.op_type == "Clip" for n in q.graph.node)  # Q -> Clip -> DQ
     mod, info = load_onnx(q)
     assert list(info.activation_ranges.values()) == [(0, (1 << o) - 1)]
@@ -102,7 +103,7 @@ def test_precision_config_changes_the_layer_bits_in_the_canonical_graph(tmp_path
     test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact for the refusal.)"""
     cfg = tmp_path / "bits.json"
     cfg.write_text(json.dumps({"layers": {"conv": {"w": 3, "i": 4, "o": 4}}}))
-    conv8 = zoo.quantize(zoo.single_conv(relu=True), "int8", symmetric_activations=True)
+    conv8 = quantize.ort_quantize(models.single_conv(relu=True), "int8", symmetric_activations=True)
     mod, _ = load_onnx(conv8)
     cmod, report = canonicalize(mod, precision_config=str(cfg))
     assert _bits(report, "conv") == {"w": 3, "i": 4, "o": 4}
@@ -171,7 +172,7 @@ def test_load_precision_accepts_dicts_and_json_text():
 # --- layer IR ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def resnet20_mixed():
-    return zoo.resnet20_mixed()
+    return quantize.resnet20_mixed()
 
 
 def test_extract_layer_graph_reports_activation_bits_and_weight_bits(resnet20_mixed):
@@ -235,7 +236,7 @@ def test_vta_keeps_sub8bit_activation_layers_on_the_cpu_and_stays_bit_exact(resn
 def test_dpu_names_the_sub8bit_activation_reason():
     import tvm_dpu
 
-    q = zoo.quantize(zoo.single_conv(relu=True), "int8", power_of_two=True)
+    q = quantize.ort_quantize(models.single_conv(relu=True), "int8", power_of_two=True)
     mod, _ = load_onnx(q)
     _, report = compile_model(mod, tvm_dpu.TARGET)
     assert next(r for r in report.offloads if r.layer == "conv").placement == "dpu"
@@ -280,7 +281,7 @@ def test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact():
     import tvm_marsellus
 
     bits = {"layers": {"block1.conv1": {"w": 4, "o": 4}}}
-    q = zoo.quantized("tiny_cnn", activation_type="uint8")
+    q = models.quantized("tiny_cnn", activation_type="uint8")
     mod, info = load_onnx(q)
     ex, report = compile_model(mod, tvm_marsellus.TARGET, precision=bits)
     where = {r.layer: r.placement for r in report.offloads}
@@ -288,7 +289,7 @@ def test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact():
     ref = compile_reference(mod, tvm_marsellus.TARGET, precision=bits)
     x = zoo.random_input(q, 0)[0]
     np.testing.assert_array_equal(_run(ex, x), _run(ref, x))
-    mod8, _ = load_onnx(zoo.quantized("tiny_cnn"))
+    mod8, _ = load_onnx(models.quantized("tiny_cnn"))
     with pytest.raises(ConfigError, match=r"layers\.block1\.conv1\.o: the 4-bit int8 range "
                                           r"\[-8, 7\] excludes the tensor's zero point -128"):
         compile_model(mod8, tvm_marsellus.TARGET, precision=bits)

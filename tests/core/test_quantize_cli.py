@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_accel import zoo
+from tvm_accel import quantize, zoo
 from tvm_accel.cli import main
 from tvm_accel.quantize import (
     PROVENANCE_KEY,
@@ -243,7 +243,8 @@ BAD = {
     "missing model": (lambda ws: [ws / "nope.onnx"], ["nope.onnx", "no such file"]),
     "not onnx": (lambda ws: [_write(ws, "junk.onnx", b"\x00\x01 not protobuf")],
                  ["junk.onnx", "not an ONNX model"]),
-    "already quantized": (lambda ws: [_write(ws, "qdq.onnx", zoo.quantize(zoo.tiny_cnn()))],
+    "already quantized": (lambda ws: [_write(ws, "qdq.onnx",
+                                             quantize.ort_quantize(zoo.tiny_cnn()))],
                           ["qdq.onnx", "already quantized", "QuantizeLinear"]),
     "npz missing input": (lambda ws: [ws / "float.onnx", "--calibration",
                                       _write(ws, "noin.npz", {"data": np.zeros(X)})],

@@ -8,13 +8,13 @@ import numpy as np
 import onnx
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.cli import main
 
 MODELS = {
-    "vta": lambda: zoo.quantized("conv_residual", c=16, hw=8),
-    "dpu": lambda: zoo.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2),
-    "marsellus": lambda: zoo.quantized("conv_residual", c=32, hw=8),
+    "vta": lambda: models.quantized("conv_residual", c=16, hw=8),
+    "dpu": lambda: models.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2),
+    "marsellus": lambda: models.quantized("conv_residual", c=32, hw=8),
 }
 
 
@@ -61,7 +61,7 @@ def test_tune_then_compile_with_records_is_bit_exact_and_uses_the_best(tmp_path,
 
 def test_records_of_another_config_are_not_applied(tmp_path, capsys):
     model = tmp_path / "m.onnx"
-    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
     records = tmp_path / "r.json"
     assert main(["tune", str(model), "--target", "vta, llvm", "-o", str(records),
                  "--tuner", "gridsearch", "--trials", "2", "--parallel", "1"]) == 0
@@ -80,7 +80,7 @@ def test_records_of_another_config_are_not_applied(tmp_path, capsys):
 ])
 def test_bad_tune_flags_are_one_error_line(tmp_path, capsys, flags, needle):
     model = tmp_path / "m.onnx"
-    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
     rc = main(["tune", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "r.json"),
                *flags])
     err = capsys.readouterr().err.strip().splitlines()
@@ -89,7 +89,7 @@ def test_bad_tune_flags_are_one_error_line(tmp_path, capsys, flags, needle):
 
 def test_records_file_that_is_not_json_lines_is_one_error_line(tmp_path, capsys):
     model = tmp_path / "m.onnx"
-    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
     bad = tmp_path / "bad.json"
     bad.write_text("layer,cycles\nconv,12\n")
     rc = main(["compile", str(model), "--target", "vta, llvm", "-o", str(tmp_path / "m.tar"),
@@ -103,7 +103,7 @@ def test_extracted_tasks_merge_identical_workloads():
     from tvm_accel.frontend import load_onnx
     from tvm_accel.tuning.extract import extract_tasks
 
-    mod, _ = load_onnx(zoo.quantized("resnet20"))
+    mod, _ = load_onnx(models.quantized("resnet20"))
     tasks = extract_tasks(mod, tvm_vta_cp.TARGET, "vta_1x16x16")
     assert len({t.key for t in tasks}) == len(tasks)
     assert sum(t.weight for t in tasks) == sum(len(t.layers) for t in tasks) == 21 + 9 + 1

@@ -9,7 +9,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
+from tvm_accel import quantize, zoo
 
 
 def _ops(m: onnx.ModelProto) -> list[str]:
@@ -55,15 +56,15 @@ def test_builders_are_deterministic_and_seeded():
 
 
 @pytest.mark.parametrize("build,shape_in,shape_out", [
-    (lambda: zoo.single_conv(16, 24, 3, 2, hw=9, relu=True), (1, 16, 9, 9), (1, 24, 5, 5)),
-    (lambda: zoo.single_conv(8, 8, 1, 1, batch=2, hw=4, bias=False), (2, 8, 4, 4), (2, 8, 4, 4)),
-    (lambda: zoo.single_dense(64, 32, batch=3), (3, 64), (3, 32)),
-    (lambda: zoo.conv_residual(16, 8), (1, 16, 8, 8), (1, 16, 8, 8)),
-    (lambda: zoo.conv_pool("max", 8, 8), (1, 8, 8, 8), (1, 8, 4, 4)),
-    (lambda: zoo.conv_pool("gap", 8, 8), (1, 8, 8, 8), (1, 8, 1, 1)),
-    (lambda: zoo.conv_concat(8, 8), (1, 8, 8, 8), (1, 8, 8, 8)),
-    (lambda: zoo.conv_flatten_dense(8, 4, 10), (1, 8, 4, 4), (1, 10)),
-    (lambda: zoo.conv_unary("Sigmoid"), (1, 8, 8, 8), (1, 8, 8, 8)),
+    (lambda: models.single_conv(16, 24, 3, 2, hw=9, relu=True), (1, 16, 9, 9), (1, 24, 5, 5)),
+    (lambda: models.single_conv(8, 8, 1, 1, batch=2, hw=4, bias=False), (2, 8, 4, 4), (2, 8, 4, 4)),
+    (lambda: models.single_dense(64, 32, batch=3), (3, 64), (3, 32)),
+    (lambda: models.conv_residual(16, 8), (1, 16, 8, 8), (1, 16, 8, 8)),
+    (lambda: models.conv_pool("max", 8, 8), (1, 8, 8, 8), (1, 8, 4, 4)),
+    (lambda: models.conv_pool("gap", 8, 8), (1, 8, 8, 8), (1, 8, 1, 1)),
+    (lambda: models.conv_concat(8, 8), (1, 8, 8, 8), (1, 8, 8, 8)),
+    (lambda: models.conv_flatten_dense(8, 4, 10), (1, 8, 4, 4), (1, 10)),
+    (lambda: models.conv_unary("Sigmoid"), (1, 8, 8, 8), (1, 8, 8, 8)),
     (lambda: zoo.tiny_cnn(), (1, 3, 32, 32), (1, 10)),
 ])
 def test_small_builders_have_the_requested_shapes(build, shape_in, shape_out):
@@ -78,7 +79,7 @@ def test_quantize_makes_a_qdq_model_close_to_the_float_one(act, per_channel, tmp
                                                            monkeypatch):
     monkeypatch.setenv("TVM_ACCEL_CACHE", str(tmp_path))
     m = zoo.resnet20()
-    q = zoo.quantize(m, act, per_channel)
+    q = quantize.ort_quantize(m, act, per_channel)
     ops = _ops(q)
     assert ops.count("QuantizeLinear") > 20 and ops.count("Conv") == 21
     qlinear = [n for n in q.graph.node if n.op_type == "QuantizeLinear"]
@@ -96,25 +97,25 @@ def test_quantize_makes_a_qdq_model_close_to_the_float_one(act, per_channel, tmp
 
 def test_quantized_models_are_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_ACCEL_CACHE", str(tmp_path))
-    m = zoo.single_conv(8, 8, 3, hw=6)
-    q1 = zoo.quantize(m)
+    m = models.single_conv(8, 8, 3, hw=6)
+    q1 = quantize.ort_quantize(m)
     files = list(tmp_path.glob("*.onnx"))
     assert len(files) == 1 and files[0].name.startswith("single_conv-")
-    q2 = zoo.quantize(m)
+    q2 = quantize.ort_quantize(m)
     assert q1.SerializeToString() == q2.SerializeToString()
-    zoo.quantize(m, "uint8")
-    zoo.quantize(zoo.single_conv(8, 8, 3, hw=6, seed=1))
+    quantize.ort_quantize(m, "uint8")
+    quantize.ort_quantize(models.single_conv(8, 8, 3, hw=6, seed=1))
     assert len(list(tmp_path.glob("*.onnx"))) == 3  # other options / weights: other entries
     files[0].write_bytes(b"truncated")  # a broken entry is rebuilt, not returned
-    assert zoo.quantize(m).SerializeToString() == q1.SerializeToString()
+    assert quantize.ort_quantize(m).SerializeToString() == q1.SerializeToString()
 
 
 def test_resnet18_quantizes_and_is_cached():
     # uses the default cache (~/.cache/tvm_accel/zoo or $TVM_ACCEL_CACHE): quantized once
-    q = zoo.quantized("resnet18")
+    q = models.quantized("resnet18")
     assert _ops(q).count("Conv") == 20 and _ops(q).count("DequantizeLinear") > 60
     t = time.perf_counter()
-    q2 = zoo.quantized("resnet18")
+    q2 = models.quantized("resnet18")
     assert time.perf_counter() - t < 5
     assert q2.SerializeToString() == q.SerializeToString()
     y = _run(q, zoo.random_input(q)[0])
@@ -123,8 +124,8 @@ def test_resnet18_quantizes_and_is_cached():
 
 def test_unknown_names_and_options_are_rejected():
     with pytest.raises(ValueError, match="unknown zoo model"):
-        zoo.quantized("no_such_model")
+        models.quantized("no_such_model")
     with pytest.raises(ValueError, match="activation_type"):
-        zoo.quantize(zoo.single_dense(), "int4")
+        quantize.ort_quantize(models.single_dense(), "int4")
     with pytest.raises(ValueError, match="pool kind"):
-        zoo.conv_pool("min")
+        models.conv_pool("min")

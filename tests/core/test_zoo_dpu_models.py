@@ -11,7 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from tvm_accel import zoo
+from helpers import models
+from tvm_accel import quantize, zoo
 
 
 def _ops(m: onnx.ModelProto) -> list[str]:
@@ -48,10 +49,10 @@ def test_resnet50_has_bottleneck_stages_3_4_6_3_and_quantizes_once():
     fc = next(t for t in m.graph.initializer if t.name == "fc.weight")
     assert list(fc.dims) == [1000, 2048]
     # quantized through the default cache: only the first run of the machine pays for it
-    q = zoo.quantize(m)
-    p2 = zoo.quantize(m, power_of_two=True)
+    q = quantize.ort_quantize(m)
+    p2 = quantize.ort_quantize(m, power_of_two=True)
     t = time.perf_counter()
-    assert zoo.quantize(m, power_of_two=True).SerializeToString() == p2.SerializeToString()
+    assert quantize.ort_quantize(m, power_of_two=True).SerializeToString() == p2.SerializeToString()
     assert time.perf_counter() - t < 5
     assert _ops(q).count("Conv") == 53 and _ops(p2).count("Conv") == 53
     x = zoo.random_input(m, seed=4)[0]
@@ -117,15 +118,15 @@ def test_encoder_decoder_upsamples_with_strided_transpose_convs():
 
 
 @pytest.mark.parametrize("build,shape_in,shape_out", [
-    (lambda: zoo.single_pool("max", 5, 3, 2, 1, hw=7), (1, 5, 7, 7), (1, 5, 4, 4)),
-    (lambda: zoo.single_pool("max", 4, 2, 1, [0, 0, 1, 1], hw=5), (1, 4, 5, 5), (1, 4, 5, 5)),
-    (lambda: zoo.single_pool("avg", 4, 3, 1, 1, hw=6, batch=2), (2, 4, 6, 6), (2, 4, 6, 6)),
-    (lambda: zoo.single_pool("gap", 3, hw=5), (1, 3, 5, 5), (1, 3, 1, 1)),
-    (lambda: zoo.single_upsample(3, 4, 3), (1, 3, 4, 4), (1, 3, 12, 12)),
-    (lambda: zoo.single_deconv(4, 6, 3, 2, 1, 1, hw=5), (1, 4, 5, 5), (1, 6, 10, 10)),
-    (lambda: zoo.single_deconv(4, 6, 4, 2, 1, groups=2, batch=3, hw=3), (3, 4, 3, 3),
+    (lambda: models.single_pool("max", 5, 3, 2, 1, hw=7), (1, 5, 7, 7), (1, 5, 4, 4)),
+    (lambda: models.single_pool("max", 4, 2, 1, [0, 0, 1, 1], hw=5), (1, 4, 5, 5), (1, 4, 5, 5)),
+    (lambda: models.single_pool("avg", 4, 3, 1, 1, hw=6, batch=2), (2, 4, 6, 6), (2, 4, 6, 6)),
+    (lambda: models.single_pool("gap", 3, hw=5), (1, 3, 5, 5), (1, 3, 1, 1)),
+    (lambda: models.single_upsample(3, 4, 3), (1, 3, 4, 4), (1, 3, 12, 12)),
+    (lambda: models.single_deconv(4, 6, 3, 2, 1, 1, hw=5), (1, 4, 5, 5), (1, 6, 10, 10)),
+    (lambda: models.single_deconv(4, 6, 4, 2, 1, groups=2, batch=3, hw=3), (3, 4, 3, 3),
      (3, 6, 6, 6)),
-    (lambda: zoo.single_conv(7, 7, 5, 2, hw=9, groups=7), (1, 7, 9, 9), (1, 7, 5, 5)),
+    (lambda: models.single_conv(7, 7, 5, 2, hw=9, groups=7), (1, 7, 9, 9), (1, 7, 5, 5)),
 ])
 def test_single_op_builders_have_the_requested_shapes(build, shape_in, shape_out):
     m = build()
@@ -138,7 +139,7 @@ def test_bad_sizes_are_rejected():
     with pytest.raises(ValueError, match="multiple of 32"):
         zoo.vgg16(hw=48)
     with pytest.raises(ValueError, match="pool kind"):
-        zoo.single_pool("median")
+        models.single_pool("median")
 
 
 # --- power-of-two quantization ---------------------------------------------------------------
@@ -173,14 +174,14 @@ def test_power_of_two_quantization_is_a_valid_fix_point_model(name, kwargs, tmp_
                                                               monkeypatch):
     monkeypatch.setenv("TVM_ACCEL_CACHE", str(tmp_path))
     m = zoo.MODELS[name](**kwargs)
-    q = zoo.quantize(m, power_of_two=True)
+    q = quantize.ort_quantize(m, power_of_two=True)
     _check_power_of_two(q)
     # ReLUs are fused into the conv/deconv before them: no Q/DQ between the two
     prod = {o: n for n in q.graph.node for o in n.output}
     relus = [n for n in q.graph.node if n.op_type == "Relu"]
     assert relus and all(prod[r.input[0]].op_type in ("Conv", "ConvTranspose", "Gemm", "Add")
                          for r in relus)
-    ref = zoo.quantize(m, per_channel=False)        # the same model with calibrated scales
+    ref = quantize.ort_quantize(m, per_channel=False)        # the same model with calibrated scales
     x = zoo.random_input(m, seed=7)[0]
     for yf, y2, yq in zip(_run(m, x), _run(q, x), _run(ref, x), strict=True):
         e2, eq = _rel(y2, yf), _rel(yq, yf)
@@ -190,14 +191,14 @@ def test_power_of_two_quantization_is_a_valid_fix_point_model(name, kwargs, tmp_
 
 
 def test_make_power_of_two_requantizes_weights_and_biases_from_the_float_model():
-    m = zoo.single_conv(8, 8, 3, hw=6, relu=True)
-    q = zoo.quantize(m, per_channel=False, symmetric_activations=True, cache=False)
-    p = zoo.make_power_of_two(q, m)
+    m = models.single_conv(8, 8, 3, hw=6, relu=True)
+    q = quantize.ort_quantize(m, per_channel=False, symmetric_activations=True, cache=False)
+    p = quantize.make_power_of_two(q, m)
     inits = {t.name: numpy_helper.to_array(t) for t in p.graph.initializer}
     wf = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "conv.weight"))
     bf = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "conv.bias"))
     sw, sx = inits["conv.weight_scale"], inits["input_scale"]
-    assert sw == zoo.pow2_ceil(numpy_helper.to_array(
+    assert sw == quantize.pow2_ceil(numpy_helper.to_array(
         next(t for t in q.graph.initializer if t.name == "conv.weight_scale")))
     np.testing.assert_array_equal(inits["conv.weight_quantized"],
                                   np.clip(np.rint(wf / sw), -127, 127).astype(np.int8))
@@ -205,8 +206,8 @@ def test_make_power_of_two_requantizes_weights_and_biases_from_the_float_model()
                                   np.rint(bf / (sx * sw)).astype(np.int32))
     assert _ops(p).count("QuantizeLinear") == _ops(q).count("QuantizeLinear") - 1   # fused
     # without the float model the dequantized int8 values are the source: same scales
-    p2 = zoo.make_power_of_two(q)
+    p2 = quantize.make_power_of_two(q)
     assert {t.name for t in p2.graph.initializer} == set(inits)
     np.testing.assert_array_equal(numpy_helper.to_array(next(
         t for t in p2.graph.initializer if t.name == "conv.weight_scale")), sw)
-    assert zoo.pow2_ceil([0.3, 0.25, 0.0]).tolist() == [0.5, 0.25, 0.0]
+    assert quantize.pow2_ceil([0.3, 0.25, 0.0]).tolist() == [0.5, 0.25, 0.0]

@@ -7,13 +7,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.errors import BlobError
 from tvm_accel.package import PackageMetadata, TensorSpec, save_package
 
 
 def test_package_runs_identically_in_a_fresh_process(tmp_path, compare):
-    r = compare(zoo.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2))
+    r = compare(models.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2))
     r.assert_bit_exact()
     pkg = tmp_path / "m.tar"
     save_package(str(pkg), r.ex, PackageMetadata("dpu", "llvm", "dpu_default",
@@ -37,7 +37,7 @@ def test_run_blob_rejects_wrong_inputs_and_foreign_blobs():
     from tvm_accel.pipeline import compile_model
     from tvm_dpu.runtime import run_blob
 
-    mod, _ = load_onnx(zoo.quantized("single_conv", power_of_two=True, cin=8, cout=8, k=3,
+    mod, _ = load_onnx(models.quantized("single_conv", power_of_two=True, cin=8, cout=8, k=3,
                                      pad=1, hw=6))
     _, report = compile_model(mod, tvm_dpu.TARGET)
     (fn,) = report.functions

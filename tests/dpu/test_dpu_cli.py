@@ -2,7 +2,7 @@
 
 import json
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.cli import main
 
 
@@ -10,7 +10,7 @@ def test_tvmc_compile_run_profile_trace_and_disassemble(tmp_path, capsys):
     import onnx
 
     model = tmp_path / "block.onnx"
-    onnx.save(zoo.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2), model)
+    onnx.save(models.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2), model)
     pkg = tmp_path / "m.tar"
     assert main(["compile", str(model), "--target", "dpu, llvm", "--target-dpu-config",
                  "dpu_default", "-o", str(pkg), "--dump-offloads"]) == 0

@@ -4,11 +4,11 @@ strategy -> DPU simulator, bit-exact against the canonical integer graph compile
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 
 
 def pow2(name, **kw):
-    return zoo.quantized(name, power_of_two=True, **kw)
+    return models.quantized(name, power_of_two=True, **kw)
 
 
 # (cin, cout, k, stride, pad, batch, hw): kernels 1/3/5/7, strides 1/2, padding, odd channels,
@@ -57,7 +57,7 @@ def test_conv_with_residual_add_runs_add_on_misc(compare):
 
 
 def test_uint8_activations_fall_back_with_their_reason(compare):
-    r = compare(zoo.quantized("single_conv", "uint8", power_of_two=True, cin=8, cout=8, k=3,
+    r = compare(models.quantized("single_conv", "uint8", power_of_two=True, cin=8, cout=8, k=3,
                               pad=1, hw=6))
     conv = [o for o in r.report.offloads if o.op == "conv2d"]
     assert conv and conv[0].placement == "cpu"
@@ -66,7 +66,7 @@ def test_uint8_activations_fall_back_with_their_reason(compare):
 
 
 def test_non_power_of_two_scales_fall_back_with_their_reason(compare):
-    r = compare(zoo.quantized("single_conv", "int8", False, cin=8, cout=8, k=3, pad=1, hw=6))
+    r = compare(models.quantized("single_conv", "int8", False, cin=8, cout=8, k=3, pad=1, hw=6))
     conv = [o for o in r.report.offloads if o.op == "conv2d"]
     assert conv and conv[0].placement == "cpu" and "power of two" in conv[0].reason
     r.assert_bit_exact()
@@ -162,7 +162,7 @@ def test_global_pool_flatten_and_classifier_share_one_stream(compare):
     """The Flatten between a global pool and the classifier is a view in HWC DDR: the dense
     reads the (N, C, 1, 1) pool output directly, so the head joins the network's function
     (DPU pattern ``dpu.qdense_flat``) instead of a function of its own."""
-    r = compare(zoo.quantized("tiny_cnn", power_of_two=True, batch=4))
+    r = compare(models.quantized("tiny_cnn", power_of_two=True, batch=4))
     assert [f.layers[-2:] for f in r.report.functions] == [["avgpool", "fc"]]
     flat = next(n for n in r.report.nodes if n.layer == "flatten")
     assert (flat.placement, flat.kind) == ("dpu", "fused")

@@ -4,7 +4,7 @@ full size) to keep the suite fast; the layer mix is the same."""
 
 import pytest
 
-from tvm_accel import zoo
+from tvm_accel import quantize, zoo
 
 MODELS = [
     ("resnet50", {"hw": 64}),
@@ -16,7 +16,7 @@ MODELS = [
 
 @pytest.mark.parametrize("name, kwargs", MODELS, ids=[m[0] for m in MODELS])
 def test_whole_model_is_bit_exact_on_the_dpu(compare, name, kwargs):
-    model = zoo.quantize(zoo.MODELS[name](batch=4, **kwargs), power_of_two=True)
+    model = quantize.ort_quantize(zoo.MODELS[name](batch=4, **kwargs), power_of_two=True)
     r = compare(model)
     ops = {o.op for o in r.offloaded}
     assert "conv2d" in ops

@@ -1,6 +1,6 @@
 """DPU tuning tasks: fusion candidates are tasks of their own, measured as the fused group."""
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.frontend import load_onnx
 from tvm_accel.target import get_target
 from tvm_accel.tuning.extract import extract_tasks
@@ -9,7 +9,7 @@ from tvm_dpu.tuning import measure_group
 
 
 def test_fusion_candidates_are_tasks_measured_as_the_fused_group():
-    model = zoo.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2)
+    model = models.quantized("conv_residual", power_of_two=True, c=16, hw=8, batch=2)
     tasks = extract_tasks(load_onnx(model)[0], get_target("dpu"), None)
     fused = [t for t in tasks if t.name.startswith("dpu.fused.")]
     assert [t.name for t in fused] == ["dpu.fused.conv+add"]

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.cli import main
 from tvm_accel.errors import BlobError
 
@@ -17,7 +17,7 @@ def test_tvmc_compile_run_profile_and_disassemble(tmp_path, capsys):
     import onnx
 
     model = tmp_path / "block.onnx"
-    onnx.save(zoo.quantized("conv_residual", c=32, hw=8), model)
+    onnx.save(models.quantized("conv_residual", c=32, hw=8), model)
     pkg = tmp_path / "m.tar"
     assert main(["compile", str(model), "--target", "marsellus, llvm",
                  "--target-marsellus-config", "marsellus_default", "--target-marsellus-vdd",
@@ -53,7 +53,7 @@ def test_tvmc_compile_run_profile_and_disassemble(tmp_path, capsys):
 def test_package_runs_identically_in_a_fresh_process(tmp_path, compare):
     from tvm_accel.package import PackageMetadata, TensorSpec, save_package
 
-    r = compare(zoo.quantized("conv_pool", kind="max", c=32, hw=8))
+    r = compare(models.quantized("conv_pool", kind="max", c=32, hw=8))
     r.assert_bit_exact()
     pkg = tmp_path / "m.tar"
     save_package(str(pkg), r.ex, PackageMetadata("marsellus", "llvm", "marsellus_default",
@@ -78,7 +78,7 @@ def test_run_blob_rejects_wrong_inputs_and_corrupt_blobs():
     from tvm_accel.pipeline import compile_model
     from tvm_marsellus.runtime import run_blob
 
-    mod, _ = load_onnx(zoo.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
+    mod, _ = load_onnx(models.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
     _, report = compile_model(mod, tvm_marsellus.TARGET)
     (fn,) = report.functions
     blob = np.frombuffer(fn.blob, dtype=np.uint8)

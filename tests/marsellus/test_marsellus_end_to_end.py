@@ -4,7 +4,7 @@ partition -> strategy -> simulator, bit-exact against the canonical integer grap
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 
 # (cin, cout, k, stride, hw, engine, pinned by the knob): RBE 3x3 / 1x1, stride 1 / 2, channels
 # 32 / 64 / 96 and not a multiple of 32; a 5x5 conv runs on the cluster
@@ -23,7 +23,7 @@ CONV_CASES = [
 @pytest.mark.parametrize("cin, cout, k, stride, hw, engine, pinned", CONV_CASES)
 def test_conv2d_is_bit_exact(compare, cin, cout, k, stride, hw, engine, pinned):
     knobs = {"conv": {"engine": engine}} if pinned else None
-    r = compare(zoo.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride,
+    r = compare(models.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride,
                               pad=k // 2, hw=hw), knobs=knobs)
     assert [o.op for o in r.offloaded] == ["conv2d"]
     assert list(r.engines().values()) == [engine]
@@ -31,40 +31,40 @@ def test_conv2d_is_bit_exact(compare, cin, cout, k, stride, hw, engine, pinned):
 
 
 def test_uint8_conv_relu_batch_is_bit_exact(compare):
-    r = compare(zoo.quantized("single_conv", "uint8", cin=24, cout=32, k=3, pad=1, hw=6,
+    r = compare(models.quantized("single_conv", "uint8", cin=24, cout=32, k=3, pad=1, hw=6,
                               batch=2, relu=True))
     assert list(r.engines().values()) == ["rbe"]
     r.assert_bit_exact()
 
 
 def test_depthwise_conv_runs_on_the_cluster(compare):
-    r = compare(zoo.quantized("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8))
+    r = compare(models.quantized("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8))
     assert list(r.engines().values()) == ["cluster"]
     r.assert_bit_exact()
 
 
 def test_dense_is_bit_exact(compare):
-    r = compare(zoo.quantized("single_dense", cin=100, cout=24, batch=3, relu=True))
+    r = compare(models.quantized("single_dense", cin=100, cout=24, batch=3, relu=True))
     assert [o.op for o in r.offloaded] == ["dense"]
     r.assert_bit_exact()
 
 
 def test_residual_add_on_the_cluster(compare):
-    r = compare(zoo.quantized("conv_residual", c=24, hw=8, batch=2))
+    r = compare(models.quantized("conv_residual", c=24, hw=8, batch=2))
     assert set(r.engines().values()) == {"rbe", "cluster"}
     r.assert_bit_exact()
 
 
 @pytest.mark.parametrize("kind", ["max", "avg", "gap"])
 def test_pooling_is_bit_exact(compare, kind):
-    r = compare(zoo.quantized("conv_pool", kind=kind, c=16, hw=8))
+    r = compare(models.quantized("conv_pool", kind=kind, c=16, hw=8))
     assert {o.op for o in r.offloaded} >= {"conv2d"}
     assert len(r.offloaded) == 2
     r.assert_bit_exact()
 
 
 def test_grouped_conv_falls_back_with_its_reason(compare):
-    r = compare(zoo.quantized("single_conv", cin=8, cout=8, k=3, pad=1, groups=2, hw=6))
+    r = compare(models.quantized("single_conv", cin=8, cout=8, k=3, pad=1, groups=2, hw=6))
     conv = [o for o in r.report.offloads if o.op == "conv2d"]
     assert conv and conv[0].placement == "cpu"
     assert "grouped conv other than depthwise" in conv[0].reason
@@ -72,7 +72,7 @@ def test_grouped_conv_falls_back_with_its_reason(compare):
 
 
 def test_unsupported_op_stays_on_the_host(compare):
-    r = compare(zoo.quantized("conv_unary", op="Sigmoid", c=8, hw=6))
+    r = compare(models.quantized("conv_unary", op="Sigmoid", c=8, hw=6))
     assert any(o.placement == "cpu" and "no marsellus pattern" in o.reason
                for o in r.report.offloads)
     r.assert_bit_exact()
@@ -82,7 +82,7 @@ def test_profile_reports_engine_cycles_latency_and_energy(compare):
     from tvm_accel import profiler
 
     with profiler.profiling() as prof:
-        r = compare(zoo.quantized("conv_residual", c=32, hw=8))
+        r = compare(models.quantized("conv_residual", c=32, hw=8))
     r.assert_bit_exact()
     recs = prof.records
     assert {x.engine for x in recs} == {"RBE", "cluster"}
@@ -101,7 +101,7 @@ def test_operating_point_changes_latency_and_energy_not_results():
 
     from ..conftest import run_vm as _run
 
-    mod, info = load_onnx(zoo.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
+    mod, info = load_onnx(models.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
     x = list(random_inputs(info).values())
     outs, recs = [], []
     for op in (None, LOW_05):

@@ -3,13 +3,14 @@ net (depthwise-separable blocks, built with onnx.helper through the zoo's builde
 
 import onnx
 
-from tvm_accel import zoo
+from helpers import models
+from tvm_accel import quantize, zoo
 
 
 def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
     """3x32x32: conv3x3/2 32, three depthwise-separable blocks (dw3x3 + pw1x1, one strided),
     a pointwise residual, GAP, FC 10."""
-    b = zoo._Builder(seed)
+    b = zoo.Builder(seed)
     x = "input"
     y = b.conv(x, 3, 32, 3, stride=2, name="stem", relu=True)
     cin = 32
@@ -25,7 +26,7 @@ def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
 
 
 def test_resnet20_8bit_is_bit_exact(compare):
-    r = compare(zoo.quantized("resnet20"))
+    r = compare(models.quantized("resnet20"))
     eng = r.engines()
     # every 3x3 / 1x1 conv, the 3-channel stem too (the cores run it faster, but it costs
     # less energy on the RBE beside its RBE readers), and the residual adds (1x1 BinConvs over
@@ -38,7 +39,7 @@ def test_resnet20_8bit_is_bit_exact(compare):
 
 
 def test_mobilenet_like_is_bit_exact(compare):
-    r = compare(zoo.quantize(mobilenet_like()))
+    r = compare(quantize.ort_quantize(mobilenet_like()))
     eng = r.engines()
     assert {eng[f"dw{i}"] for i in range(3)} == {"cluster"}
     assert {eng[f"pw{i}"] for i in range(3)} == {"rbe"}
@@ -47,7 +48,7 @@ def test_mobilenet_like_is_bit_exact(compare):
 
 def test_mixed_precision_resnet20_runs_every_conv_on_the_rbe_bit_exact(compare):
     # HAWQ-style: weights 2/3/4/6/8 bits, activations 4/8 bits (int4/uint4 and clipped QDQ)
-    r = compare(zoo.resnet20_mixed())
+    r = compare(quantize.resnet20_mixed())
     eng = r.engines()
     assert sum(e == "rbe" for n, e in eng.items() if not n.endswith(".add")) == 21
     cpu = [o.layer for o in r.report.offloads
@@ -57,7 +58,7 @@ def test_mixed_precision_resnet20_runs_every_conv_on_the_rbe_bit_exact(compare):
 
 
 def test_mixed_precision_mobilenet_tiny_is_bit_exact(compare):
-    r = compare(zoo.mobilenet_tiny_mixed())
+    r = compare(quantize.mobilenet_tiny_mixed())
     assert "cluster" in r.engines().values()
     r.assert_bit_exact()
 
@@ -66,7 +67,7 @@ def test_4bit_resnet18_at_224_runs_through_l3_bit_exact(compare):
     """ImageNet ResNet-18 (HAWQ-V3 W4A4, the paper's RBE 4x4b network): its tensors and
     weights exceed L2, so they live in L3 and stream through L2; every conv, add and pool is
     offloaded and the result is bit-exact."""
-    r = compare(zoo.resnet18_mixed())
+    r = compare(quantize.resnet18_mixed())
     r.assert_bit_exact()
     placed = {o.op: o.placement for o in r.report.offloads}
     assert all(o.placement == "marsellus" for o in r.report.offloads

@@ -4,7 +4,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tvm_accel import zoo
+from helpers import models
+from tvm_accel import quantize, zoo
 from tvm_accel.partition import check_reason
 
 
@@ -21,7 +22,7 @@ def test_every_check_has_a_reason_and_the_table_covers_the_cluster_ops():
 
 
 def _dilated_conv() -> onnx.ModelProto:
-    b = zoo._Builder(0)
+    b = zoo.Builder(0)
     w = b.init("w", np.random.default_rng(0).normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32))
     out = "y"
     b.nodes.append(helper.make_node("Conv", ["input", w], [out], kernel_shape=[3, 3],
@@ -30,14 +31,14 @@ def _dilated_conv() -> onnx.ModelProto:
 
 
 def test_dilated_conv_falls_back_with_its_reason(compare):
-    r = compare(zoo.quantize(_dilated_conv()))
+    r = compare(quantize.ort_quantize(_dilated_conv()))
     conv = [o for o in r.report.offloads if o.op == "conv2d"]
     assert conv and conv[0].placement == "cpu" and "dilated convolution" in conv[0].reason
     r.assert_bit_exact()
 
 
 def test_recipes_are_reported_with_their_error(compare):
-    r = compare(zoo.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
+    r = compare(models.quantized("single_conv", cin=32, cout=32, k=3, pad=1, hw=6))
     errs = [e for e in r.report.numerics if getattr(e, "max_rel_error", None) is not None]
     assert errs and all(e.max_rel_error < 1e-2 for e in errs)
     r.assert_bit_exact()

@@ -6,7 +6,7 @@ bit-exact against the CPU reference at 8 bits and below, int8 and uint8."""
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from tvm_accel import quantize, zoo
 from tvm_accel.errors import ConfigError
 from tvm_accel.layers import AddLayer, LayerGraph
 from tvm_accel.numerics import add_error
@@ -141,7 +141,7 @@ def test_add_engine_knob_reasons_and_the_cluster_alternative():
 
 def residual_net(c: int = 32, hw: int = 8, seed: int = 0):
     """stem conv -> [conv-relu, conv, + stem, relu] -> 1x1 conv: an add between RBE layers."""
-    b = zoo._Builder(seed)
+    b = zoo.Builder(seed)
     x = "input"
     s = b.conv(x, 8, c, 3, name="stem", relu=True)
     y = b.conv(s, c, c, 3, name="conv1", relu=True)
@@ -153,7 +153,7 @@ def residual_net(c: int = 32, hw: int = 8, seed: int = 0):
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_onnx_residual_block_runs_its_add_on_the_rbe_bit_exact(compare, dtype):
-    r = compare(zoo.quantize(residual_net(), dtype))
+    r = compare(quantize.ort_quantize(residual_net(), dtype))
     assert r.engines()["add"] == "rbe"
     r.assert_bit_exact()
     import tvm_marsellus
@@ -208,8 +208,8 @@ def test_objective_knob_trades_the_rbe_adds_energy_for_latency():
 def test_objective_is_a_global_knob_of_the_pipeline(compare):
     """The knob reaches the strategy through the pipeline: ``latency`` compiles (bit-exact),
     an unknown value is a user error naming the knob (not a CPU fallback)."""
-    r = compare(zoo.quantize(residual_net()), knobs={"objective": "latency"})
+    r = compare(quantize.ort_quantize(residual_net()), knobs={"objective": "latency"})
     assert set(r.engines()) == {"stem", "conv1", "conv2", "add", "head"}
     r.assert_bit_exact()
     with pytest.raises(ConfigError, match="objective: 'speed' is not one of energy, latency"):
-        compare(zoo.quantize(residual_net()), knobs={"objective": "speed"})
+        compare(quantize.ort_quantize(residual_net()), knobs={"objective": "speed"})

@@ -3,7 +3,7 @@ energy survives the worker round trip and the tuning records."""
 
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.frontend import load_onnx
 from tvm_accel.tuning import MeasureInput, Measurer, measure_option
 from tvm_accel.tuning.extract import extract_tasks
@@ -15,7 +15,7 @@ from tvm_accel.tuning.records import append_record, load_records, measured_pairs
 def tasks():
     import tvm_marsellus
 
-    mod, _ = load_onnx(zoo.quantized("conv_residual", c=32, hw=8))
+    mod, _ = load_onnx(models.quantized("conv_residual", c=32, hw=8))
     return extract_tasks(mod, tvm_marsellus.TARGET, None)
 
 

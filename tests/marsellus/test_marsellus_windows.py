@@ -7,7 +7,7 @@ kernels over one channel, batch 1 / 2 / 4; 1x1 stride-2 convs with padding 3 ove
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.errors import SimulatorError
 from tvm_accel.layers import ConvLayer, conv_output_shape
 from tvm_marsellus import codegen as cg
@@ -149,7 +149,7 @@ def test_onnx_models_with_these_windows_are_offloaded_bit_exact(compare):
     """Through ONNX QDQ, canonicalize and the pattern table: both layer kinds are offloaded
     (no pattern refuses them) and match the CPU reference."""
     for k, stride, pad, hw, cin in [((5, 20), 2, 0, (13, 48), 1), (1, 2, 3, 7, 64)]:
-        r = compare(zoo.quantized("single_conv", cin=cin, cout=32, k=k, stride=stride,
+        r = compare(models.quantized("single_conv", cin=cin, cout=32, k=k, stride=stride,
                                   pad=pad, hw=hw))
         assert [o.op for o in r.offloaded] == ["conv2d"]
         assert list(r.engines().values()) == ["cluster"]

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.blob import Blob, pack_blob, unpack_blob
 from tvm_accel.errors import BlobError, SimulatorError
 from tvm_accel.package import PackageMetadata, TensorSpec, save_package
@@ -25,7 +25,7 @@ def _compile(model, config="vta_1x16x16"):
 
 
 def test_resnet18_exports_and_runs_identically_in_a_fresh_process(tmp_path, compare):
-    model = zoo.quantized("resnet18")
+    model = models.quantized("resnet18")
     r = compare(model, "vta_1x16x16")
     r.assert_bit_exact()
     assert len([o for o in r.offloaded if o.op == "conv2d"]) == 20
@@ -46,7 +46,7 @@ def test_resnet18_exports_and_runs_identically_in_a_fresh_process(tmp_path, comp
 
 
 def _vta_blob():
-    ex, report, inputs = _compile(zoo.quantized("single_conv", cin=16, cout=16, k=3, pad=1,
+    ex, report, inputs = _compile(models.quantized("single_conv", cin=16, cout=16, k=3, pad=1,
                                                 hw=8))
     (fn,) = report.functions
     return fn.blob, fn.graph
@@ -98,7 +98,7 @@ def test_cli_compile_run_and_disassemble_round_trip(tmp_path):
     model = tmp_path / "m.onnx"
     import onnx
 
-    onnx.save(zoo.quantized("conv_residual", c=16, hw=8), str(model))
+    onnx.save(models.quantized("conv_residual", c=16, hw=8), str(model))
     pkg = tmp_path / "m.tar"
     assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(pkg),
                  "--dump-offloads"]) == 0
@@ -120,7 +120,7 @@ def test_profile_shows_host_rewrites_modelled_and_measured(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     import onnx
 
-    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
     pkg = tmp_path / "m.tar"
     assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(pkg),
                  "--target-vta-config", "vta_8x8x8", "--dump-offloads"]) == 0
@@ -141,7 +141,7 @@ def test_unknown_config_is_one_error_line(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     import onnx
 
-    onnx.save(zoo.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
     rc = main(["compile", str(model), "--target", "vta, llvm", "--target-vta-config",
                str(tmp_path / "missing.json")])
     err = capsys.readouterr().err.strip().splitlines()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tvm_vta_cp
-from tvm_accel import zoo
+from helpers import models
 from tvm_accel.errors import AccelError
 from tvm_accel.layers import ConvLayer, Requant
 from tvm_vta_cp.codegen import load_blob
@@ -37,7 +37,7 @@ def test_single_channel_speech_layer_gets_stencil_candidates_that_beat_padding()
     ("vta_1x16x16", dict(cin=1, cout=16, k=3, stride=1, pad=1, hw=12)),
 ])
 def test_cp_strategy_is_bit_exact_end_to_end(compare, config, kw):
-    r = compare(zoo.quantized("single_conv", **kw), config,
+    r = compare(models.quantized("single_conv", **kw), config,
                 knobs=tvm_vta_cp.strategy_knobs(None, "cp"))
     assert [o.op for o in r.offloaded] == ["conv2d"]
     assert len(r.report.layouts) == 1
@@ -45,7 +45,7 @@ def test_cp_strategy_is_bit_exact_end_to_end(compare, config, kw):
 
 
 def test_forced_image_pack_on_8x8x8_is_bit_exact(compare):
-    model = zoo.quantized("single_conv", cin=16, cout=16, k=3, stride=1, pad=1, hw=8)
+    model = models.quantized("single_conv", cin=16, cout=16, k=3, stride=1, pad=1, hw=8)
     knobs = tvm_vta_cp.strategy_knobs({"conv": {"embedding": "pack 8x1"}}, "cp")
     r = compare(model, "vta_8x8x8", knobs=knobs)
     assert r.report.layouts[0].chosen.name == "pack 8x1"
@@ -99,7 +99,7 @@ def test_a_knob_for_a_layer_the_model_does_not_have_is_an_error_naming_the_neare
 
     from tvm_accel.frontend import load_onnx
 
-    mod, _ = load_onnx(zoo.quantized("conv_residual", c=16, hw=8))
+    mod, _ = load_onnx(models.quantized("conv_residual", c=16, hw=8))
     with pytest.raises(AccelError, match=r"no layer named 'convv'.*nearest: conv"):
         tvm.compile(mod, target="llvm",
                     relax_pipeline=tvm_vta_cp.pipeline(knobs={"convv": {"tile_h": 2}}))

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_accel import zoo
+from tvm_accel import quantize, zoo
 from tvm_accel.layers import DeconvLayer, LayerGraph, Tensor, deconv_output_shape
 from tvm_vta_cp import strategy
 from tvm_vta_cp.codegen import ISA, OP_STORE, MemInsn, load_blob
@@ -73,7 +73,7 @@ E2E_CASES = {
 @pytest.mark.parametrize("case", list(E2E_CASES))
 def test_deconv_is_offloaded_and_bit_exact(compare, config, case):
     cin, cout, k, stride, pad, opad, phases = E2E_CASES[case]
-    r = compare(zoo.quantize(deconv_model(cin, cout, k, stride, pad, opad)), config)
+    r = compare(quantize.ort_quantize(deconv_model(cin, cout, k, stride, pad, opad)), config)
     assert [o.op for o in r.offloaded] == ["conv2d_transpose"]
     ly, cfg = deconv_program(r)
     assert ly.shape.endswith(f"({phases} phases)") and len(ly.knobs) == phases
@@ -88,7 +88,7 @@ def test_deconv_is_offloaded_and_bit_exact(compare, config, case):
 
 
 def test_grouped_deconv_with_uint8_activations_is_bit_exact(compare):
-    model = zoo.quantize(deconv_model(16, 16, 3, 2, 1, 1, groups=2, batch=2), "uint8",
+    model = quantize.ort_quantize(deconv_model(16, 16, 3, 2, 1, 1, groups=2, batch=2), "uint8",
                          per_channel=False)
     r = compare(model, "vta_1x16x16")
     assert [o.op for o in r.offloaded] == ["conv2d_transpose"]
@@ -98,7 +98,7 @@ def test_grouped_deconv_with_uint8_activations_is_bit_exact(compare):
 
 
 def test_dilated_deconv_falls_back_with_its_reason(compare):
-    r = compare(zoo.quantize(deconv_model(8, 8, 3, 2, 1, dilation=2)), "vta_1x16x16")
+    r = compare(quantize.ort_quantize(deconv_model(8, 8, 3, 2, 1, dilation=2)), "vta_1x16x16")
     (de,) = [o for o in r.report.offloads if o.op == "conv2d_transpose"]
     assert de.placement == "cpu"
     assert "dilated transpose conv" in de.reason and "Error" not in de.reason

@@ -3,7 +3,7 @@ against the canonical integer graph compiled for the CPU."""
 
 import pytest
 
-from tvm_accel import zoo
+from helpers import models
 
 # (cin, cout, k, stride, pad, batch, hw): every acceptance value appears at least once.
 CONV_CASES = [
@@ -20,7 +20,7 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("cin, cout, k, stride, pad, batch, hw", CONV_CASES)
 def test_conv2d_is_bit_exact(compare, config, cin, cout, k, stride, pad, batch, hw):
-    model = zoo.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride, pad=pad,
+    model = models.quantized("single_conv", cin=cin, cout=cout, k=k, stride=stride, pad=pad,
                           batch=batch, hw=hw)
     r = compare(model, config)
     assert [o.op for o in r.offloaded] == ["conv2d"]
@@ -29,7 +29,7 @@ def test_conv2d_is_bit_exact(compare, config, cin, cout, k, stride, pad, batch, 
 
 @pytest.mark.parametrize("act, per_channel", [("uint8", True), ("int8", False)])
 def test_conv_relu_with_uint8_and_per_tensor_scales_is_bit_exact(compare, act, per_channel):
-    model = zoo.quantized("single_conv", act, per_channel, cin=16, cout=24, k=3, stride=1,
+    model = models.quantized("single_conv", act, per_channel, cin=16, cout=24, k=3, stride=1,
                           pad=1, hw=8, relu=True)
     r = compare(model, "vta_1x16x16")
     assert len(r.offloaded) == 1
@@ -37,19 +37,19 @@ def test_conv_relu_with_uint8_and_per_tensor_scales_is_bit_exact(compare, act, p
 
 
 def test_dense_is_bit_exact(compare, config):
-    r = compare(zoo.quantized("single_dense", cin=100, cout=24, batch=2, relu=True), config)
+    r = compare(models.quantized("single_dense", cin=100, cout=24, batch=2, relu=True), config)
     assert [o.op for o in r.offloaded] == ["dense"]
     r.assert_bit_exact()
 
 
 def test_conv_with_residual_add_runs_add_on_the_alu(compare, config):
-    r = compare(zoo.quantized("conv_residual", c=24, hw=8), config)
+    r = compare(models.quantized("conv_residual", c=24, hw=8), config)
     assert {o.op for o in r.offloaded} == {"conv2d", "add"}
     r.assert_bit_exact()
 
 
 def test_depthwise_conv_runs_on_vta_bit_exactly(compare):
-    r = compare(zoo.quantized("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8),
+    r = compare(models.quantized("single_conv", cin=16, cout=16, k=3, pad=1, groups=16, hw=8),
                 "vta_1x16x16")
     conv = [o for o in r.report.offloads if o.op == "conv2d"]
     assert conv and conv[0].placement == "vta"
@@ -57,7 +57,7 @@ def test_depthwise_conv_runs_on_vta_bit_exactly(compare):
 
 
 def test_resnet20_is_bit_exact_under_the_default_auto_strategy(compare, config):
-    r = compare(zoo.quantized("resnet20"), config)
+    r = compare(models.quantized("resnet20"), config)
     assert len([o for o in r.offloaded if o.op == "conv2d"]) == 21
     decisions = r.report.layouts
     assert len(decisions) == 21 and {d.strategy for d in decisions} == {"auto"}
@@ -75,7 +75,7 @@ def test_registered_pipeline_compiles_by_name_and_matches_the_reference():
     from tvm_accel.frontend import load_onnx, random_inputs
     from tvm_accel.pipeline import compile_reference
 
-    mod, info = load_onnx(zoo.quantized("conv_residual", c=16, hw=8))
+    mod, info = load_onnx(models.quantized("conv_residual", c=16, hw=8))
     ex = tvm.compile(mod, target="llvm", relax_pipeline="vta")
     assert "tvm_vta_cp.run" in ex.as_text()
     x = tvm.runtime.tensor(next(iter(random_inputs(info).values())))
@@ -90,7 +90,7 @@ def test_offload_listing_names_every_host_op_with_its_reason():
     from tvm_accel.partition import explain
     from tvm_accel.pipeline import canonicalize_for
 
-    mod, _ = load_onnx(zoo.quantized("conv_pool", kind="max", c=16, hw=8))
+    mod, _ = load_onnx(models.quantized("conv_pool", kind="max", c=16, hw=8))
     canon = canonicalize_for(mod, tvm_vta_cp.TARGET)
     recs = {r.op: r for r in explain(canon, tvm_vta_cp.TARGET.pattern_table(), "vta")}
     assert recs["conv2d"].placement == "vta"

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 import tvm_vta_cp
-from tvm_accel import zoo
+from helpers import models
+from tvm_accel import quantize, zoo
 from tvm_accel.frontend import load_onnx, random_inputs
 from tvm_accel.pipeline import CompileReport, canonicalize_for, offload
 from tvm_vta_cp.rewrite import (
@@ -48,7 +49,7 @@ def conv_model(cin, cout, kernel, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1,
 @functools.cache
 def canonical(act="int8", **kw):
     """(canonical module, inputs, CPU reference outputs) of a quantized ``conv_model``."""
-    mod, info = load_onnx(zoo.quantize(conv_model(**kw), act))
+    mod, info = load_onnx(quantize.ort_quantize(conv_model(**kw), act))
     canon = canonicalize_for(mod, tvm_vta_cp.TARGET)
     inputs = list(random_inputs(info, seed=1).values())
     return canon, inputs, run(tvm.compile(canon, target="llvm"), inputs)
@@ -274,7 +275,7 @@ def test_identity_like_rewrites_cost_nothing():
 
 
 def test_convs_of_a_network_are_rewritten_offloaded_and_bit_exact():
-    mod, info = load_onnx(zoo.quantized("tiny_cnn"))
+    mod, info = load_onnx(models.quantized("tiny_cnn"))
     canon = canonicalize_for(mod, tvm_vta_cp.TARGET)
     inputs = list(random_inputs(info).values())
     ref = run(tvm.compile(canon, target="llvm"), inputs)

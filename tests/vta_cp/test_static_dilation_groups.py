@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_accel import zoo
+from tvm_accel import quantize, zoo
 from tvm_accel.layers import ConvLayer, LayerGraph, Tensor, conv_accumulate, conv_output_shape
 from tvm_vta_cp.hw_config import load_config
 from tvm_vta_cp.strategy import knob_space, plan
@@ -67,7 +67,8 @@ E2E_CASES = {
 @pytest.mark.parametrize("case", list(E2E_CASES))
 def test_dilated_and_grouped_convs_run_on_vta_bit_exactly(compare, config, case):
     cin, cout, stride, pad, dil, groups, hw = E2E_CASES[case]
-    r = compare(zoo.quantize(conv_model(cin, cout, 3, stride, pad, dil, groups, hw)), config)
+    r = compare(quantize.ort_quantize(conv_model(cin, cout, 3, stride, pad, dil, groups, hw)),
+                config)
     assert [o.op for o in r.offloaded] == ["conv2d"]
     (layer,) = r.report.functions[0].graph.layers
     assert layer.groups == groups and tuple(layer.dilation) == (dil, dil)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_accel import quantize
 from tvm_accel.cli.common import check_output_path
 from tvm_accel.errors import AccelError
 
@@ -50,7 +51,7 @@ def cmd_zoo(args) -> int:
     print(f"wrote {args.model} (float, input {list(shape)}) -> {out}")
     if args.calibration_out:
         check_output_path(args.calibration_out, "inputs.npz", "calibration file")
-        samples = zoo.random_calibration(model, seed=args.seed, n=args.samples)
+        samples = quantize.random_calibration(model, seed=args.seed, n=args.samples)
         stacked = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
         np.savez(args.calibration_out, **stacked)
         print(f"wrote {args.samples} seeded random calibration sample(s) -> "

@@ -203,41 +203,68 @@ class _Model:
 
     def __init__(self, op: TensorOp, dfg: InstructionDFG, opts: Options):
         self.op, self.dfg, self.opts = op, dfg, opts
-        X, Y, Z = dfg.x, dfg.y, dfg.z
-        self.var: dict = {}
-        kinds = []
-        for node in dfg.nodes:  # R1 is the identity: mul[l] and add[l] share one variable
-            if node.kind != "mul":
-                self.var[node.kind, node.index] = len(kinds)
-                kinds.append(node)
-        for e in dfg.edges:  # the mul of an R1 ("same") edge is its add's variable
-            if e.relation == "same":
-                self.var[e.src.kind, e.src.index] = self.var[e.dst.kind, e.dst.index]
-        self.nodes = kinds
-        b = opts.bound_b or max(X, Y, Z)
+        self.var, self.nodes = self._variables()
         spatial_strides = self._out_strides()
+        self.doms = self._domains(spatial_strides)
+        X, Y, Z = dfg.x, dfg.y, dfg.z
+        v = self.var
+        self.rect = {
+            "out": [v["out", (bb, o)] for bb in range(X) for o in range(Y)],
+            "inp": [v["inp", (bb, i)] for bb in range(X) for i in range(Z)],
+            "wgt": [v["wgt", (o, i)] for o in range(Y) for i in range(Z)],
+        }
+        self.props = (self._edge_propagators() + self._rectangle_propagators(spatial_strides)
+                      + self._lane_propagators())
+        self.fixed = []
+        if opts.fixed_origin:
+            for kind, t in (("out", "out"), ("inp", "in"), ("wgt", "wgt")):
+                self.fixed.append((self.rect[kind][0], (0,) * len(op.shapes[t]), "fixed origin"))
+        chains = [v["add", (bb, o, i)] for bb in range(X) for o in range(Y) for i in range(Z)]
+        self.branch = self.rect["out"] + chains + self.rect["inp"] + self.rect["wgt"]
+
+    def _variables(self) -> tuple[dict, list]:
+        """One variable per DFG node, except that R1 (the identity) makes mul[l] and add[l]
+        share one, and the mul of a "same" edge is its add's variable."""
+        var: dict = {}
+        kinds = []
+        for node in self.dfg.nodes:
+            if node.kind != "mul":
+                var[node.kind, node.index] = len(kinds)
+                kinds.append(node)
+        for e in self.dfg.edges:
+            if e.relation == "same":
+                var[e.src.kind, e.src.index] = var[e.dst.kind, e.dst.index]
+        return var, kinds
+
+    def _domains(self, spatial_strides: dict) -> list:
+        """Each variable's box: its tensor's extent (data nodes) or the iteration space
+        (operations), cut to ``bound_b`` lane strides when ``opts.bound``."""
+        op, opts = self.op, self.opts
+        b = opts.bound_b or max(self.dfg.x, self.dfg.y, self.dfg.z)
         space = {"inp": "in", "wgt": "wgt", "out": "out"}
         doms = []
-        for node in kinds:
+        for node in self.nodes:
             if node.kind in space:
                 t = space[node.kind]
                 ext = list(op.shapes[t])
                 if opts.bound:
                     ext = [min(e, b * self._tensor_max_stride(t, a, spatial_strides))
                            for a, e in enumerate(ext)]
-                doms.append(Dom.box(ext))
             else:
                 ext = list(op.extents)
                 if opts.bound:
                     ext = [min(e, b * max(spatial_strides.get(op.dims[d], (1,)), default=1))
                            for d, e in enumerate(ext)]
-                doms.append(Dom.box(ext))
-        self.doms = doms
+            doms.append(Dom.box(ext))
+        return doms
+
+    def _edge_propagators(self) -> list:
+        """Access, reduction, output and parallel edges of the DFG, and all-different groups."""
+        op, opts, v = self.op, self.opts, self.var
         sp = tuple(op.index(d) for d in op.spatial_dims)
         red = tuple(op.index(d) for d in op.reduction_dims)
-        props = []
-        v = self.var
-        for e in dfg.edges:
+        props: list = []
+        for e in self.dfg.edges:
             s, t = v[e.src.kind, e.src.index], v[e.dst.kind, e.dst.index]
             if e.relation == "access:in":
                 props.append(AccessEdge(t, s, op.access["in"]))
@@ -249,15 +276,17 @@ class _Model:
                 props.append(AccessEdge(s, t, op.access["out"]))
             elif e.relation == "parallel":
                 props.append(Parallel(s, t, sp))
-        groups = {k: [v[n.kind, n.index] for n in kinds if n.kind == k]
+        groups = {k: [v[n.kind, n.index] for n in self.nodes if n.kind == k]
                   for k in ("out", "inp", "wgt", "add")}
         for gi, k in enumerate(("out", "inp", "wgt", "add")):
             props.append(AllDifferent(groups[k], gi))
-        self.rect = {
-            "out": [v["out", (bb, o)] for bb in range(X) for o in range(Y)],
-            "inp": [v["inp", (bb, i)] for bb in range(X) for i in range(Z)],
-            "wgt": [v["wgt", (o, i)] for o in range(Y) for i in range(Z)],
-        }
+        return props
+
+    def _rectangle_propagators(self, spatial_strides: dict) -> list:
+        """The hyper-rectangle rule of each tensor's lanes (and fixed axes where memory access
+        must stay linear)."""
+        op, opts = self.op, self.opts
+        props: list = []
         for key, (kind, t) in enumerate((("out", "out"), ("inp", "in"), ("wgt", "wgt"))):
             acc = op.access[t]
             ndim = len(op.shapes[t])
@@ -274,6 +303,14 @@ class _Model:
                                             shared))
             if opts.linear_access and nonlinear:
                 props.append(FixedAxes(self.rect[kind], nonlinear, "linear memory access"))
+        return props
+
+    def _lane_propagators(self) -> list:
+        """Lanes of the x/y/z GEMM axes fixed to the user's dimensions, and output image
+        pixels packed in adjacent lanes unless ``adjacent_pixels``."""
+        op, opts, v = self.op, self.opts, self.var
+        X, Y, Z = self.dfg.x, self.dfg.y, self.dfg.z
+        props: list = []
         lanes = {"x": [v["add", (bb, 0, 0)] for bb in range(X)],
                  "y": [v["add", (0, o, 0)] for o in range(Y)],
                  "z": [v["add", (0, 0, i)] for i in range(Z)]}
@@ -286,14 +323,7 @@ class _Model:
             image = {a: op.shapes["out"][a] for a in range(len(op.shapes["out"]))
                      if any(op.dims[d] in IMAGE_DIMS for d in acc.iterators(a))}
             props.append(ImagePackLanes([v["out", (bb, 0)] for bb in range(X)], image))
-        self.props = props
-        self.fixed = []
-        if opts.fixed_origin:
-            for kind, t in (("out", "out"), ("inp", "in"), ("wgt", "wgt")):
-                self.fixed.append((self.rect[kind][0], (0,) * len(op.shapes[t]), "fixed origin"))
-        out_vars = self.rect["out"]
-        chains = [v["add", (bb, o, i)] for bb in range(X) for o in range(Y) for i in range(Z)]
-        self.branch = out_vars + chains + self.rect["inp"] + self.rect["wgt"]
+        return props
 
     # strides allowed for a lane axis walking an output image dimension
     def _out_strides(self) -> dict[str, tuple[int, ...]]:

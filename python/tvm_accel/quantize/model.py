@@ -1,8 +1,8 @@
-"""Quantize a float ONNX model into a QDQ model the targets offload (``tvmc quantize``).
+"""Quantize a float ONNX model file into a QDQ model the targets offload (``tvmc quantize``).
 
 Underneath: onnxruntime's static quantizer (``quantize_static``, QDQ format, MinMax
-calibration, int8 symmetric weights) through :func:`tvm_accel.zoo.quantize`, and for the
-``power-of-two`` scheme the zoo's fix-point rewrite :func:`tvm_accel.zoo.make_power_of_two`.
+calibration, int8 symmetric weights) through :func:`tvm_accel.quantize.ort.ort_quantize`, and
+for the ``power-of-two`` scheme :func:`tvm_accel.quantize.power_of_two.make_power_of_two`.
 
 Schemes (:data:`SCHEMES`):
 
@@ -42,6 +42,7 @@ import onnx
 
 from tvm_accel.errors import AccelError, ModelError
 from tvm_accel.frontend import read_npz
+from tvm_accel.quantize.ort import ort_quantize, random_calibration
 
 #: weight-scale schemes, see the module docstring
 SCHEMES = ("per-channel", "per-tensor", "power-of-two")
@@ -241,7 +242,6 @@ def quantize_model(model: onnx.ModelProto | str | os.PathLike,
         CalibrationError: calibration data that does not fit the model.
         AccelError: unknown scheme or activation type, ``samples < 1``.
     """
-    from tvm_accel import zoo
 
     if scheme not in SCHEMES:
         raise AccelError(f"--scheme {scheme}: unknown scheme (available: {', '.join(SCHEMES)})")
@@ -255,7 +255,7 @@ def quantize_model(model: onnx.ModelProto | str | os.PathLike,
         raise AccelError(f"--samples {samples}: give at least 1 calibration sample")
     m, where = load_model(model)
     if calibration is None:
-        data = zoo.random_calibration(m, seed, samples or DEFAULT_SAMPLES,
+        data = random_calibration(m, seed, samples or DEFAULT_SAMPLES,
                                       _random_shapes(m, where))
         warnings.warn(f"no --calibration data: calibrating {where} on {len(data)} random "
                       f"sample(s) (seed {seed}), so the scales are not representative of real "
@@ -273,7 +273,7 @@ def quantize_model(model: onnx.ModelProto | str | os.PathLike,
                   ort_state.NotImplemented, ort_state.RuntimeException)
     try:
         with _quiet_onnxruntime():
-            q = zoo.quantize(m, activation_type, per_channel=scheme == "per-channel",
+            q = ort_quantize(m, activation_type, per_channel=scheme == "per-channel",
                              calib_samples=len(data), seed=seed, cache=False,
                              power_of_two=scheme == "power-of-two", calibration=data)
     except ort_errors as e:

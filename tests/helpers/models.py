@@ -1,0 +1,163 @@
+"""Single-operator and few-operator float models the tests build (one conv, pool, upsample,
+transpose conv, dense, or a conv with a residual add, pool, concat, flatten + dense or unary op),
+and :func:`quantized`, which quantizes them or a zoo network by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from tvm_accel import zoo
+from tvm_accel.quantize import ort_quantize
+from tvm_accel.zoo import INPUT_NAME, Builder
+
+
+# --- single operators (tests) --------------------------------------------------------------
+def single_conv(cin: int = 16, cout: int = 16, k: int | tuple[int, int] = 3,
+                stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | None = None,
+                batch: int = 1, hw: int | tuple[int, int] = 8, relu: bool = False,
+                bias: bool = True, groups: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """One Conv (+ optional Relu) on a (batch, cin, h, w) input (``hw`` an int or ``(h, w)``;
+    ``k``, ``stride``, ``pad`` as :meth:`Builder.conv`, e.g. DeepBench's 5x20 speech kernel)."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, cin, cout, k, stride, pad, name="conv", bias=bias, relu=relu, groups=groups)
+    h, w = (hw, hw) if isinstance(hw, int) else hw
+    return b.model("single_conv", x, (batch, cin, h, w), [y])
+
+
+def single_pool(kind: str = "max", c: int = 8, k: int = 3, stride: int = 2,
+                pad: int | list[int] = 1, hw: int = 8, batch: int = 1,
+                count_include_pad: bool = True, conv: bool = True,
+                seed: int = 0) -> onnx.ModelProto:
+    """(conv3x3 ->) one pool on a (batch, c, hw, hw) input: ``kind`` ``max`` / ``avg`` (k x k,
+    ``stride``, ``pad`` one value or 4 ONNX pads) or ``gap`` (GlobalAveragePool). The conv
+    gives the pool a quantized input (onnxruntime leaves a pool on the model input float)."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv") if conv else x
+    if kind == "gap":
+        y = b.node("GlobalAveragePool", [y], "gap")
+    else:
+        y = b.pool(y, kind, k, stride, pad, name=f"{kind}pool",
+                   count_include_pad=count_include_pad)
+    return b.model(f"single_{kind}pool", x, (batch, c, hw, hw), [y])
+
+
+def single_upsample(c: int = 8, hw: int = 6, scale: int = 2, batch: int = 1,
+                    coordinate_transformation_mode: str = "half_pixel",
+                    nearest_mode: str = "round_prefer_floor", mode: str = "nearest",
+                    conv: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """(conv3x3 ->) Resize by an integer ``scale`` (nearest by default: ONNX's Upsample) on a
+    (batch, c, hw, hw) input."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv") if conv else x
+    y = b.upsample(y, scale, "upsample", coordinate_transformation_mode, nearest_mode, mode)
+    return b.model("single_upsample", x, (batch, c, hw, hw), [y])
+
+
+def single_deconv(cin: int = 8, cout: int = 8, k: int = 3, stride: int = 2, pad: int = 1,
+                  output_padding: int = 0, groups: int = 1, hw: int = 6, batch: int = 1,
+                  relu: bool = False, bias: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """One ConvTranspose (+ optional Relu) on a (batch, cin, hw, hw) input."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.deconv(x, cin, cout, k, stride, pad, output_padding, name="deconv", bias=bias,
+                 relu=relu, groups=groups)
+    return b.model("single_deconv", x, (batch, cin, hw, hw), [y])
+
+
+def single_dense(cin: int = 64, cout: int = 32, batch: int = 1, relu: bool = False,
+                 bias: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """One Gemm (transB=1) (+ optional Relu) on a (batch, cin) input."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.gemm(x, cin, cout, "fc", bias=bias)
+    if relu:
+        y = b.relu(y, "fc_relu")
+    return b.model("single_dense", x, (batch, cin), [y])
+
+
+def conv_residual(c: int = 16, hw: int = 8, k: int = 3, batch: int = 1,
+                  seed: int = 0) -> onnx.ModelProto:
+    """``relu(conv(x) + x)``: a conv whose output meets the skip connection in an Add."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, k, name="conv")
+    y = b.relu(b.add(y, x, "add"), "relu")
+    return b.model("conv_residual", x, (batch, c, hw, hw), [y])
+
+
+def conv_pool(kind: str = "max", c: int = 16, hw: int = 8, batch: int = 1,
+              seed: int = 0) -> onnx.ModelProto:
+    """conv-relu followed by a pool: ``kind`` is ``max`` (3x3/2 pad 1), ``avg`` (2x2/2) or
+    ``gap`` (GlobalAveragePool)."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv", relu=True)
+    if kind == "max":
+        y = b.node("MaxPool", [y], "maxpool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    elif kind == "avg":
+        y = b.node("AveragePool", [y], "avgpool", kernel_shape=[2, 2], strides=[2, 2])
+    elif kind == "gap":
+        y = b.node("GlobalAveragePool", [y], "gap")
+    else:
+        raise ValueError(f"unknown pool kind {kind!r} (max, avg, gap)")
+    return b.model(f"conv_{kind}pool", x, (batch, c, hw, hw), [y])
+
+
+def conv_concat(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """Two convs of the same input (different output ranges) concatenated on channels, then a
+    1x1 conv."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y1 = b.conv(x, c, c, 3, name="conv_a", relu=True)
+    y2 = b.conv(x, c, c, 1, name="conv_b")
+    y = b.node("Concat", [y1, y2], "concat", axis=1)
+    y = b.conv(y, 2 * c, c, 1, name="conv_c")
+    return b.model("conv_concat", x, (batch, c, hw, hw), [y])
+
+
+def conv_flatten_dense(c: int = 8, hw: int = 4, cout: int = 10, batch: int = 1,
+                       seed: int = 0) -> onnx.ModelProto:
+    """conv-relu, Flatten, Gemm: the classifier head of small CNNs."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv", relu=True)
+    y = b.node("Flatten", [y], "flatten", axis=1)
+    y = b.gemm(y, c * hw * hw, cout, "fc")
+    return b.model("conv_flatten_dense", x, (batch, c, hw, hw), [y])
+
+
+def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
+               seed: int = 0) -> onnx.ModelProto:
+    """conv, one elementwise op (``Relu``, ``Clip`` (0..6), or ops the canonicalizer does not
+    know such as ``Sigmoid``, ``Softmax``), then another conv."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv1")
+    if op == "Clip":  # ReLU6
+        lo, hi = b.init("clip_min", np.float32(0.0)), b.init("clip_max", np.float32(6.0))
+        y = b.node("Clip", [y, lo, hi], "clip")
+    else:
+        y = b.node(op, [y], op.lower(), **({"axis": 1} if op == "Softmax" else {}))
+    y = b.conv(y, c, c, 3, name="conv2")
+    return b.model(f"conv_{op.lower()}", x, (batch, c, hw, hw), [y])
+
+
+#: the builders above by name
+MODELS = {name: globals()[name] for name in (
+    "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dense",
+    "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense", "conv_unary")}
+
+
+def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,
+              power_of_two: bool = False, **kwargs) -> onnx.ModelProto:
+    """Build model ``name`` (one above or a zoo network) with ``kwargs`` and quantize it
+    (cached)."""
+    builder = MODELS.get(name) or zoo.MODELS.get(name)
+    if builder is None:
+        raise ValueError(f"unknown model {name!r} ({', '.join([*MODELS, *zoo.MODELS])})")
+    return ort_quantize(builder(**kwargs), activation_type, per_channel,
+                        power_of_two=power_of_two)
