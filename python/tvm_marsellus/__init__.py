@@ -2,13 +2,14 @@
 (MARSELLUS paper, seeds/001) as a TVM BYOC target named ``marsellus``.
 
 Device half: ``hw_config`` (JSON config + cycle-model constants), ``energy`` (operating points
-and energy), ``codegen`` (64-byte command ISA with semaphore sync, RBE bit-plane layouts,
-program container and blob), ``simulator`` (binding of ``sim/marsellus``).
+and energy), ``codegen`` (64-byte command ISA with semaphore sync), ``layout`` (host <-> device
+packing: RBE bit planes, HWC), ``program`` (program container and blob), ``simulator``
+(binding of ``sim/marsellus``).
 
 Compiler half: ``numerics`` (NormQuant requantize recipes), ``patterns`` (pattern table with
-named checks), ``strategy`` (engine choice, DORY-style tiling, double-buffered command
-generation, knobs), ``runtime`` (``tvm_marsellus.run`` on the simulator, per-layer profiler
-records with energy).
+named checks), ``strategy`` (engine choice, DORY-style tiling, memory map, double-buffered
+command generation, knobs), ``runtime`` (``tvm_marsellus.run`` on the simulator, per-layer
+profiler records with energy). Design notes: ``docs/marsellus.md``.
 
 Importing this package registers the target, its runtime function and the ``marsellus`` Relax
 pipeline, so ``tvm.compile(mod, target="llvm", relax_pipeline="marsellus")`` works.
@@ -71,14 +72,15 @@ class MarsellusTarget(AccelTarget):
 
     def compile_function(self, graph: LayerGraph, config: MarsellusConfig,
                          knobs: dict | None = None, name: str = "") -> bytes:
-        from tvm_marsellus import codegen, strategy
+        from tvm_marsellus import program as mars_program
+        from tvm_marsellus import strategy
 
         knobs = dict(knobs or {})
         op = operating_point_of(knobs.pop(OP_KNOB, None))
         program = strategy.plan(graph, config, knobs, op)
         for ly in program.layers:
             ly.meta["op"] = [op.vdd, op.freq_mhz, bool(op.abb)]
-        return codegen.build_blob(program, config, name)
+        return mars_program.build_blob(program, config, name)
 
     def tuning_tasks(self, graph: LayerGraph, config) -> list:
         from tvm_marsellus.tuning import tuning_tasks
@@ -86,7 +88,8 @@ class MarsellusTarget(AccelTarget):
         return tuning_tasks(graph, config)
 
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
-        from tvm_marsellus.codegen import format_cmd, load_blob
+        from tvm_marsellus.codegen import format_cmd
+        from tvm_marsellus.program import load_blob
 
         program, cfg, name = load_blob(blob)
         lines = [f"; marsellus function {name}  config {cfg.name}  L2 {program.l2_bytes} bytes"]

@@ -32,18 +32,7 @@ import numpy as np
 
 from tvm_accel import simlib
 from tvm_accel.errors import SimulatorError
-from tvm_marsellus.codegen import (
-    CMD_BYTES,
-    ENGINES,
-    MarsProgram,
-    RbeJob,
-    TensorPlacement,
-    encode,
-    pack_activations,
-    pack_hwc,
-    unpack_activations,
-    unpack_hwc,
-)
+from tvm_marsellus.codegen import CMD_BYTES, ENGINES, RbeJob, encode
 from tvm_marsellus.hw_config import MarsellusConfig
 
 _NE = len(ENGINES)
@@ -262,50 +251,6 @@ def rbe_job_phases(cfg: MarsellusConfig, job: RbeJob) -> dict[str, int]:
     code = _lib_fns()["job"](ctypes.byref(_c_config(cfg, None)), encode(job), out, err, len(err))
     simlib.check(code, err, "MARSELLUS RBE model")
     return dict(zip(RBE_PHASES[:4], (int(v) for v in out), strict=True))
-
-
-def _pack(t: TensorPlacement, value: np.ndarray) -> np.ndarray:
-    v = np.asarray(value)
-    if tuple(v.shape) != tuple(t.shape):
-        raise SimulatorError(f"input {t.name}: shape {tuple(v.shape)}, the program expects "
-                             f"{tuple(t.shape)}")
-    if not np.issubdtype(v.dtype, np.integer):
-        raise SimulatorError(f"input {t.name}: dtype {v.dtype} is not an integer type")
-    lo, hi = (-(1 << (t.bits - 1)), (1 << (t.bits - 1)) - 1) if t.signed else (0, (1 << t.bits) - 1)
-    if v.size and (v.min() < lo or v.max() > hi):
-        raise SimulatorError(f"input {t.name}: values outside {lo}..{hi} of its {t.bits}-bit "
-                             f"{'signed' if t.signed else 'unsigned'} type")
-    return pack_activations(v, t.bits) if t.layout == "rbe" else pack_hwc(v, t.bits)
-
-
-def run_program(cfg: MarsellusConfig, program: MarsProgram, inputs: dict[str, np.ndarray],
-                trace_path: str | None = None, max_cycles: int | None = None
-                ) -> tuple[dict[str, np.ndarray], MarsellusStats]:
-    """Run a whole program: L2/L3 images from offset 0, inputs packed at their placements
-    (``rbe`` layout: :func:`~tvm_marsellus.codegen.pack_activations`, ``hwc``:
-    :func:`~tvm_marsellus.codegen.pack_hwc`), one simulator run of ``program.stream()``,
-    outputs unpacked to int64 arrays of their shapes."""
-    program.check(cfg)
-    mems = {"L2": np.zeros(max(program.l2_bytes, 1), np.uint8),
-            "L3": np.zeros(program.l3_bytes, np.uint8)}
-    mems["L2"][:len(program.l2_image)] = np.frombuffer(program.l2_image, np.uint8)
-    mems["L3"][:len(program.l3_image)] = np.frombuffer(program.l3_image, np.uint8)
-    missing = [n for n in program.inputs if n not in inputs]
-    if missing:
-        raise SimulatorError(f"program input {missing[0]} was not given")
-    for n in program.inputs:
-        t = program.tensors[n]
-        data = _pack(t, inputs[n])
-        mems[t.mem][t.offset:t.offset + data.size] = data
-    stats = simulate(cfg, program.stream(), l2=mems["L2"], l3=mems["L3"],
-                     trace_path=trace_path, max_cycles=max_cycles)
-    outs = {}
-    for n in program.outputs:
-        t = program.tensors[n]
-        raw = mems[t.mem][t.offset:t.offset + t.nbytes]
-        outs[n] = (unpack_activations(raw, *t.shape, t.bits, signed=t.signed)
-                   if t.layout == "rbe" else unpack_hwc(raw, t.shape, t.bits, t.signed))
-    return outs, stats
 
 
 assert CMD_BYTES == 64

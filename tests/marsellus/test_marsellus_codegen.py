@@ -6,6 +6,7 @@ import pytest
 from tvm_accel.blob import Blob, pack_blob, unpack_blob
 from tvm_accel.errors import BlobError
 from tvm_marsellus import codegen as cg
+from tvm_marsellus import layout, program
 from tvm_marsellus.hw_config import MarsellusConfig, load_config
 
 
@@ -137,18 +138,19 @@ def test_activation_pack_unpack_is_a_bit_exact_inverse(bits):
     rng = np.random.default_rng(bits)
     for k in (32, 64, 96, 45):
         x = rng.integers(0, 1 << bits, (3, 4, k))
-        data = cg.pack_activations(x, bits)
-        assert data.size == cg.activation_bytes(3, 4, k, bits) == 12 * (-(-k // 32)) * bits * 4
-        np.testing.assert_array_equal(cg.unpack_activations(data, 3, 4, k, bits), x)
+        data = layout.pack_activations(x, bits)
+        assert data.size == layout.activation_bytes(3, 4, k, bits) == 12 * (-(-k // 32)) * bits * 4
+        np.testing.assert_array_equal(layout.unpack_activations(data, 3, 4, k, bits), x)
         xs = x - (1 << (bits - 1))
         np.testing.assert_array_equal(
-            cg.unpack_activations(cg.pack_activations(xs, bits), 3, 4, k, bits, signed=True), xs)
+            layout.unpack_activations(layout.pack_activations(xs, bits), 3, 4, k, bits,
+                                      signed=True), xs)
 
 
 def test_activation_layout_is_h_w_ktile_bit_channel():
     x = np.zeros((1, 2, 64), np.int64)
     x[0, 1, 33] = 0b10  # pixel 1, tile 1, channel 1 of the tile, bit 1
-    words = cg.pack_activations(x, 2).view("<u4")
+    words = layout.pack_activations(x, 2).view("<u4")
     assert words.size == 2 * 2 * 2
     assert np.flatnonzero(words).tolist() == [4 + 2 * 1 + 1]  # pixel 1, tile 1, bit 1
     assert words[7] == 1 << 1
@@ -160,39 +162,39 @@ def test_weight_pack_unpack_is_a_bit_exact_inverse(kernel, bits):
     rng = np.random.default_rng(bits * kernel)
     for ki in (32, 40, 96):
         w = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (7, ki, kernel, kernel))
-        data = cg.pack_weights(w, bits)
-        assert data.size == cg.weight_bytes(7, ki, kernel, bits)
-        np.testing.assert_array_equal(cg.unpack_weights(data, 7, ki, kernel, bits), w)
+        data = layout.pack_weights(w, bits)
+        assert data.size == layout.weight_bytes(7, ki, kernel, bits)
+        np.testing.assert_array_equal(layout.unpack_weights(data, 7, ki, kernel, bits), w)
         u = w + (1 << (bits - 1))
         np.testing.assert_array_equal(
-            cg.unpack_weights(cg.pack_weights(u, bits, signed=False), 7, ki, kernel, bits,
+            layout.unpack_weights(layout.pack_weights(u, bits, signed=False), 7, ki, kernel, bits,
                               signed=False), u)
 
 
 def test_3x3_weight_layout_is_kout_ktile_bit_tap_channel():
     w = np.full((1, 32, 3, 3), -2)  # offset-binary 0 for 2-bit weights
     w[0, 5, 1, 2] = -1              # stored 1: bit 0 of tap 5, channel 5
-    words = cg.pack_weights(w, 2).view("<u4")
+    words = layout.pack_weights(w, 2).view("<u4")
     assert words.size == 2 * 9
     assert np.flatnonzero(words).tolist() == [5] and words[5] == 1 << 5
     with pytest.raises(ValueError, match="outside"):
-        cg.pack_weights(w + 5, 2)
+        layout.pack_weights(w + 5, 2)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_hwc_sub_byte_packing_round_trips(bits):
     rng = np.random.default_rng(bits)
     x = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (3, 5, 7))
-    data = cg.pack_hwc(x, bits)
+    data = layout.pack_hwc(x, bits)
     assert data.size == -(-x.size * bits // 8)
-    np.testing.assert_array_equal(cg.unpack_hwc(data, x.shape, bits, signed=True), x)
+    np.testing.assert_array_equal(layout.unpack_hwc(data, x.shape, bits, signed=True), x)
 
 
 def test_normquant_records_and_reference_semantics():
-    rec = cg.pack_normquant([1, 65535], [-1, 7])
+    rec = layout.pack_normquant([1, 65535], [-1, 7])
     assert rec.tobytes() == bytes([1, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 7, 0, 0, 0])
     with pytest.raises(ValueError, match="kappa"):
-        cg.pack_normquant([1 << 16], [0])
+        layout.pack_normquant([1 << 16], [0])
     # floor shift, saturation, ReLU, 32-bit accumulator wrap
     assert cg.normquant(-5, 1, 0, 1, 8, True, False) == -3
     assert cg.normquant(1000, 1, 0, 0, 4, True, False) == 7
@@ -206,18 +208,18 @@ def _program():
     cmds = [cg.Dma(src_mem="L2", dst_mem="L1", length=64, signal=(0,)),
             cg.RbeJob(wait=(0,), signal=(1,)),
             cg.Dma(src_mem="L1", dst_mem="L2", length=64, dst=1024, wait=(1,))]
-    return cg.MarsProgram(
-        layers=[cg.LayerProgram("conv1", "conv2d", "rbe", cmds[:2], macs=9216),
-                cg.LayerProgram("store", "copy", "rbe", cmds[2:])],
-        tensors={"x": cg.TensorPlacement("x", (4, 4, 32), "L2", 0, "rbe", 4, False),
-                 "y": cg.TensorPlacement("y", (1, 64), "L2", 1024, "hwc", 8, True)},
+    return program.MarsProgram(
+        layers=[program.LayerProgram("conv1", "conv2d", "rbe", cmds[:2], macs=9216),
+                program.LayerProgram("store", "copy", "rbe", cmds[2:])],
+        tensors={"x": program.TensorPlacement("x", (4, 4, 32), "L2", 0, "rbe", 4, False),
+                 "y": program.TensorPlacement("y", (1, 64), "L2", 1024, "hwc", 8, True)},
         inputs=["x"], outputs=["y"], l2_image=b"\1" * 100, l2_bytes=4096)
 
 
 def test_blob_round_trip_keeps_layers_map_and_images():
     cfg = load_config()
-    data = cg.build_blob(_program(), cfg, "net")
-    prog, cfg2, name = cg.load_blob(data, expect_config=cfg)
+    data = program.build_blob(_program(), cfg, "net")
+    prog, cfg2, name = program.load_blob(data, expect_config=cfg)
     assert name == "net" and cfg2 == cfg
     assert [ly.name for ly in prog.layers] == ["conv1", "store"]
     assert prog.layers[0].commands == _program().layers[0].commands
@@ -228,28 +230,28 @@ def test_blob_round_trip_keeps_layers_map_and_images():
 
 def test_corrupt_truncated_or_foreign_blobs_are_rejected():
     cfg = load_config()
-    data = cg.build_blob(_program(), cfg, "net")
+    data = program.build_blob(_program(), cfg, "net")
     with pytest.raises(BlobError, match="checksum"):
-        cg.load_blob(data[:-1] + bytes([data[-1] ^ 1]))
+        program.load_blob(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(BlobError, match="truncated|checksum"):
-        cg.load_blob(data[: len(data) // 2])
+        program.load_blob(data[: len(data) // 2])
     with pytest.raises(BlobError, match="truncated"):
-        cg.load_blob(data[:10])
+        program.load_blob(data[:10])
     other = MarsellusConfig(**{**cfg.to_json(), "L1_BYTES": 65536})
     with pytest.raises(BlobError, match="another hardware config"):
-        cg.load_blob(data, expect_config=other)
+        program.load_blob(data, expect_config=other)
     b = unpack_blob(data)
     with pytest.raises(BlobError, match="not 'marsellus'"):
-        cg.load_blob(pack_blob(Blob("dpu", b.fingerprint, b.sections)))
+        program.load_blob(pack_blob(Blob("dpu", b.fingerprint, b.sections)))
     bad = dict(b.sections, CMDS=b.sections["CMDS"][:-64])
     with pytest.raises(BlobError, match="exactly one END"):
-        cg.load_blob(pack_blob(Blob("marsellus", b.fingerprint, bad)))
+        program.load_blob(pack_blob(Blob("marsellus", b.fingerprint, bad)))
     bad = dict(b.sections, CMDS=b"\x09" + b.sections["CMDS"][1:])
     with pytest.raises(BlobError, match="does not decode"):
-        cg.load_blob(pack_blob(Blob("marsellus", b.fingerprint, bad)))
+        program.load_blob(pack_blob(Blob("marsellus", b.fingerprint, bad)))
     bad = dict(b.sections, META=b"{}")
     with pytest.raises(BlobError, match="META section is malformed"):
-        cg.load_blob(pack_blob(Blob("marsellus", b.fingerprint, bad)))
+        program.load_blob(pack_blob(Blob("marsellus", b.fingerprint, bad)))
 
 
 def test_program_memory_map_is_checked():
@@ -257,8 +259,8 @@ def test_program_memory_map_is_checked():
     prog = _program()
     prog.tensors["y"].offset = 4090
     with pytest.raises(BlobError, match="tensor y"):
-        cg.build_blob(prog, cfg)
+        program.build_blob(prog, cfg)
     prog = _program()
     prog.l2_bytes = cfg.L2_BYTES + 1
     with pytest.raises(BlobError, match="exceeds L2"):
-        cg.build_blob(prog, cfg)
+        program.build_blob(prog, cfg)
