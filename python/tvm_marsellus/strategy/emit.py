@@ -4,7 +4,7 @@ per step, the I/O DMA for L3 tensors and staged weights, semaphores balanced per
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,6 +27,51 @@ IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
 FULL_IN_RBE = 14
 
 
+@dataclass
+class _EmitState:
+    """What the steps of one layer's emission share."""
+
+    lay: _Layer
+    l1: dict[str, tuple[int, int]]  # buffer -> L1 addresses of its two copies
+    chunks: list[tuple[int, int]]  # (first channel, channels) of each input-channel chunk
+    steps: list[tuple]  # (tile, chunk index, first channel, channels) in order
+    staged: bool  # the weights are staged from L3
+    io_in: bool  # an input lives in L3
+    io_out: bool  # the output lives in L3
+    last_w: dict[int, int]  # weight group -> index of its last step (frees a staged L2 slot)
+    n_w: int = 0  # weight loads so far (they alternate between the two L1 weight buffers)
+
+
+def _chain(loads: list, comps: list, free_at: int, final: bool) -> None:
+    """Semaphores of a step's compute commands: the last load marks the input full for the
+    engine of the first compute command, the commands wait for each other across engines,
+    ``comps[free_at]`` (the last reading input and weights) frees the input buffer and, after
+    an output tile's last chunk, the last one marks the output full."""
+    full = FULL_IN_RBE if comps[0].engine == "RBE" else FULL_IN
+    loads[-1].signal = tuple(loads[-1].signal) + (full,)
+    comps[0].wait = (full, FREE_OUT) if final else (full,)
+    for a, b in zip(comps, comps[1:], strict=False):
+        if a.engine != b.engine:
+            sem = CL2RBE if a.engine == "CLUSTER" else RBE2CL
+            a.signal = tuple(a.signal) + (sem,)
+            b.wait = tuple(b.wait) + (sem,)
+    comps[free_at].signal = tuple(comps[free_at].signal) + (FREE_IN,)
+    if final:
+        comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
+    for c in comps:
+        c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
+
+
+def _interleave(body: list[list], io_loads: list[list]) -> list:
+    """The steps' commands with the I/O DMA fetches of step i + 2 after step i: the I/O DMA
+    runs its commands in order, so the inputs of step i + 2 are fetched after the output of
+    step i is drained, and fetches run two steps ahead of the compute."""
+    cmds = [c for f in io_loads[:2] for c in f]
+    for i, part in enumerate(body):
+        cmds += part + [c for f in io_loads[i + 2:i + 3] for c in f]
+    return cmds
+
+
 class Emit:
     """Planner stage: the double-buffered commands of every layer."""
 
@@ -47,22 +92,34 @@ class Emit:
         channel chunk of it: every step loads its input window (and weight chunk) into one of
         the two input / weight buffers; the output buffers, stores and L3 drains go by output
         tile, after the step of its last chunk."""
-        lay = self.layers[ly.name]
+        st = self._emit_state(ly, self.layers[ly.name])
+        cmds = self._credits(st)
+        io_loads: list[list] = []  # per step: its I/O DMA L3 -> L2 copies
+        body = []
+        o = -1  # output tiles so far
+        for i, (_, j, _, _) in enumerate(st.steps):
+            o += j == 0
+            part, io = self._step(st, i, o)
+            body.append(part)
+            io_loads.append(io)
+        cmds += _interleave(body, io_loads)
+        cmds += self._closing_waits(st)
+        lp.meta["tiles"] = o + 1
+        lp.meta["chunks"] = len(st.chunks)
+        return cmds
+
+    def _emit_state(self, ly, lay: _Layer) -> _EmitState:
+        """The L1 map of a layer's buffers (two copies of every buffer but the partial sums),
+        its steps in order, and where its weights and tensors live."""
         g, plan = lay.geo, lay.plan
         th, kt = plan.tile_h, plan.tile_k
-        bufs = lay.buffers(th, kt)
-        # L1 map: two copies of every buffer but the partial sums
         l1, addr = {}, 0
-        for name, size in bufs.items():
+        for name, size in lay.buffers(th, kt).items():
             one = _al(size, 64)
             l1[name] = (addr, addr) if name == "psum" else (addr, addr + one)
             addr += one if name == "psum" else 2 * one
         if addr > self.cfg.L1_BYTES:
             raise MappingError(f"layer {ly.name}: tile does not fit L1")
-        cmds: list = [cg.Nop(engine="DMA_IN", signal=FREE_IN), cg.Nop(engine="DMA_IN",
-                                                                       signal=FREE_IN),
-                      cg.Nop(engine="DMA_IN", signal=FREE_OUT), cg.Nop(engine="DMA_IN",
-                                                                       signal=FREE_OUT)]
         chunks = [(c0, min(lay.tc, g.c - c0)) for c0 in range(0, g.c, lay.tc)] \
             if lay.chunked else [(0, g.c)]
         steps = []
@@ -74,111 +131,123 @@ class Emit:
                         tile = (gi, k0, kk, n, ho0, min(th, g.ho - ho0), wo0,
                                 min(lay.tw, g.wo - wo0))
                         steps += [(tile, j, c0, cc) for j, (c0, cc) in enumerate(chunks)]
-        staged = self.l3 and ly.name in self.wrange
-        if staged:  # L2 slots for weight groups, filled by the I/O DMA from L3
+        return _EmitState(lay, l1, chunks, steps, staged=self.l3 and ly.name in self.wrange,
+                          io_in=any(t.mem == "L3" for t in lay.tins),
+                          io_out=lay.tout.mem == "L3",
+                          last_w={step[0][0]: i for i, step in enumerate(steps)})
+
+    def _credits(self, st: _EmitState) -> list:
+        """The layer's opening NOPs: two credits for the L1 input and output buffers, and for
+        the L2 weight slots and bounce slots the layer uses."""
+        cmds: list = [cg.Nop(engine="DMA_IN", signal=FREE_IN), cg.Nop(engine="DMA_IN",
+                                                                       signal=FREE_IN),
+                      cg.Nop(engine="DMA_IN", signal=FREE_OUT), cg.Nop(engine="DMA_IN",
+                                                                       signal=FREE_OUT)]
+        if st.staged:  # L2 slots for weight groups, filled by the I/O DMA from L3
             cmds += [cg.Nop(engine="IODMA", signal=STAGE_FREE)] * len(self.stage)
-        io_in = any(t.mem == "L3" for t in lay.tins)
-        io_out = lay.tout.mem == "L3"
-        if io_in:  # two L2 bounce slots for input tiles, filled by the I/O DMA
+        if st.io_in:  # two L2 bounce slots for input tiles, filled by the I/O DMA
             cmds += [cg.Nop(engine="IODMA", signal=IO_IN_FREE)] * 2
-        if io_out:  # two for output tiles, drained by the I/O DMA
+        if st.io_out:  # two for output tiles, drained by the I/O DMA
             cmds += [cg.Nop(engine="DMA_OUT", signal=IO_OUT_FREE)] * 2
-        io_loads: list[list] = []  # per step: its I/O DMA L3 -> L2 copies
-        body = []
-        n_w = 0  # weight loads so far (they alternate between the two L1 weight buffers)
-        last_w = {}  # group -> index of its last step (frees a staged L2 slot)
-        for i, step in enumerate(steps):
-            last_w[step[0][0]] = i
-        o = -1  # output tiles so far
-        for i, (tile, j, c0, cc) in enumerate(steps):
-            gi, k0, kk, n, ho0, hh, wo0, ww = tile
-            first, final = j == 0, j == len(chunks) - 1
-            o += first
-            s = i % 2
+        return cmds
 
-            def buf(name, step_slot=s, out_slot=o % 2):
-                return l1[name][out_slot if name in ("out", "t3") else step_slot]
-
-            loads, wfetch = [], []
-            new_group = i == 0 or steps[i - 1][0][0] != gi
-            wslot = l1["w"][n_w % 2] if "w" in l1 else 0
-            nq = None  # L1 NormQuant address of a chunked layer's last chunk
-            if "w" in bufs and (new_group or lay.chunked):
-                off, size = lay.wsrc[gi]
-                src = off
-                if staged:  # I/O DMA: this group's weights L3 -> an L2 slot, then to L1
-                    src = self.stage[gi % len(self.stage)]
-                    if new_group:
-                        wfetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=off, dst=src,
-                                             length=size, wait=(STAGE_FREE,), signal=(STAGED,)))
-                if lay.chunked:  # this chunk's weights; the last one brings the NormQuant too
-                    rel, length = lay.wparts[gi][j]
-                    if final:
-                        nq, length = wslot + lay.wparts[gi][-1] - rel, size - rel
-                    src, size = src + rel, length
-                wslot = l1["w"][n_w % 2]
-                n_w += 1
-                free = staged and (not lay.chunked or last_w[gi] == i)
-                loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=wslot, length=size,
-                                    signal=(STAGE_FREE,) if free else ()))
-            elif "w" in l1:
-                wslot = l1["w"][(n_w - 1) % 2]
-            acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
-                                      if io_in else 0, c0, cc)
-            loads += acts
-            loads[0].wait = (FREE_IN, STAGED) if wfetch else (FREE_IN,)
-            if fetch:  # the bounce slot: filled before the first read, freed after the last
-                fetch[0].wait, fetch[-1].signal = (IO_IN_FREE,), (IO_IN_FULL,)
-                reads = [c for c in loads if c.src_mem == "L2" and self._in_bounce(c.src)]
-                reads[0].wait = tuple(reads[0].wait) + (IO_IN_FULL,)
-                reads[-1].signal = tuple(reads[-1].signal) + (IO_IN_FREE,)
-            io_loads.append(wfetch + fetch)
-            comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot,
-                                            (j, len(chunks), cc, nq))
-            full = FULL_IN_RBE if comps[0].engine == "RBE" else FULL_IN
-            loads[-1].signal = tuple(loads[-1].signal) + (full,)
-            # chain the compute commands across engines
-            comps[0].wait = (full, FREE_OUT) if final else (full,)
-            for a, b in zip(comps, comps[1:], strict=False):
-                if a.engine != b.engine:
-                    sem = CL2RBE if a.engine == "CLUSTER" else RBE2CL
-                    a.signal = tuple(a.signal) + (sem,)
-                    b.wait = tuple(b.wait) + (sem,)
-            comps[free_at].signal = tuple(comps[free_at].signal) + (FREE_IN,)
-            if final:
-                comps[-1].signal = tuple(comps[-1].signal) + (FULL_OUT,)
-            for c in comps:
-                c.wait, c.signal = cg._sems(c.wait), cg._sems(c.signal)
-            if not final:
-                body.append(loads + comps)
-                continue
-            stores, drain = self._stores(lay, n, ho0, hh, wo0, ww, k0, kk, buf("out"),
-                                         self.bounce_out[o % 2] if io_out else None)
-            stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
-            last = i == len(steps) - 1
-            stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
-                (DONE_IO,) if last and staged else ()) + ((IO_OUT_FULL,) if drain else ())
-            if drain:
-                drain[0].wait, drain[-1].signal = (IO_OUT_FULL,), (IO_OUT_FREE,)
-            body.append(loads + comps + stores + drain)
-        # the I/O DMA runs its commands in order: the inputs of step i + 2 are fetched after
-        # the output of step i is drained, so fetches run two steps ahead of the compute
-        cmds += [c for f in io_loads[:2] for c in f]
-        for i, part in enumerate(body):
-            cmds += part + [c for f in io_loads[i + 2:i + 3] for c in f]
-        cmds += [cg.Nop(engine="DMA_IN", wait=FREE_IN), cg.Nop(engine="DMA_IN", wait=FREE_IN),
-                 cg.Nop(engine="DMA_OUT", wait=FREE_OUT), cg.Nop(engine="DMA_OUT", wait=FREE_OUT),
-                 cg.Nop(engine="DMA_IN", wait=DONE)]
-        if io_in:
+    def _closing_waits(self, st: _EmitState) -> list:
+        """The layer's closing NOPs: every credit taken back, so the layer leaves the
+        semaphores as it found them."""
+        cmds = [cg.Nop(engine="DMA_IN", wait=FREE_IN), cg.Nop(engine="DMA_IN", wait=FREE_IN),
+                cg.Nop(engine="DMA_OUT", wait=FREE_OUT), cg.Nop(engine="DMA_OUT", wait=FREE_OUT),
+                cg.Nop(engine="DMA_IN", wait=DONE)]
+        if st.io_in:
             cmds += [cg.Nop(engine="IODMA", wait=IO_IN_FREE)] * 2
-        if io_out:
+        if st.io_out:
             cmds += [cg.Nop(engine="DMA_OUT", wait=IO_OUT_FREE)] * 2
-        if staged:  # the next layer's I/O DMA may overwrite the staging area only now
+        if st.staged:  # the next layer's I/O DMA may overwrite the staging area only now
             cmds += [cg.Nop(engine="IODMA", wait=STAGE_FREE)] * len(self.stage)
             cmds.append(cg.Nop(engine="IODMA", wait=DONE_IO))
-        lp.meta["tiles"] = o + 1
-        lp.meta["chunks"] = len(chunks)
         return cmds
+
+    def _step(self, st: _EmitState, i: int, o: int) -> tuple[list, list]:
+        """The commands of step ``i`` (of output tile ``o``): weight and input loads, compute
+        and, after an output tile's last chunk, its stores and L3 drains; and the step's I/O
+        DMA fetches (issued separately, ahead of the step)."""
+        lay, l1 = st.lay, st.l1
+        tile, j, c0, cc = st.steps[i]
+        gi, k0, kk, n, ho0, hh, wo0, ww = tile
+        final = j == len(st.chunks) - 1
+        s = i % 2
+
+        def buf(name, step_slot=s, out_slot=o % 2):
+            return l1[name][out_slot if name in ("out", "t3") else step_slot]
+
+        loads, wfetch, wslot, nq = self._weight_loads(st, i)
+        acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
+                                  if st.io_in else 0, c0, cc)
+        loads += acts
+        self._sync_loads(loads, wfetch, fetch)
+        comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot,
+                                        (j, len(st.chunks), cc, nq))
+        _chain(loads, comps, free_at, final)
+        if not final:
+            return loads + comps, wfetch + fetch
+        return loads + comps + self._tile_stores(st, i, o, buf("out")), wfetch + fetch
+
+    def _weight_loads(self, st: _EmitState, i: int) -> tuple[list, list, int, int | None]:
+        """Step ``i``'s DMA_IN of its weight group (or, under Kin tiling, of its chunk; the
+        last one brings the NormQuant records too), the I/O DMA staging of a group from L3,
+        the L1 weight slot the step reads and the L1 NormQuant address of a last chunk."""
+        lay, l1 = st.lay, st.l1
+        tile, j, _, _ = st.steps[i]
+        gi = tile[0]
+        final = j == len(st.chunks) - 1
+        loads, wfetch = [], []
+        new_group = i == 0 or st.steps[i - 1][0][0] != gi
+        wslot = l1["w"][st.n_w % 2] if "w" in l1 else 0
+        nq = None  # L1 NormQuant address of a chunked layer's last chunk
+        if "w" in l1 and (new_group or lay.chunked):
+            off, size = lay.wsrc[gi]
+            src = off
+            if st.staged:  # I/O DMA: this group's weights L3 -> an L2 slot, then to L1
+                src = self.stage[gi % len(self.stage)]
+                if new_group:
+                    wfetch.append(cg.Dma(src_mem="L3", dst_mem="L2", src=off, dst=src,
+                                         length=size, wait=(STAGE_FREE,), signal=(STAGED,)))
+            if lay.chunked:  # this chunk's weights; the last one brings the NormQuant too
+                rel, length = lay.wparts[gi][j]
+                if final:
+                    nq, length = wslot + lay.wparts[gi][-1] - rel, size - rel
+                src, size = src + rel, length
+            wslot = l1["w"][st.n_w % 2]
+            st.n_w += 1
+            free = st.staged and (not lay.chunked or st.last_w[gi] == i)
+            loads.append(cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=wslot, length=size,
+                                signal=(STAGE_FREE,) if free else ()))
+        elif "w" in l1:
+            wslot = l1["w"][(st.n_w - 1) % 2]
+        return loads, wfetch, wslot, nq
+
+    def _sync_loads(self, loads: list, wfetch: list, fetch: list) -> None:
+        """Semaphores of a step's loads: a free input buffer (and a staged weight group)
+        first; an L2 bounce slot filled before its first read and freed after its last."""
+        loads[0].wait = (FREE_IN, STAGED) if wfetch else (FREE_IN,)
+        if fetch:
+            fetch[0].wait, fetch[-1].signal = (IO_IN_FREE,), (IO_IN_FULL,)
+            reads = [c for c in loads if c.src_mem == "L2" and self._in_bounce(c.src)]
+            reads[0].wait = tuple(reads[0].wait) + (IO_IN_FULL,)
+            reads[-1].signal = tuple(reads[-1].signal) + (IO_IN_FREE,)
+
+    def _tile_stores(self, st: _EmitState, i: int, o: int, src: int) -> list:
+        """DMA_OUT of output tile ``o`` (after step ``i``, its last chunk) from L1 at ``src``
+        and, for an L3 output, its I/O DMA drain; the last one signals the layer done."""
+        gi, k0, kk, n, ho0, hh, wo0, ww = st.steps[i][0]
+        stores, drain = self._stores(st.lay, n, ho0, hh, wo0, ww, k0, kk, src,
+                                     self.bounce_out[o % 2] if st.io_out else None)
+        stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
+        last = i == len(st.steps) - 1
+        stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
+            (DONE_IO,) if last and st.staged else ()) + ((IO_OUT_FULL,) if drain else ())
+        if drain:
+            drain[0].wait, drain[-1].signal = (IO_OUT_FULL,), (IO_OUT_FREE,)
+        return stores + drain
 
     def _loads(self, lay: _Layer, n: int, ho0: int, hh: int, wo0: int, ww: int, dst: int,
                bounce: int, c0: int = 0, cc: int = 0) -> tuple[list, list]:
