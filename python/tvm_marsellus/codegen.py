@@ -113,7 +113,7 @@ class RbeJob(_Sync):
 
 @dataclass
 class ClusterKernel(_Sync):
-    """One kernel run by the 16 cores on L1 HWC tensors (see the module docstring)."""
+    """One kernel run by the 16 cores on L1 HWC tensors (docs/marsellus.md, Command ISA)."""
 
     kernel: str = "CONV"
     relu: int = 0

@@ -4,22 +4,8 @@
 memories (``uint8`` numpy arrays, modified in place; ``None`` = zeroed memory of the config's
 size) and returns :class:`MarsellusStats`. Any fault of the program (bad field, out-of-range
 address, deadlock, cycle budget) raises :class:`tvm_accel.errors.SimulatorError` with a one-line
-message naming the command and field. Semantics: ``tvm_marsellus.codegen`` module docstring;
-cycle model: ``hw_config`` and ``sim/marsellus/mars_sim.h``.
-
-Calibration of the RBE model (default config, Fig. 13 layer Kin = Kout = 64, 3x3 output,
-420 MHz; ``tests/marsellus/test_marsellus_simulator.py`` checks these):
-
-- COMPUTE peak, 3x3 W=2 I=2 or 4: 1610.6 ops/cycle (paper: 1610).
-- LOAD+COMPUTE loop, 3x3 W=2 I=4: 566.5 Gop/s (paper: 571, -0.8 %).
-- binary throughput, 3x3 W=8 I=4: 7101 1x1-bit Gop/s (paper: ~7100).
-- I=8 halves the W x I throughput of I=4 (paper: ~50 %); 1x1 throughput does not depend on W
-  and its LOAD share is larger than in 3x3 mode (Fig. 13 trends).
-- full job 3x3 W=I=O=8 with NORMQUANT/STREAMOUT, setup hidden by the queue: 103 Gop/s (paper
-  Fig. 15: 91 Gop/s for a full-cluster kernel whose exact layer is not given; +13 %).
-
-Cluster: a large 8-bit 1x1 CONV (a MatMul) runs at 30.3 x 1.67 MAC/cycle, i.e. 42.5 Gop/s at
-420 MHz (paper: 25.45 Gop/s baseline, +67 % with MAC&LOAD); 4-/2-bit at 3.2x / 6.3x the baseline.
+message naming the command and field. Semantics: the command ISA in ``docs/marsellus.md``;
+cycle model: ``hw_config`` and ``sim/marsellus/mars_sim.h`` (calibration: ``docs/marsellus.md``).
 """
 
 from __future__ import annotations

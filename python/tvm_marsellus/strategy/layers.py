@@ -17,7 +17,7 @@ from tvm_marsellus.program import TensorPlacement
 ALIGN = 8
 
 
-#: why a split reduction (Kin tiling) never runs on the RBE (module docstring)
+#: why a split reduction (Kin tiling) never runs on the RBE (docs/marsellus.md)
 RBE_NO_KIN = ("the RBE cannot split the input channels (tile_c): its 32-bit accumulators live "
               "inside a job and NormQuant always saturates them to O <= 8 bits, so no partial "
               "sum leaves or enters a job; Kin tiling runs on the cluster")
@@ -50,9 +50,9 @@ class TensorInfo:
     layout: str = "hwc"
     offset: int = 0
     dense: bool = False
-    #: a signed ``hwc`` tensor stored unsigned with the offset 2^(bits-1) (module docstring)
+    #: a signed ``hwc`` tensor stored unsigned with the offset 2^(bits-1) (docs/marsellus.md)
     biased: bool = False
-    mem: str = "L2"  # "L3" when L2 cannot hold it (module docstring, L3)
+    mem: str = "L2"  # "L3" when L2 cannot hold it (docs/marsellus.md, L3)
 
     @property
     def cbits(self) -> int:

@@ -76,7 +76,7 @@ class Memory:
             in_l3.add(max(rest, key=lambda t: (t.nbytes, t.name)).name)
 
     def _place(self) -> tuple[int, int]:
-        """The memory map (module docstring, L3): L2 holds the weight image, or with weights in
+        """The memory map (docs/marsellus.md, L3): L2 holds the weight image, or with weights in
         L3 one or two slots for a layer's weight group, then the bounce slots and the tensors;
         weights move to L3 first, then tensors, the largest first, until L2 fits (the fewest
         tensors in L3, then double-buffered weight slots). Returns the L2 and L3 bytes used."""
@@ -127,7 +127,7 @@ class Memory:
         ly, g = lay.layer, lay.geo
         w = ly.weight[k0:k0 + kt].astype(np.int64)
         sumw = w.reshape(w.shape[0], -1).sum(axis=1)
-        # the RBE reads signed activations with the unsigned offset 2^(I-1) (module docstring)
+        # the RBE reads signed activations with the unsigned offset 2^(I-1) (docs/marsellus.md)
         in_off = lay.tin.offset_value or (
             (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0)
         folded = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt] - (

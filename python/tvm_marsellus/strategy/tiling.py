@@ -118,7 +118,7 @@ class _Layer:
     def c_options(self) -> list[int]:
         """Input channels per chunk to try, all of them first: the channels split in 2..64
         near-equal chunks of whole 8-channel groups, for CONV / FC on the cluster only (the RBE
-        cannot carry a partial sum from one job to the next: module docstring)."""
+        cannot carry a partial sum from one job to the next: docs/marsellus.md)."""
         c = self.geo.c
         if self.kind not in ("conv", "fc") or self.engine == "rbe":
             return [c]
