@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import tvm_marsellus.codegen as cg
 from tvm_accel.errors import MappingError
-from tvm_marsellus import codegen as cg
 from tvm_marsellus.hw_config import RBE_CHANNELS
 from tvm_marsellus.program import LayerProgram, MarsProgram
 from tvm_marsellus.strategy.layers import Geometry, TensorInfo, _al

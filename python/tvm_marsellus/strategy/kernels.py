@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import tvm_marsellus.codegen as cg
 from tvm_accel.errors import MappingError
-from tvm_marsellus import codegen as cg
 from tvm_marsellus.hw_config import RBE_CHANNELS
 from tvm_marsellus.layout import weight_bytes
 from tvm_marsellus.strategy.layers import TensorInfo, _al, _clip_mode, _rng, cluster_bits
