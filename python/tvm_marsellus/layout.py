@@ -8,6 +8,8 @@ inputs and outputs) and the tests share; the byte formats are specified in ``doc
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from tvm_accel.errors import SimulatorError
@@ -139,6 +141,16 @@ def unpack_hwc(data, shape: tuple[int, ...], bits: int, signed: bool) -> np.ndar
     return v.reshape(shape)
 
 
+class Placement(Protocol):
+    """What packing needs of a tensor's placement
+    (:class:`~tvm_marsellus.program.TensorPlacement`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    layout: str
+    bits: int
+    signed: bool
+
 
 def _check_range(name: str, v: np.ndarray, bits: int, signed: bool) -> None:
     lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
@@ -147,9 +159,8 @@ def _check_range(name: str, v: np.ndarray, bits: int, signed: bool) -> None:
                              f"{'signed' if signed else 'unsigned'} type")
 
 
-def pack_tensor(t, value: np.ndarray) -> np.ndarray:
-    """Bytes of a program input at its placement ``t`` (a
-    :class:`~tvm_marsellus.program.TensorPlacement`): ``value`` of the placement's shape,
+def pack_tensor(t: Placement, value: np.ndarray) -> np.ndarray:
+    """Bytes of a program input at its placement ``t``: ``value`` of the placement's shape,
     integers in its ``bits``-bit range, packed in its layout (``rbe``:
     :func:`pack_activations`, ``hwc``: :func:`pack_hwc`); :class:`SimulatorError` otherwise."""
     v = np.asarray(value)
@@ -162,9 +173,8 @@ def pack_tensor(t, value: np.ndarray) -> np.ndarray:
     return pack_activations(v, t.bits) if t.layout == "rbe" else pack_hwc(v, t.bits)
 
 
-def unpack_tensor(t, data) -> np.ndarray:
+def unpack_tensor(t: Placement, data: np.ndarray) -> np.ndarray:
     """Inverse of :func:`pack_tensor`: int64 values of the placement's shape from its bytes."""
-    raw = data
     if t.layout == "rbe":
-        return unpack_activations(raw, *t.shape, t.bits, signed=t.signed)
-    return unpack_hwc(raw, t.shape, t.bits, t.signed)
+        return unpack_activations(data, *t.shape, t.bits, signed=t.signed)
+    return unpack_hwc(data, t.shape, t.bits, t.signed)

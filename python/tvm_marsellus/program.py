@@ -178,6 +178,5 @@ def load_blob(data: bytes, expect_config: MarsellusConfig | None = None
     return prog, cfg, name
 
 
-
 __all__ = ["BLOB_TARGET", "LayerProgram", "MarsProgram", "TensorPlacement", "build_blob",
            "load_blob"]

@@ -56,7 +56,6 @@ class Planner(EngineChoice, Tiling, Memory, Emit, Kernels):
         self.l3_costs = False  # the tile costs include the L3 transfers of the placement
 
 
-
 def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
          op: OperatingPoint | None = None) -> MarsProgram:
     """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``, plus
