@@ -64,10 +64,10 @@ def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
     ``"latency"``, what a residual add's engine choice minimises; ``op``: the operating point
     whose energy that choice weighs, default nominal)."""
     p = Planner(graph, cfg, knobs, op)
-    p._choose()
-    progs = p.tile_layers()
-    progs, l2_bytes, l3_bytes = p.place(progs)
-    return p.emit_program(progs, l2_bytes, l3_bytes)
+    p._choose()  # 1. engines: the engine of every layer, the layout of every tensor
+    progs = p.tile_layers()  # 2. tiling: tiles and knobs, the weights into the L2 image
+    progs, l2_bytes, l3_bytes = p.place(progs)  # 3. memory: the L2 / L3 map
+    return p.emit_program(progs, l2_bytes, l3_bytes)  # 4. emit: the commands
 
 
 def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, KnobSpace]:
