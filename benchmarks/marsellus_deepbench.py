@@ -37,12 +37,13 @@ def marsellus_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, None, argv)
 
+    from tvm_accel.errors import MappingError
     from tvm_accel.profiler import bound_label
     from tvm_accel.report import format_table
     from tvm_marsellus.hw_config import load_config
     from tvm_marsellus.patterns import MAX_WINDOW
     from tvm_marsellus.runtime import execute_program
-    from tvm_marsellus.strategy import MappingError, plan
+    from tvm_marsellus.strategy import plan
 
     cfg = load_config(args.config)
     rows = load_rows(args.csv, args.ids, args.limit)

@@ -15,6 +15,7 @@ import argparse
 import numpy as np
 
 from tvm_marsellus import codegen as cg
+from tvm_marsellus import layout
 from tvm_marsellus.hw_config import load_config
 from tvm_marsellus.simulator import simulate
 
@@ -33,9 +34,9 @@ def run_job(cfg, mode: str, wb: int, ib: int, ob: int = 8, seed: int = 0):
     hin = 3 + k - 1
     rng = np.random.default_rng(seed)
     l1 = np.zeros(cfg.L1_BYTES, np.uint8)
-    x = cg.pack_activations(rng.integers(0, 1 << ib, (hin, hin, 64)), ib)
-    w = cg.pack_weights(rng.integers(-(1 << (wb - 1)), 1 << (wb - 1), (64, 64, k, k)), wb)
-    nq = cg.pack_normquant(rng.integers(0, 1 << 16, 64), np.zeros(64))
+    x = layout.pack_activations(rng.integers(0, 1 << ib, (hin, hin, 64)), ib)
+    w = layout.pack_weights(rng.integers(-(1 << (wb - 1)), 1 << (wb - 1), (64, 64, k, k)), wb)
+    nq = layout.pack_normquant(rng.integers(0, 1 << 16, 64), np.zeros(64))
     xa, wa = 0, (x.size + 3) // 4 * 4
     nqa = (wa + w.size + 3) // 4 * 4
     ya = (nqa + nq.size + 3) // 4 * 4

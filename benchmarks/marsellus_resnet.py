@@ -40,6 +40,7 @@ from tvm_marsellus.energy import ABB_065, LOW_05, NOMINAL, energy_coefficients, 
 from tvm_marsellus.hw_config import load_config
 from tvm_marsellus.runtime import execute_program
 from tvm_marsellus.simulator import rbe_job_phases
+from tvm_marsellus.strategy.engines import OBJECTIVES
 
 POINTS = (("0.8 V 420 MHz", NOMINAL), ("0.65 V 400 MHz ABB", ABB_065),
           ("0.5 V 100 MHz", LOW_05))
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="MARSELLUS config (default bundled)")
     ap.add_argument("--networks", default="resnet20,resnet18")
     ap.add_argument("--layers", action="store_true", help="print the per-layer tables")
-    ap.add_argument("--objective", choices=strategy.OBJECTIVES, default="energy",
+    ap.add_argument("--objective", choices=OBJECTIVES, default="energy",
                     help="what the residual adds' engine choice minimises")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)

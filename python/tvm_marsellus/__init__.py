@@ -2,13 +2,14 @@
 (MARSELLUS paper, seeds/001) as a TVM BYOC target named ``marsellus``.
 
 Device half: ``hw_config`` (JSON config + cycle-model constants), ``energy`` (operating points
-and energy), ``codegen`` (64-byte command ISA with semaphore sync, RBE bit-plane layouts,
-program container and blob), ``simulator`` (binding of ``sim/marsellus``).
+and energy), ``codegen`` (64-byte command ISA with semaphore sync), ``layout`` (host <-> device
+packing: RBE bit planes, HWC), ``program`` (program container and blob), ``simulator``
+(binding of ``sim/marsellus``).
 
 Compiler half: ``numerics`` (NormQuant requantize recipes), ``patterns`` (pattern table with
-named checks), ``strategy`` (engine choice, DORY-style tiling, double-buffered command
-generation, knobs), ``runtime`` (``tvm_marsellus.run`` on the simulator, per-layer profiler
-records with energy).
+named checks), ``strategy`` (engine choice, DORY-style tiling, memory map, double-buffered
+command generation, knobs), ``runtime`` (``tvm_marsellus.run`` on the simulator, per-layer
+profiler records with energy). Design notes: ``docs/marsellus.md``.
 
 Importing this package registers the target, its runtime function and the ``marsellus`` Relax
 pipeline, so ``tvm.compile(mod, target="llvm", relax_pipeline="marsellus")`` works.
@@ -88,7 +89,9 @@ class MarsellusTarget(AccelTarget):
 
     def compile_function(self, graph: LayerGraph, config: MarsellusConfig,
                          knobs: dict | None = None, name: str = "") -> bytes:
-        return codegen.build_blob(self.plan(graph, config, knobs), config, name)
+        from tvm_marsellus import program
+
+        return program.build_blob(self.plan(graph, config, knobs), config, name)
 
     def options(self) -> list[TargetOption]:
         return [
@@ -122,7 +125,8 @@ class MarsellusTarget(AccelTarget):
         return tuning_tasks(graph, config)
 
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
-        from tvm_marsellus.codegen import format_cmd, load_blob
+        from tvm_marsellus.codegen import format_cmd
+        from tvm_marsellus.program import load_blob
 
         program, cfg, name = load_blob(blob)
         lines = [f"; marsellus function {name}  config {cfg.name}  L2 {program.l2_bytes} bytes"]

@@ -15,7 +15,7 @@ BinConvs (up to 4 input bits in parallel) doing a 32x32 1-bit dot product per cy
 gates. ``RBE_TCDM_PORT_BITS`` = 288 (9 x 32-bit words per cycle), ``RBE_JOB_QUEUE_DEPTH`` = 2.
 Precisions W, I, O in ``RBE_MIN_BITS``..``RBE_MAX_BITS`` = 2..8.
 
-RBE cycle model (per job; calibration in the module docstring of ``simulator``). With P =
+RBE cycle model (per job; calibration in docs/marsellus.md). With P =
 sqrt(RBE_CORES) = 3 output pixels per patch side, k = 3 or 1, s = stride, bit groups of
 ``RBE_BINCONVS`` input bits (ib = bits of the group)::
 

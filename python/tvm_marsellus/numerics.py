@@ -1,7 +1,7 @@
 """MARSELLUS requantize recipes: the canonical :class:`~tvm_accel.layers.Requant` written so
 that it *is* the RBE / cluster NormQuant.
 
-NormQuant (paper Sec. II-B, ``codegen`` docstring) computes per output channel
+NormQuant (paper Sec. II-B, docs/marsellus.md Command ISA) computes per output channel
 ``y = clamp(floor((acc * kappa + lambda) / 2^shift))`` in int64, ``kappa`` u16, ``lambda`` i32,
 ``shift`` 0..31, no rounding term. The canonical recipe is
 ``((acc * m + R) >> s) + Z`` with ``pre_shift 0``; since ``Z * 2^s`` is a multiple of ``2^s``

@@ -1,8 +1,8 @@
-"""MARSELLUS runtime: run a :class:`~tvm_marsellus.codegen.MarsProgram` on the C simulator.
+"""MARSELLUS runtime: run a :class:`~tvm_marsellus.program.MarsProgram` on the C simulator.
 
-:func:`execute_program` is the device-side half (L2/L3 images, NCHW <-> bit-packed NHWC at the
-placements, one simulator run per layer so every layer gets its own cycles and energy; L2 and L3
-persist between the runs); it needs neither TVM nor a blob. ``tvm_marsellus.run`` is the packed
+:func:`execute_program` is the one program runner, the device-side half (L2/L3 images, host
+arrays packed at the placements, one simulator run per layer or of the whole stream); it needs
+neither TVM nor a blob. ``tvm_marsellus.run`` is the packed
 function behind ``call_dps_packed``; with a profiler active it records one row per layer with
 engine (RBE / cluster / mixed), cycles, latency and energy at the operating point the blob was
 compiled for (layer meta ``op``; default nominal 0.8 V / 420 MHz).
@@ -13,11 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_accel import profiler
-from tvm_accel.errors import BlobError
+from tvm_accel.errors import BlobError, SimulatorError
 from tvm_accel.runtime import BlobCache, register_run
-from tvm_marsellus.codegen import MarsProgram, encode_stream, pack_hwc, unpack_hwc
+from tvm_marsellus.codegen import encode_stream
 from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_uj
 from tvm_marsellus.hw_config import MarsellusConfig
+from tvm_marsellus.layout import pack_tensor, unpack_tensor
+from tvm_marsellus.program import MarsProgram, TensorPlacement, load_blob
+from tvm_marsellus.simulator import MarsellusStats, simulate
 
 
 def io_spec(program: MarsProgram, name: str) -> tuple[tuple[int, ...], str]:
@@ -38,43 +41,61 @@ def operating_point(program: MarsProgram) -> OperatingPoint:
 
 
 def execute_program(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: MarsellusConfig,
-                    trace_path: str | None = None):
-    """Run every layer in order; returns ``(outputs (NCHW), [(layer, MarsellusStats), ...])``."""
-    from tvm_marsellus.simulator import simulate
+                    trace_path: str | None = None, max_cycles: int | None = None,
+                    whole_stream: bool = False
+                    ) -> tuple[dict[str, np.ndarray], list[tuple[str, MarsellusStats]]]:
+    """Run a program on the simulator: L2 / L3 images from offset 0, the inputs packed at their
+    placements (:func:`~tvm_marsellus.layout.pack_tensor`; 4-D ``hwc`` tensors as NCHW host
+    arrays, every other one in its placement's shape), the outputs unpacked the same way (int64).
 
+    By default one simulator run per layer, so every layer gets its own cycles and energy (L2
+    and L3 persist between the runs; the strategy balances every layer's semaphores). With
+    ``whole_stream`` one run of ``program.stream()``: the layers overlap, and L1 and the
+    semaphores carry over from layer to layer (hand-written programs). Returns ``(outputs,
+    [(layer, MarsellusStats), ...])``, one ``("program", stats)`` row for a whole stream."""
+    program.check(cfg)
+    mems = _memories(program)
+    for n in program.inputs:
+        if n not in inputs:
+            raise SimulatorError(f"marsellus program input {n} was not given")
+        t = program.tensors[n]
+        x = np.asarray(inputs[n])
+        data = pack_tensor(t, _device_order(t, x, 1, -1))
+        mems[t.mem][t.offset:t.offset + data.size] = data
+    if whole_stream:
+        stats = [("program", simulate(cfg, program.stream(), l2=mems["L2"], l3=mems["L3"],
+                                      trace_path=trace_path, max_cycles=max_cycles))]
+    else:
+        stats, offset_us = [], 0.0
+        for i, ly in enumerate(program.layers):
+            st = simulate(cfg, encode_stream(ly.commands), l2=mems["L2"], l3=mems["L3"],
+                          trace_path=trace_path, trace_offset_us=offset_us,
+                          trace_append=i > 0, max_cycles=max_cycles)
+            offset_us += st.cycles / cfg.CLOCK_MHZ
+            stats.append((ly.name, st))
+    outs = {}
+    for n in program.outputs:
+        t = program.tensors[n]
+        v = unpack_tensor(t, mems[t.mem][t.offset:t.offset + t.nbytes])
+        outs[n] = np.ascontiguousarray(_device_order(t, v, -1, 1))
+    return outs, stats
+
+
+def _memories(program: MarsProgram) -> dict[str, np.ndarray]:
+    """Zeroed L2 / L3 of the program's sizes holding its initial images."""
     mems = {"L2": np.zeros(max(program.l2_bytes, 1), np.uint8),
             "L3": np.zeros(program.l3_bytes, np.uint8)}
     mems["L2"][:len(program.l2_image)] = np.frombuffer(program.l2_image, np.uint8)
     mems["L3"][:len(program.l3_image)] = np.frombuffer(program.l3_image, np.uint8)
-    for n in program.inputs:
-        if n not in inputs:
-            raise BlobError(f"marsellus program input {n} was not given")
-        t = program.tensors[n]
-        x = np.asarray(inputs[n])
-        x = np.moveaxis(x, 1, -1) if x.ndim == 4 else x
-        data = pack_hwc(x, t.bits)
-        mems[t.mem][t.offset:t.offset + data.size] = data
-    stats, offset_us = [], 0.0
-    for i, ly in enumerate(program.layers):
-        st = simulate(cfg, encode_stream(ly.commands), l2=mems["L2"], l3=mems["L3"],
-                      trace_path=trace_path, trace_offset_us=offset_us, trace_append=i > 0)
-        offset_us += st.cycles / cfg.CLOCK_MHZ
-        stats.append((ly.name, st))
-    outs = {}
-    for n in program.outputs:
-        t = program.tensors[n]
-        v = unpack_hwc(mems[t.mem][t.offset:t.offset + t.nbytes], t.shape, t.bits, t.signed)
-        outs[n] = np.ascontiguousarray(np.moveaxis(v, -1, 1) if v.ndim == 4 else v)
-    return outs, stats
+    return mems
 
 
-def _load(data: bytes):
-    from tvm_marsellus.codegen import load_blob
+def _device_order(t: TensorPlacement, x: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """NCHW <-> NHWC of a 4-D ``hwc`` tensor (channels moved from axis ``src`` to ``dst``)."""
+    return np.moveaxis(x, src, dst) if t.layout == "hwc" and x.ndim == 4 else x
 
-    return load_blob(data)
 
-
-_CACHE = BlobCache(_load)
+_CACHE = BlobCache(load_blob)
 
 
 def decode_blob(data: np.ndarray):

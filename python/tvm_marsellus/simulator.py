@@ -4,22 +4,8 @@
 memories (``uint8`` numpy arrays, modified in place; ``None`` = zeroed memory of the config's
 size) and returns :class:`MarsellusStats`. Any fault of the program (bad field, out-of-range
 address, deadlock, cycle budget) raises :class:`tvm_accel.errors.SimulatorError` with a one-line
-message naming the command and field. Semantics: ``tvm_marsellus.codegen`` module docstring;
-cycle model: ``hw_config`` and ``sim/marsellus/mars_sim.h``.
-
-Calibration of the RBE model (default config, Fig. 13 layer Kin = Kout = 64, 3x3 output,
-420 MHz; ``tests/marsellus/test_marsellus_simulator.py`` checks these):
-
-- COMPUTE peak, 3x3 W=2 I=2 or 4: 1610.6 ops/cycle (paper: 1610).
-- LOAD+COMPUTE loop, 3x3 W=2 I=4: 566.5 Gop/s (paper: 571, -0.8 %).
-- binary throughput, 3x3 W=8 I=4: 7101 1x1-bit Gop/s (paper: ~7100).
-- I=8 halves the W x I throughput of I=4 (paper: ~50 %); 1x1 throughput does not depend on W
-  and its LOAD share is larger than in 3x3 mode (Fig. 13 trends).
-- full job 3x3 W=I=O=8 with NORMQUANT/STREAMOUT, setup hidden by the queue: 103 Gop/s (paper
-  Fig. 15: 91 Gop/s for a full-cluster kernel whose exact layer is not given; +13 %).
-
-Cluster: a large 8-bit 1x1 CONV (a MatMul) runs at 30.3 x 1.67 MAC/cycle, i.e. 42.5 Gop/s at
-420 MHz (paper: 25.45 Gop/s baseline, +67 % with MAC&LOAD); 4-/2-bit at 3.2x / 6.3x the baseline.
+message naming the command and field. Semantics: the command ISA in ``docs/marsellus.md``;
+cycle model: ``hw_config`` and ``sim/marsellus/mars_sim.h`` (calibration: ``docs/marsellus.md``).
 """
 
 from __future__ import annotations
@@ -32,18 +18,7 @@ import numpy as np
 
 from tvm_accel import simlib
 from tvm_accel.errors import SimulatorError
-from tvm_marsellus.codegen import (
-    CMD_BYTES,
-    ENGINES,
-    MarsProgram,
-    RbeJob,
-    TensorPlacement,
-    encode,
-    pack_activations,
-    pack_hwc,
-    unpack_activations,
-    unpack_hwc,
-)
+from tvm_marsellus.codegen import CMD_BYTES, ENGINES, RbeJob, encode
 from tvm_marsellus.hw_config import MarsellusConfig
 
 _NE = len(ENGINES)
@@ -262,50 +237,6 @@ def rbe_job_phases(cfg: MarsellusConfig, job: RbeJob) -> dict[str, int]:
     code = _lib_fns()["job"](ctypes.byref(_c_config(cfg, None)), encode(job), out, err, len(err))
     simlib.check(code, err, "MARSELLUS RBE model")
     return dict(zip(RBE_PHASES[:4], (int(v) for v in out), strict=True))
-
-
-def _pack(t: TensorPlacement, value: np.ndarray) -> np.ndarray:
-    v = np.asarray(value)
-    if tuple(v.shape) != tuple(t.shape):
-        raise SimulatorError(f"input {t.name}: shape {tuple(v.shape)}, the program expects "
-                             f"{tuple(t.shape)}")
-    if not np.issubdtype(v.dtype, np.integer):
-        raise SimulatorError(f"input {t.name}: dtype {v.dtype} is not an integer type")
-    lo, hi = (-(1 << (t.bits - 1)), (1 << (t.bits - 1)) - 1) if t.signed else (0, (1 << t.bits) - 1)
-    if v.size and (v.min() < lo or v.max() > hi):
-        raise SimulatorError(f"input {t.name}: values outside {lo}..{hi} of its {t.bits}-bit "
-                             f"{'signed' if t.signed else 'unsigned'} type")
-    return pack_activations(v, t.bits) if t.layout == "rbe" else pack_hwc(v, t.bits)
-
-
-def run_program(cfg: MarsellusConfig, program: MarsProgram, inputs: dict[str, np.ndarray],
-                trace_path: str | None = None, max_cycles: int | None = None
-                ) -> tuple[dict[str, np.ndarray], MarsellusStats]:
-    """Run a whole program: L2/L3 images from offset 0, inputs packed at their placements
-    (``rbe`` layout: :func:`~tvm_marsellus.codegen.pack_activations`, ``hwc``:
-    :func:`~tvm_marsellus.codegen.pack_hwc`), one simulator run of ``program.stream()``,
-    outputs unpacked to int64 arrays of their shapes."""
-    program.check(cfg)
-    mems = {"L2": np.zeros(max(program.l2_bytes, 1), np.uint8),
-            "L3": np.zeros(program.l3_bytes, np.uint8)}
-    mems["L2"][:len(program.l2_image)] = np.frombuffer(program.l2_image, np.uint8)
-    mems["L3"][:len(program.l3_image)] = np.frombuffer(program.l3_image, np.uint8)
-    missing = [n for n in program.inputs if n not in inputs]
-    if missing:
-        raise SimulatorError(f"program input {missing[0]} was not given")
-    for n in program.inputs:
-        t = program.tensors[n]
-        data = _pack(t, inputs[n])
-        mems[t.mem][t.offset:t.offset + data.size] = data
-    stats = simulate(cfg, program.stream(), l2=mems["L2"], l3=mems["L3"],
-                     trace_path=trace_path, max_cycles=max_cycles)
-    outs = {}
-    for n in program.outputs:
-        t = program.tensors[n]
-        raw = mems[t.mem][t.offset:t.offset + t.nbytes]
-        outs[n] = (unpack_activations(raw, *t.shape, t.bits, signed=t.signed)
-                   if t.layout == "rbe" else unpack_hwc(raw, t.shape, t.bits, t.signed))
-    return outs, stats
 
 
 assert CMD_BYTES == 64

@@ -6,7 +6,7 @@ def compare(compare_on, compared_class):
     class MarsellusCompared(compared_class):
         def engines(self):
             """Engine of every layer of every offloaded function, by layer name."""
-            from tvm_marsellus.codegen import load_blob
+            from tvm_marsellus.program import load_blob
 
             out = {}
             for f in self.report.functions:

@@ -93,9 +93,9 @@ def test_run_blob_rejects_wrong_inputs_and_corrupt_blobs():
     cmds = bytearray(b.sections["CMDS"])
     cmds[64 * 4] = 0x77  # an unknown opcode
     with pytest.raises(BlobError, match="CMDS"):
-        tvm_marsellus.codegen.load_blob(pack_blob(Blob(b.target, b.fingerprint,
+        tvm_marsellus.program.load_blob(pack_blob(Blob(b.target, b.fingerprint,
                                                        dict(b.sections, CMDS=bytes(cmds)))))
     with pytest.raises(BlobError):
-        tvm_marsellus.codegen.load_blob(pack_blob(Blob("dpu", b.fingerprint, b.sections)))
+        tvm_marsellus.program.load_blob(pack_blob(Blob("dpu", b.fingerprint, b.sections)))
     text = tvm_marsellus.TARGET.disassemble(fn.blob, limit=3)
     assert "marsellus function" in text and "more" in text

@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tvm_accel.errors import SimulatorError
+from tvm_accel.errors import MappingError, SimulatorError
 from tvm_accel.layers import LayerGraph, reference_execute
 from tvm_marsellus import codegen as cg
-from tvm_marsellus import strategy
+from tvm_marsellus import layout, strategy
 from tvm_marsellus.simulator import simulate
 
 from .test_marsellus_simulator import L1, conv_ref
@@ -32,19 +32,19 @@ def test_cluster_conv_partial_sums_over_chunks_equal_one_pass():
     kappa, lam = rng.integers(1, 300, co), rng.integers(-500, 500, co)
     ref = cg.normquant(conv_ref(x, w, (p,) * 4, 3, 1, h, h), kappa, lam, 5, 4, True, False)
     m = L1()
-    nq, out, psum = m.put(cg.pack_normquant(kappa, lam)), m.alloc(512), m.alloc(h * h * co * 4)
+    nq, out, psum = m.put(layout.pack_normquant(kappa, lam)), m.alloc(512), m.alloc(h * h * co * 4)
     cmds = []
     for j, c0 in enumerate(range(0, ci, 8)):
         last = c0 + 8 == ci
         cmds.append(cg.ClusterKernel(
             kernel="CONV", in_bits=4, w_bits=2, out_bits=4, shift=5 if last else 0,
-            in_addr=m.put(cg.pack_hwc(x[..., c0:c0 + 8], 4)),
-            w_addr=m.put(cg.pack_hwc(w[:, c0:c0 + 8].transpose(0, 2, 3, 1), 2)),
+            in_addr=m.put(layout.pack_hwc(x[..., c0:c0 + 8], 4)),
+            w_addr=m.put(layout.pack_hwc(w[:, c0:c0 + 8].transpose(0, 2, 3, 1), 2)),
             nq_addr=nq if last else 0, out_addr=out, h_in=h, w_in=h, c_in=8, c_out=co,
             h_out=h, w_out=h, kh=k, kw=k, pad_top=p, pad_bottom=p, pad_left=p, pad_right=p,
             pad_value=3, psum_in=int(j > 0), psum_out=int(not last), psum_addr=psum))
     st = simulate(CFG, cg.encode_stream(cmds), l1=m.mem)
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[out:], (h, h, co), 4, True), ref)
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[out:], (h, h, co), 4, True), ref)
     assert st.cluster_macs == h * h * co * k * k * ci
     # the partial-sum traffic is in the cycle model: a chunk costs more than its MACs alone
     one = simulate(CFG, cg.encode_stream([replace(cmds[1], psum_in=0, psum_out=0,
@@ -91,10 +91,10 @@ def test_forced_kin_tiling_is_bit_exact_after_an_rbe_layer(bits):
     assert [c.c_in for c in convs[:3]] == [24, 24, 16]
     assert [(c.psum_in, c.psum_out) for c in convs[:3]] == [(0, 1), (1, 1), (1, 0)]
     assert stats.rbe_cmds > 0 and stats.cluster_cmds > 0
-    with pytest.raises(strategy.MappingError, match="RBE cannot split the input channels"):
+    with pytest.raises(MappingError, match="RBE cannot split the input channels"):
         strategy.plan(LayerGraph(ts, layers, ["x"], ["z"]), CFG,
                       {"c2": {"tile_c": 24, "engine": "rbe"}})
-    with pytest.raises(strategy.MappingError, match="tile_c"):
+    with pytest.raises(MappingError, match="tile_c"):
         strategy.plan(LayerGraph(ts, layers, ["x"], ["z"]), CFG, {"c2": {"tile_c": 20}})
 
 
@@ -130,7 +130,7 @@ def test_deepbench_layers_needing_kin_tiling_run_bit_exact(case):
     meta = prog.layers[0].meta
     assert prog.layers[0].engine == "cluster" and meta["chunks"] > 1
     assert meta["tile_c"] < shape[1] and stats.cluster_macs == n * h * w * k * 25 * shape[1]
-    with pytest.raises(strategy.MappingError, match="does not fit L1"):  # the reason it splits
+    with pytest.raises(MappingError, match="does not fit L1"):  # the reason it splits
         strategy.plan(LayerGraph({"x": T("x", shape), "y": T("y", (n, k, h, w))}, [lay],
                                  ["x"], ["y"]), CFG, {"c": {"tile_c": shape[1]}})
 
@@ -144,11 +144,11 @@ def test_kin_tiling_through_l3_with_staged_weights():
     ts = {"x": T("x", (1, 256, 24, 24)), "y": T("y", (1, 32, 24, 24))}
     g = LayerGraph(ts, [lay], ["x"], ["y"])
     xs = {"x": rng.integers(-128, 128, (1, 256, 24, 24)).astype(np.int8)}
-    from tvm_marsellus.simulator import run_program
+    from tvm_marsellus.runtime import execute_program
 
     prog = strategy.plan(g, small, {"c": {"tile_c": 64}})
-    outs, stats = run_program(small, prog, {"x": np.moveaxis(xs["x"], 1, -1)})
-    np.testing.assert_array_equal(np.moveaxis(outs["y"], -1, 1), reference_execute(g, xs)["y"])
+    outs, [(_, stats)] = execute_program(prog, xs, small, whole_stream=True)
+    np.testing.assert_array_equal(outs["y"], reference_execute(g, xs)["y"])
     assert prog.tensors["x"].mem == "L3" and prog.l3_image and stats.iodma_busy > 0
     assert prog.layers[0].meta["chunks"] == 4
 

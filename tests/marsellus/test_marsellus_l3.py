@@ -4,10 +4,11 @@ streamed through L2 bounce slots by the I/O DMA, bit-exact on both engines."""
 import numpy as np
 import pytest
 
+from tvm_accel.errors import MappingError
 from tvm_accel.layers import LayerGraph, reference_execute
 from tvm_marsellus import codegen as cg
 from tvm_marsellus import strategy
-from tvm_marsellus.simulator import run_program
+from tvm_marsellus.runtime import execute_program
 
 from .test_marsellus_strategy import CFG, T, conv
 
@@ -21,9 +22,8 @@ BIG = {
 
 def _run(g, xs, cfg=CFG, knobs=None):
     prog = strategy.plan(g, cfg, knobs)
-    feed = {n: np.moveaxis(x, 1, -1) for n, x in xs.items()}
-    outs, stats = run_program(cfg, prog, feed)
-    return prog, {n: np.moveaxis(o, -1, 1) for n, o in outs.items()}, stats
+    outs, [(_, stats)] = execute_program(prog, xs, cfg, whole_stream=True)
+    return prog, outs, stats
 
 
 @pytest.mark.parametrize("case, engine", [(c, e) for c in BIG for e in ("rbe", "cluster")])
@@ -68,7 +68,7 @@ def test_without_l3_a_function_beyond_l2_is_a_mapping_error():
     rng = np.random.default_rng(5)
     g = LayerGraph({"x": T("x", shape), "y": T("y", (1, k, 14, 14))},
                    [conv(rng, "c", "x", "y", shape[1], k, kernel, s=stride)], ["x"], ["y"])
-    with pytest.raises(strategy.MappingError, match="no L3"):
+    with pytest.raises(MappingError, match="no L3"):
         strategy.plan(g, replace(CFG, L3_BYTES=0))
 
 

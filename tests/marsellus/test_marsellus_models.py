@@ -72,7 +72,7 @@ def test_4bit_resnet18_at_224_runs_through_l3_bit_exact(compare):
     placed = {o.op: o.placement for o in r.report.offloads}
     assert all(o.placement == "marsellus" for o in r.report.offloads
                if o.op in ("conv2d", "add", "max_pool2d", "dense")), placed
-    from tvm_marsellus.codegen import load_blob
+    from tvm_marsellus.program import load_blob
 
     body = load_blob(max(r.report.functions, key=lambda f: len(f.layers)).blob)[0]
     assert body.l3_bytes > 0 and any(t.mem == "L3" for t in body.tensors.values())

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tvm_accel import quantize, zoo
-from tvm_accel.errors import ConfigError
+from tvm_accel.errors import ConfigError, MappingError
 from tvm_accel.layers import AddLayer, LayerGraph
 from tvm_accel.numerics import add_error
 from tvm_marsellus import codegen as cg
@@ -130,12 +130,12 @@ def test_add_engine_knob_reasons_and_the_cluster_alternative():
           "u": T("u", (1, 32, 5, 5)), "s": T("s", (1, 32, 5, 5))}
     mixed = LayerGraph(ts, [c1, c2, AddLayer("add", ("y", "u"), "s", 0, 0, ma, mb, rq)],
                        ["x"], ["s"])
-    with pytest.raises(strategy.MappingError, match="one input precision per RBE job"):
+    with pytest.raises(MappingError, match="one input precision per RBE job"):
         strategy.plan(mixed, CFG, {"add": {"engine": "rbe"}})
     assert strategy.plan(mixed, CFG).layers[-1].engine == "cluster"
     host = LayerGraph(ts, [c2, AddLayer("add", ("u", "x"), "s", 0, 0, ma, mb, rq)], ["x"],
                       ["s"])
-    with pytest.raises(strategy.MappingError, match="operand x is not in the RBE layout"):
+    with pytest.raises(MappingError, match="operand x is not in the RBE layout"):
         strategy.plan(host, CFG, {"add": {"engine": "rbe"}})
 
 

@@ -13,8 +13,10 @@ import pytest
 
 from tvm_accel.errors import SimulatorError
 from tvm_marsellus import codegen as cg
+from tvm_marsellus import layout, program
 from tvm_marsellus.hw_config import MarsellusConfig, load_config
-from tvm_marsellus.simulator import rbe_job_phases, run_program, simulate
+from tvm_marsellus.runtime import execute_program
+from tvm_marsellus.simulator import rbe_job_phases, simulate
 
 CFG = load_config()
 
@@ -67,16 +69,16 @@ def run_rbe(rng, ib, wb, ob, k, s, ki, ko, h=5, relu=0, out_signed=1, w_unsigned
         shift = int(min(31, max(0, np.ceil(np.log2(np.abs(acc).max() * 65536 + 1)) - ob)))
     ref = cg.normquant(acc, kappa, lam, shift, ob, bool(out_signed), bool(relu))
     m = L1()
-    job = cg.RbeJob(x_ptr=m.put(cg.pack_activations(x, ib)),
-                    w_ptr=m.put(cg.pack_weights(w, wb, signed=not w_unsigned)),
-                    nq_ptr=m.put(cg.pack_normquant(kappa, lam)),
-                    y_ptr=m.alloc(cg.activation_bytes(ho, wo, ko, ob)),
+    job = cg.RbeJob(x_ptr=m.put(layout.pack_activations(x, ib)),
+                    w_ptr=m.put(layout.pack_weights(w, wb, signed=not w_unsigned)),
+                    nq_ptr=m.put(layout.pack_normquant(kappa, lam)),
+                    y_ptr=m.alloc(layout.activation_bytes(ho, wo, ko, ob)),
                     h_in=h, w_in=h + 1, h_out=ho, w_out=wo, k_in=ki, k_out=ko, in_bits=ib,
                     w_bits=wb, out_bits=ob, kernel=k, stride=s, relu=relu,
                     out_signed=out_signed, w_unsigned=w_unsigned, shift=shift, pad_value=padv,
                     pad_top=pads[0], pad_bottom=pads[1], pad_left=pads[2], pad_right=pads[3])
     st = simulate(CFG, cg.encode_stream([job]), l1=m.mem)
-    y = cg.unpack_activations(m.mem[job.y_ptr:], ho, wo, ko, ob, signed=bool(out_signed))
+    y = layout.unpack_activations(m.mem[job.y_ptr:], ho, wo, ko, ob, signed=bool(out_signed))
     return y, ref, st, job
 
 
@@ -118,17 +120,17 @@ def test_rbe_pad_channels_are_written_as_zero_and_strides_place_tiles():
     w = rng.integers(-2, 2, (5, 16, 1, 1))
     big = np.zeros((3, 5, 16), np.int64)
     big[:, 1:4] = x  # the tile sits inside a wider buffer: pixel stride 8 bytes, row 40
-    xa = m.put(cg.pack_activations(big, 2))
+    xa = m.put(layout.pack_activations(big, 2))
     ya = m.alloc(4 * 6 * 8 * 4)
     m.mem[ya:ya + 4 * 6 * 8 * 4] = 0xAA
-    job = cg.RbeJob(x_ptr=xa + 8, w_ptr=m.put(cg.pack_weights(w, 2)),
-                    nq_ptr=m.put(cg.pack_normquant(np.ones(5), np.zeros(5))), y_ptr=ya,
+    job = cg.RbeJob(x_ptr=xa + 8, w_ptr=m.put(layout.pack_weights(w, 2)),
+                    nq_ptr=m.put(layout.pack_normquant(np.ones(5), np.zeros(5))), y_ptr=ya,
                     h_in=3, w_in=3, h_out=3, w_out=3, k_in=16, k_out=5, in_bits=2, w_bits=2,
                     out_bits=8, kernel=1, out_signed=1, x_row_stride=40, y_pix_stride=64,
                     y_row_stride=4 * 64)
     simulate(CFG, cg.encode_stream([job]), l1=m.mem)
     acc = conv_ref(x, w, (0, 0, 0, 0), 0, 1, 3, 3)
-    out = np.stack([cg.unpack_activations(m.mem[ya + r * 256 + c * 64:], 1, 1, 5, 8, True)[0, 0]
+    out = np.stack([layout.unpack_activations(m.mem[ya + r * 256 + c * 64:], 1, 1, 5, 8, True)[0, 0]
                     for r in range(3) for c in range(3)]).reshape(3, 3, 5)
     np.testing.assert_array_equal(out, cg.normquant(acc, 1, 0, 0, 8, True, False))
     words = m.mem[ya:ya + 32].view("<u4")
@@ -155,12 +157,12 @@ def test_cluster_conv_is_bit_exact(xb, wb, ob, k, s):
     ref = cg.normquant(conv_ref(x, w, (p,) * 4, -1, s, ho, ho), kappa, lam, 6, ob, True, True)
     m = L1()
     st, _ = run_cluster("CONV", m, in_bits=xb, w_bits=wb, out_bits=ob, relu=1, shift=6,
-                        in_addr=m.put(cg.pack_hwc(x, xb)),
-                        w_addr=m.put(cg.pack_hwc(w.transpose(0, 2, 3, 1), wb)),
-                        nq_addr=m.put(cg.pack_normquant(kappa, lam)), out_addr=m.alloc(4096),
+                        in_addr=m.put(layout.pack_hwc(x, xb)),
+                        w_addr=m.put(layout.pack_hwc(w.transpose(0, 2, 3, 1), wb)),
+                        nq_addr=m.put(layout.pack_normquant(kappa, lam)), out_addr=m.alloc(4096),
                         h_in=h, w_in=h, c_in=ci, c_out=co, h_out=ho, w_out=ho, kh=k, kw=k, sh=s,
                         sw=s, pad_top=p, pad_bottom=p, pad_left=p, pad_right=p, pad_value=-1)
-    out = cg.unpack_hwc(m.mem[m.top - 4096:], (ho, ho, co), ob, True)
+    out = layout.unpack_hwc(m.mem[m.top - 4096:], (ho, ho, co), ob, True)
     np.testing.assert_array_equal(out, ref)
     assert st.cluster_macs == ho * ho * co * k * k * ci
 
@@ -169,46 +171,46 @@ def test_cluster_depthwise_fc_add_and_pools_are_bit_exact():
     rng = np.random.default_rng(5)
     m = L1()
     x = rng.integers(-128, 128, (5, 5, 8))
-    xa = m.put(cg.pack_hwc(x, 8))
+    xa = m.put(layout.pack_hwc(x, 8))
     # depthwise 3x3, pad 1
     wd = rng.integers(-8, 8, (8, 3, 3))
     kap, lam = rng.integers(1, 100, 8), rng.integers(-50, 50, 8)
-    nqa = m.put(cg.pack_normquant(kap, lam))
+    nqa = m.put(layout.pack_normquant(kap, lam))
     ya = m.alloc(200)
     run_cluster("DWCONV", m, in_bits=8, w_bits=4, out_bits=8, shift=4, in_addr=xa, out_addr=ya,
-                w_addr=m.put(cg.pack_hwc(wd, 4)), nq_addr=nqa, h_in=5, w_in=5, c_in=8, c_out=8,
+                w_addr=m.put(layout.pack_hwc(wd, 4)), nq_addr=nqa, h_in=5, w_in=5, c_in=8, c_out=8,
                 h_out=5, w_out=5, kh=3, kw=3, pad_top=1, pad_bottom=1, pad_left=1, pad_right=1)
     xp = np.pad(x, ((1, 1), (1, 1), (0, 0)))
     acc = sum(xp[ky:ky + 5, kx:kx + 5] * wd[:, ky, kx] for ky in range(3) for kx in range(3))
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[ya:], (5, 5, 8), 8, True),
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[ya:], (5, 5, 8), 8, True),
                                   cg.normquant(acc, kap, lam, 4, 8, True, False))
     # fully connected 200 -> 8
     wf = rng.integers(-128, 128, (8, 200))
     fa = m.alloc(8)
     run_cluster("FC", m, in_bits=8, w_bits=8, out_bits=8, shift=10, in_addr=xa, out_addr=fa,
-                w_addr=m.put(cg.pack_hwc(wf, 8)), nq_addr=nqa, c_in=200, c_out=8)
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[fa:], (8,), 8, True),
+                w_addr=m.put(layout.pack_hwc(wf, 8)), nq_addr=nqa, c_in=200, c_out=8)
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[fa:], (8,), 8, True),
                                   cg.normquant(wf @ x.reshape(-1), kap, lam, 10, 8, True, False))
     # add with requant: A signed int8, B unsigned 8-bit
     b = rng.integers(0, 256, (5, 5, 8))
     aa = m.alloc(200)
     run_cluster("ADD", m, in_bits=8, out_bits=8, b_signed=1, in_signed=1, in_addr=xa,
-                w_addr=m.put(cg.pack_hwc(b - 128, 8)), out_addr=aa, kappa_a=3, kappa_b=5,
+                w_addr=m.put(layout.pack_hwc(b - 128, 8)), out_addr=aa, kappa_a=3, kappa_b=5,
                 lambda_=-7, shift=3, h_in=5, w_in=5, c_in=8, h_out=5, w_out=5, c_out=8)
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[aa:], (5, 5, 8), 8, True),
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[aa:], (5, 5, 8), 8, True),
                                   np.clip((x * 3 + (b - 128) * 5 - 7) >> 3, -128, 127))
     # max pool 2x2 s2 and average pool 3x3 s1 pad 1 (padding counts as pad_value 0)
     pa = m.alloc(100)
     run_cluster("MAXPOOL", m, in_bits=8, out_bits=8, in_addr=xa, out_addr=pa, h_in=5, w_in=5,
                 c_in=8, c_out=8, h_out=2, w_out=2, kh=2, kw=2, sh=2, sw=2)
     mx = x[:4, :4].reshape(2, 2, 2, 2, 8).max(axis=(1, 3))
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[pa:], (2, 2, 8), 8, True), mx)
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[pa:], (2, 2, 8), 8, True), mx)
     va = m.alloc(200)
     run_cluster("AVGPOOL", m, in_bits=8, out_bits=8, in_addr=xa, out_addr=va, h_in=5, w_in=5,
                 c_in=8, c_out=8, h_out=5, w_out=5, kh=3, kw=3, pad_top=1, pad_bottom=1,
                 pad_left=1, pad_right=1, kappa_a=57, lambda_=256, shift=9)
     s = sum(xp[ky:ky + 5, kx:kx + 5] for ky in range(3) for kx in range(3))
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[va:], (5, 5, 8), 8, True),
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[va:], (5, 5, 8), 8, True),
                                   np.clip((s * 57 + 256) >> 9, -128, 127))
 
 
@@ -217,16 +219,16 @@ def test_marshaling_between_hwc_and_rbe_layouts_matches_the_pack_helpers(hwc_bit
     rng = np.random.default_rng(hwc_bits + plane_bits)
     x = rng.integers(0, 1 << plane_bits, (3, 4, 40))
     m = L1()
-    xa = m.put(cg.pack_hwc(x, hwc_bits))
-    pa = m.alloc(cg.activation_bytes(3, 4, 40, plane_bits))
+    xa = m.put(layout.pack_hwc(x, hwc_bits))
+    pa = m.alloc(layout.activation_bytes(3, 4, 40, plane_bits))
     run_cluster("HWC2RBE", m, in_bits=hwc_bits, out_bits=plane_bits, in_signed=0, in_addr=xa,
                 out_addr=pa, h_in=3, w_in=4, c_in=40, h_out=3, w_out=4, c_out=40)
-    np.testing.assert_array_equal(m.mem[pa:pa + cg.activation_bytes(3, 4, 40, plane_bits)],
-                                  cg.pack_activations(x, plane_bits))
+    np.testing.assert_array_equal(m.mem[pa:pa + layout.activation_bytes(3, 4, 40, plane_bits)],
+                                  layout.pack_activations(x, plane_bits))
     back = m.alloc(3 * 4 * 40)
     run_cluster("RBE2HWC", m, in_bits=plane_bits, out_bits=hwc_bits, in_signed=0, in_addr=pa,
                 out_addr=back, h_in=3, w_in=4, c_in=40, h_out=3, w_out=4, c_out=40)
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[back:], x.shape, hwc_bits, False), x)
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[back:], x.shape, hwc_bits, False), x)
 
 
 # --- DMA and synchronisation ----------------------------------------------------------------------
@@ -260,12 +262,12 @@ def _tiled_rbe_program(double_buffer: bool, n_tiles: int = 6):
     w = rng.integers(-2, 2, (32, 64, 3, 3))
     kap, lam = rng.integers(0, 1 << 16, 32), rng.integers(-(1 << 12), 1 << 12, 32)
     l2 = np.zeros(CFG.L2_BYTES, np.uint8)
-    xbytes = cg.activation_bytes(5, 5, 64, 8)
-    ybytes = cg.activation_bytes(3, 3, 32, 8)
+    xbytes = layout.activation_bytes(5, 5, 64, 8)
+    ybytes = layout.activation_bytes(3, 3, 32, 8)
     for i, xi in enumerate(x):
-        l2[i * xbytes:(i + 1) * xbytes] = cg.pack_activations(xi, 8)
-    wa = m.put(cg.pack_weights(w, 2))
-    nqa = m.put(cg.pack_normquant(kap, lam))
+        l2[i * xbytes:(i + 1) * xbytes] = layout.pack_activations(xi, 8)
+    wa = m.put(layout.pack_weights(w, 2))
+    nqa = m.put(layout.pack_normquant(kap, lam))
     nbuf = 2 if double_buffer else 1
     xbuf = [m.alloc(xbytes) for _ in range(nbuf)]
     ybuf = [m.alloc(ybytes) for _ in range(nbuf)]
@@ -284,7 +286,7 @@ def _tiled_rbe_program(double_buffer: bool, n_tiles: int = 6):
     st = simulate(CFG, cg.encode_stream(cmds), l1=m.mem, l2=l2)
     for i, xi in enumerate(x):
         acc = conv_ref(xi, w, (0, 0, 0, 0), 0, 1, 3, 3)
-        got = cg.unpack_activations(l2[out0 + i * ybytes:], 3, 3, 32, 8, signed=True)
+        got = layout.unpack_activations(l2[out0 + i * ybytes:], 3, 3, 32, 8, signed=True)
         np.testing.assert_array_equal(got, cg.normquant(acc, kap, lam, 12, 8, True, False))
     return st
 
@@ -333,8 +335,8 @@ def _two_layer_program():
     w2 = rng.integers(-2, 2, (32, 64, 1, 1))
     k1, l1_ = rng.integers(1, 64, 64), rng.integers(-100, 100, 64)
     k2, l2_ = rng.integers(1, 64, 32), rng.integers(-100, 100, 32)
-    params = [cg.pack_weights(w1, 3), cg.pack_normquant(k1, l1_), cg.pack_weights(w2, 2),
-              cg.pack_normquant(k2, l2_)]
+    params = [layout.pack_weights(w1, 3), layout.pack_normquant(k1, l1_),
+              layout.pack_weights(w2, 2), layout.pack_normquant(k2, l2_)]
     offs, image = [], b""
     for p in params:
         offs.append(len(image))
@@ -365,11 +367,11 @@ def _two_layer_program():
                          in_signed=1, in_addr=L["y2"], out_addr=L["yh"], h_in=6, w_in=6,
                          c_in=32, h_out=6, w_out=6, c_out=32),
         cg.Dma(wait=(5,), src_mem="L1", dst_mem="L2", src=L["yh"], dst=yout, length=6 * 6 * 32)]
-    prog = cg.MarsProgram(
-        layers=[cg.LayerProgram("conv3x3", "conv2d", "rbe", cmds1, macs=36 * 64 * 32 * 9),
-                cg.LayerProgram("conv1x1", "conv2d", "rbe", cmds2, macs=36 * 32 * 64)],
-        tensors={"x": cg.TensorPlacement("x", (6, 6, 32), "L2", xin, "hwc", 8, False),
-                 "y": cg.TensorPlacement("y", (6, 6, 32), "L2", yout, "hwc", 8, True)},
+    prog = program.MarsProgram(
+        layers=[program.LayerProgram("conv3x3", "conv2d", "rbe", cmds1, macs=36 * 64 * 32 * 9),
+                program.LayerProgram("conv1x1", "conv2d", "rbe", cmds2, macs=36 * 32 * 64)],
+        tensors={"x": program.TensorPlacement("x", (6, 6, 32), "L2", xin, "hwc", 8, False),
+                 "y": program.TensorPlacement("y", (6, 6, 32), "L2", yout, "hwc", 8, True)},
         inputs=["x"], outputs=["y"], l2_image=image, l2_bytes=131072)
     h = cg.normquant(conv_ref(x, w1, (1, 1, 1, 1), 0, 1, 6, 6), k1, l1_, 6, 4, False, True)
     ref = cg.normquant(conv_ref(h, w2, (0, 0, 0, 0), 0, 1, 6, 6), k2, l2_, 5, 8, True, False)
@@ -378,16 +380,16 @@ def _two_layer_program():
 
 def test_a_program_runs_from_its_blob_bit_exact():
     prog, x, ref = _two_layer_program()
-    data = cg.build_blob(prog, CFG, "two_convs")
-    loaded, cfg, _ = cg.load_blob(data, expect_config=CFG)
-    outs, st = run_program(cfg, loaded, {"x": x})
+    data = program.build_blob(prog, CFG, "two_convs")
+    loaded, cfg, _ = program.load_blob(data, expect_config=CFG)
+    outs, [(_, st)] = execute_program(loaded, {"x": x}, cfg, whole_stream=True)
     np.testing.assert_array_equal(outs["y"], ref)
     assert st.rbe_macs == sum(ly.macs for ly in prog.layers)
     assert st.rbe_cmds == 2 and st.cluster_cmds == 2 and st.dma_in_cmds == 5
     with pytest.raises(SimulatorError, match="values outside 0..255"):
-        run_program(cfg, loaded, {"x": x - 1})
+        execute_program(loaded, {"x": x - 1}, cfg, whole_stream=True)
     with pytest.raises(SimulatorError, match="was not given"):
-        run_program(cfg, loaded, {})
+        execute_program(loaded, {}, cfg, whole_stream=True)
 
 
 # --- timing calibration (paper Fig. 13 / Sec. II-B4 / Sec. III-C) ---------------------------------

@@ -5,6 +5,7 @@ against ``reference_execute`` on the simulator."""
 import numpy as np
 import pytest
 
+from tvm_accel.errors import MappingError
 from tvm_accel.layers import (
     AddLayer,
     ConvLayer,
@@ -16,7 +17,8 @@ from tvm_accel.layers import (
 from tvm_marsellus import codegen as cg
 from tvm_marsellus import numerics, strategy
 from tvm_marsellus.hw_config import load_config
-from tvm_marsellus.simulator import run_program, simulate
+from tvm_marsellus.runtime import execute_program
+from tvm_marsellus.simulator import simulate
 
 CFG = load_config()
 
@@ -48,11 +50,9 @@ def check(rng, layers, tensors, inputs, outputs, knobs=None):
         xs[n] = rng.integers(lo, hi + 1, t.shape).astype(t.dtype)
     ref = reference_execute(g, xs)
     prog = strategy.plan(g, CFG, knobs)
-    feed = {n: np.moveaxis(x, 1, -1) if x.ndim == 4 else x for n, x in xs.items()}
-    outs, stats = run_program(CFG, prog, feed)
+    outs, [(_, stats)] = execute_program(prog, xs, CFG, whole_stream=True)
     for n in outputs:
-        o = np.moveaxis(outs[n], -1, 1) if outs[n].ndim == 4 else outs[n]
-        np.testing.assert_array_equal(o, ref[n])
+        np.testing.assert_array_equal(outs[n], ref[n])
     return prog, stats
 
 
@@ -143,7 +143,7 @@ def test_solver_tile_fits_l1_and_prefers_rbe_friendly_shapes():
     assert lay.fits(d["tile_h"], d["tile_k"])
     assert all(lay.cost(d["tile_h"], d["tile_k"]) <= lay.cost(th, kt) + 1e-9
                for th, kt in lay.candidates())
-    with pytest.raises(strategy.MappingError, match="does not fit L1"):
+    with pytest.raises(MappingError, match="does not fit L1"):
         strategy.plan(g, CFG, {"c": {"tile_h": 32, "tile_k": 64}})
 
 
@@ -151,15 +151,15 @@ def test_invalid_knobs_and_unmappable_layers_are_reported():
     rng = np.random.default_rng(4)
     layer = conv(rng, "c", "x", "y", 8, 8, 5)
     g = LayerGraph({"x": T("x", (1, 8, 6, 6)), "y": T("y", (1, 8, 6, 6))}, [layer], ["x"], ["y"])
-    with pytest.raises(strategy.MappingError, match="not a valid option"):
+    with pytest.raises(MappingError, match="not a valid option"):
         strategy.plan(g, CFG, {"c": {"tile_h": 99}})
-    with pytest.raises(strategy.MappingError, match="engine rbe: kernel 5x5"):
+    with pytest.raises(MappingError, match="engine rbe: kernel 5x5"):
         strategy.plan(g, CFG, {"c": {"engine": "rbe"}})
     # a 3-bit result cannot come from the cluster (it clamps at 2/4/8 bits)
     layer = conv(rng, "c", "x", "y", 8, 8, 5, obits=3)
     g = LayerGraph({"x": T("x", (1, 8, 6, 6)), "y": T("y", (1, 8, 6, 6), 3)}, [layer], ["x"],
                    ["y"])
-    with pytest.raises(strategy.MappingError, match="4-bit signed range"):
+    with pytest.raises(MappingError, match="4-bit signed range"):
         strategy.plan(g, CFG)
 
 
@@ -190,8 +190,8 @@ def test_weights_that_do_not_fit_l2_are_staged_from_l3():
     prog = strategy.plan(g, small)
     assert prog.l3_bytes > 0 and not prog.l2_image and prog.l2_bytes <= small.L2_BYTES
     xs = {"x": rng.integers(-128, 128, (1, 64, 8, 8)).astype(np.int8)}
-    outs, st = run_program(small, prog, {"x": np.moveaxis(xs["x"], 1, -1)})
-    np.testing.assert_array_equal(np.moveaxis(outs["z"], -1, 1), reference_execute(g, xs)["z"])
+    outs, [(_, st)] = execute_program(prog, xs, small, whole_stream=True)
+    np.testing.assert_array_equal(outs["z"], reference_execute(g, xs)["z"])
     # one I/O DMA copy per weight group (each read from L3 once) into its L2 slot
     fetches = [c for ly in prog.layers for c in ly.commands
                if isinstance(c, cg.Dma) and c.src_mem == "L3"]

@@ -11,8 +11,9 @@ from helpers import models
 from tvm_accel.errors import SimulatorError
 from tvm_accel.layers import ConvLayer, conv_output_shape
 from tvm_marsellus import codegen as cg
-from tvm_marsellus import numerics, strategy
+from tvm_marsellus import layout, numerics
 from tvm_marsellus.simulator import simulate
+from tvm_marsellus.strategy.layers import TensorInfo, _window, rbe_reasons
 
 from .test_marsellus_simulator import L1, conv_ref
 from .test_marsellus_strategy import CFG, T, check
@@ -55,12 +56,12 @@ def _sim_conv(x, w, pads, s, padv=-3):
     m = L1()
     out = m.alloc(ho * wo * co)
     st = simulate(CFG, cg.encode_stream([cg.ClusterKernel(
-        kernel="CONV", w_bits=8, shift=9, in_addr=m.put(cg.pack_hwc(x, 8)),
-        w_addr=m.put(cg.pack_hwc(w.transpose(0, 2, 3, 1), 8)),
-        nq_addr=m.put(cg.pack_normquant(kappa, lam)), out_addr=out, h_in=h, w_in=wd, c_in=ci,
+        kernel="CONV", w_bits=8, shift=9, in_addr=m.put(layout.pack_hwc(x, 8)),
+        w_addr=m.put(layout.pack_hwc(w.transpose(0, 2, 3, 1), 8)),
+        nq_addr=m.put(layout.pack_normquant(kappa, lam)), out_addr=out, h_in=h, w_in=wd, c_in=ci,
         c_out=co, h_out=ho, w_out=wo, kh=kh, kw=kw, sh=s[0], sw=s[1], pad_top=pt,
         pad_bottom=pb, pad_left=pl, pad_right=pr, pad_value=padv)]), l1=m.mem)
-    np.testing.assert_array_equal(cg.unpack_hwc(m.mem[out:], (ho, wo, co), 8, True), ref)
+    np.testing.assert_array_equal(layout.unpack_hwc(m.mem[out:], (ho, wo, co), 8, True), ref)
     return ref, st
 
 
@@ -121,9 +122,9 @@ def test_deepbench_1x1_stride2_pad3_layers_run_on_the_cluster(batch, pads, knobs
     padding (and an asymmetric padding beyond the kernel on two sides)."""
     rng = np.random.default_rng(7 + batch)
     ly = _layer(rng, 96, 40, (1, 1), (2, 2), pads)
-    assert any("not smaller than the kernel" in r for r in strategy.rbe_reasons(
-        ly, strategy.TensorInfo("x", 1, 7, 7, 96, 8, True),
-        strategy.TensorInfo("y", 1, 7, 7, 40, 8, True), CFG))
+    assert any("not smaller than the kernel" in r for r in rbe_reasons(
+        ly, TensorInfo("x", 1, 7, 7, 96, 8, True),
+        TensorInfo("y", 1, 7, 7, 40, 8, True), CFG))
     prog = _run(rng, ly, (batch, 96, 7, 7), knobs)
     (lp,) = prog.layers
     assert lp.engine == "cluster"
@@ -135,14 +136,14 @@ def test_deepbench_1x1_stride2_pad3_layers_run_on_the_cluster(batch, pads, knobs
 
 
 def test_window_of_an_empty_tile_reads_no_input():
-    """:func:`strategy._window`: a window in the padding before or after the tensor loads one
+    """:func:`_window`: a window in the padding before or after the tensor loads one
     element, and every tap of the kernel command falls before it."""
     for r0, ext, size in [(-3, 1, 7), (9, 1, 7), (7, 3, 7), (-5, 4, 4)]:
-        lo, hi, before, after = strategy._window(r0, ext, size)
+        lo, hi, before, after = _window(r0, ext, size)
         assert (hi - lo, after) == (1, 0) and 0 <= lo < size
         assert ext <= 1 + before and all(t - before < 0 for t in range(ext))
-    assert strategy._window(-1, 3, 7) == (0, 2, 1, 0)
-    assert strategy._window(5, 4, 7) == (5, 7, 0, 2)
+    assert _window(-1, 3, 7) == (0, 2, 1, 0)
+    assert _window(5, 4, 7) == (5, 7, 0, 2)
 
 
 def test_onnx_models_with_these_windows_are_offloaded_bit_exact(compare):
