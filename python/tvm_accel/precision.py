@@ -120,26 +120,44 @@ def widen_subbyte_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SubbyteI
     Returns the (copied) model unchanged when it has neither; unnamed Q/DQ nodes get names.
     """
     g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    i4 = {n for n, t in inits.items() if t.data_type in _I4}
-    q_outs = {n.output[0]: n for n in g.node if n.op_type == "QuantizeLinear"}
+    i4 = {t.name for t in g.initializer if t.data_type in _I4}
+    if not i4 and not _range_clips(model):
+        return model, SubbyteInfo()
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    g = model.graph
+    for i, n in enumerate(g.node):
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not n.name:
+            n.name = f"{n.op_type}_{i}"
+    clips = _range_clips(model)
+    info = _int4_ranges(model)
+    _widen_int4(model, i4)
+    for c in clips:
+        _fold_clip(model, c, info)
+    q_outs = {n.output[0] for n in g.node if n.op_type == "QuantizeLinear"}
+    changed = i4 | {c.output[0] for c in clips} | q_outs
+    keep = [v for v in g.value_info if v.name not in changed]
+    del g.value_info[:]
+    g.value_info.extend(keep)
+    return model, info
+
+
+def _range_clips(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The Clips that are the only reader of a Q output: each restricts that integer tensor."""
+    g = model.graph
+    q_outs = {n.output[0] for n in g.node if n.op_type == "QuantizeLinear"}
     users: dict[str, int] = {}
     for n in g.node:
         for x in n.input:
             users[x] = users.get(x, 0) + 1
-    # a Clip that is the only reader of a Q output restricts that integer tensor
-    clips = [n for n in g.node if n.op_type == "Clip" and n.input and n.input[0] in q_outs
-             and users[n.input[0]] == 1 and len(n.input) > 1 and any(n.input[1:])]
-    if not i4 and not clips:
-        return model, SubbyteInfo()
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    g = model.graph
+    return [n for n in g.node if n.op_type == "Clip" and n.input and n.input[0] in q_outs
+            and users[n.input[0]] == 1 and len(n.input) > 1 and any(n.input[1:])]
+
+
+def _int4_ranges(model: onnx.ModelProto) -> SubbyteInfo:
+    """The ranges of INT4/UINT4 Q outputs and the bits of INT4/UINT4 weight DQs."""
     info = SubbyteInfo()
-    for i, n in enumerate(g.node):
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not n.name:
-            n.name = f"{n.op_type}_{i}"
-    inits = {t.name: t for t in g.initializer}
-    for n in g.node:
+    inits = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
         if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(n.input) < 3:
             continue
         zp = inits.get(n.input[2])
@@ -153,7 +171,14 @@ def widen_subbyte_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SubbyteI
             info.activations[n.name] = (lo, hi)
         elif data is not None:
             info.weights[n.name] = 4
-    for name in i4:  # widen every int4 initializer (weights, zero points) once
+    return info
+
+
+def _widen_int4(model: onnx.ModelProto, i4: set[str]) -> None:
+    """Every int4 initializer (weights, zero points), Q output type and graph input as int8."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    for name in i4:
         t = inits[name]
         wide, _, _ = _I4[t.data_type]
         a = numpy_helper.to_array(t).astype(np.int8 if wide == TensorProto.INT8 else np.uint8)
@@ -163,31 +188,30 @@ def widen_subbyte_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SubbyteI
             for a in n.attribute:
                 if a.name == "output_dtype" and a.i in _I4:
                     a.i = _I4[a.i][0]
-    for c in clips:
-        q = q_outs[c.input[0]]
-        lo = _const_scalar(model, c.input[1]) if len(c.input) > 1 and c.input[1] else None
-        hi = _const_scalar(model, c.input[2]) if len(c.input) > 2 and c.input[2] else None
-        old = info.activations.get(q.name, (-(1 << 31), 1 << 31))
-        rng = (old[0] if lo is None else max(old[0], lo), old[1] if hi is None else min(old[1], hi))
-        info.activations[q.name] = rng
-        for n in g.node:
-            for k, x in enumerate(n.input):
-                if x == c.output[0]:
-                    n.input[k] = c.input[0]
-        for o in g.output:
-            if o.name == c.output[0]:
-                o.name = c.input[0]
-        g.node.remove(c)
-    changed = i4 | {c.output[0] for c in clips} | {n.output[0] for n in g.node
-                                                   if n.op_type == "QuantizeLinear"}
-    keep = [v for v in g.value_info if v.name not in changed]
-    del g.value_info[:]
-    g.value_info.extend(keep)
     for v in g.input:
         if v.name in i4:
             tt = v.type.tensor_type
             tt.elem_type = _I4[tt.elem_type][0] if tt.elem_type in _I4 else tt.elem_type
-    return model, info
+
+
+def _fold_clip(model: onnx.ModelProto, c: onnx.NodeProto, info: SubbyteInfo) -> None:
+    """Record clip ``c``'s bounds as its Q output's range and remove it (its readers read the
+    Q output)."""
+    g = model.graph
+    q = next(n for n in g.node if n.op_type == "QuantizeLinear" and n.output[0] == c.input[0])
+    lo = _const_scalar(model, c.input[1]) if len(c.input) > 1 and c.input[1] else None
+    hi = _const_scalar(model, c.input[2]) if len(c.input) > 2 and c.input[2] else None
+    old = info.activations.get(q.name, (-(1 << 31), 1 << 31))
+    info.activations[q.name] = (old[0] if lo is None else max(old[0], lo),
+                                old[1] if hi is None else min(old[1], hi))
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x == c.output[0]:
+                n.input[k] = c.input[0]
+    for o in g.output:
+        if o.name == c.output[0]:
+            o.name = c.input[0]
+    g.node.remove(c)
 
 
 # --- precision config ----------------------------------------------------------------------------

@@ -82,106 +82,136 @@ def apply_mixed_precision(qmodel: onnx.ModelProto, bits: dict[str, dict[str, int
     onnxruntime runs the result; it is the ground truth the tests compare against.
     """
     m = onnx.ModelProto.FromString(qmodel.SerializeToString())
-    g = m.graph
-    inits = {t.name: t for t in g.initializer}
-    prod = {o: n for n in g.node for o in n.output}
-    nodes = {n.name: n for n in g.node}
+    q = _Initializers(m)
+    nodes = {n.name: n for n in m.graph.node}
     unknown = sorted(set(bits) - set(nodes))
     if unknown:
         raise ValueError(f"apply_mixed_precision: no node named {unknown[0]!r}")
-
-    def arr(name: str) -> np.ndarray:
-        return numpy_helper.to_array(inits[name])
-
-    def put(name: str, value: np.ndarray) -> None:
-        inits[name].CopyFrom(numpy_helper.from_array(value, name))
-
-    old_bias: dict[str, float] = {}
-    for n in g.node:  # float value of every bias before anything moves
+    prod = {o: n for n in m.graph.node for o in n.output}
+    old_bias: dict[str, np.ndarray] = {}
+    for n in m.graph.node:  # float value of every bias before anything moves
         if n.op_type in ("Conv", "Gemm") and len(n.input) > 2 and n.input[2] in prod:
             dq = prod[n.input[2]]
-            old_bias[n.name] = arr(dq.input[0]).astype(np.float64) * arr(dq.input[1])
+            old_bias[n.name] = q.arr(dq.input[0]).astype(np.float64) * q.arr(dq.input[1])
     use_i4 = False
     for name, spec in bits.items():
         n = nodes[name]
-        wb = int(spec.get("w", 8))
+        wb, ob = int(spec.get("w", 8)), int(spec.get("o", 8))
         if wb < 8:
-            dq = prod[n.input[1]]
-            w, s = arr(dq.input[0]).astype(np.int64), arr(dq.input[1]).astype(np.float64)
-            qmax = (1 << (wb - 1)) - 1
-            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) if s.size > 1 else 0
-            k = w.shape[axis] if s.size > 1 else 1
-            moved = np.moveaxis(w, axis, 0).reshape(k, -1) if s.size > 1 else w.reshape(1, -1)
-            amax = np.maximum(np.abs(moved).max(axis=1), 1).astype(np.float64)
-            f = amax / qmax
-            new = np.clip(np.rint(moved / f[:, None]), -qmax - 1, qmax)
-            new = (np.moveaxis(new.reshape(np.moveaxis(w, axis, 0).shape), 0, axis)
-                   if s.size > 1 else new.reshape(w.shape))
-            put(dq.input[1], (s * f.reshape(s.shape)).astype(np.float32))
-            if wb == 4 and native_int4:
-                inits[dq.input[0]].CopyFrom(_to_i4(new, dq.input[0], True))
-                zp = arr(dq.input[2])
-                inits[dq.input[2]].CopyFrom(_to_i4(zp, dq.input[2], True))
-                use_i4 = True
-            else:
-                put(dq.input[0], new.astype(np.int8))
-        ob = int(spec.get("o", 8))
+            use_i4 |= _narrow_weights(q, prod[n.input[1]], wb, native_int4)
         if ob < 8:
-            t = n.output[0]
-            q = None
-            for _ in range(3):  # the output quantize, after a ReLU/Clip ORT kept
-                users = [c for c in g.node if t in c.input]
-                q = next((c for c in users if c.op_type == "QuantizeLinear"), None)
-                act = next((c for c in users if c.op_type in ("Relu", "Clip")), None)
-                if q is not None or act is None:
-                    break
-                t = act.output[0]
-            if q is None:
-                raise ValueError(f"apply_mixed_precision: {name} has no output quantize")
-            s, zp = arr(q.input[1]), arr(q.input[2])
-            signed = zp.dtype == np.int8
-            lv = (1 << ob) - 1
-            new_s = (s.astype(np.float64) * 255.0 / lv).astype(np.float32)
-            lo, hi = (-(1 << (ob - 1)), (1 << (ob - 1)) - 1) if signed else (0, lv)
-            new_zp = np.clip(np.rint(zp.astype(np.float64) * lv / 255.0), lo, hi)
-            put(q.input[1], new_s)
-            if ob == 4 and native_int4:
-                inits[q.input[2]].CopyFrom(_to_i4(new_zp, q.input[2], signed))
-                use_i4 = True
-            else:
-                put(q.input[2], new_zp.astype(zp.dtype))
-                out = q.output[0]
-                clipped = f"{out}_clipped"
-                bounds = [f"{q.name}_clip_lo", f"{q.name}_clip_hi"]
-                for bname, v in zip(bounds, (lo, hi), strict=True):
-                    g.initializer.append(numpy_helper.from_array(np.array(v, dtype=zp.dtype),
-                                                                 bname))
-                    inits[bname] = g.initializer[-1]
-                for c in g.node:
-                    for i, x in enumerate(c.input):
-                        if x == out:
-                            c.input[i] = clipped
-                clip = helper.make_node("Clip", [out, *bounds], [clipped], name=f"{q.name}_clip")
-                g.node.insert(list(g.node).index(q) + 1, clip)
-    prod = {o: n for n in g.node for o in n.output}
-    for n in g.node:  # bias scale = x_scale * w_scale again
-        if n.name not in old_bias:
-            continue
-        bdq, wdq = prod[n.input[2]], prod[n.input[1]]
-        xdq = prod[n.input[0]]
-        sx = float(arr(xdq.input[1]).ravel()[0])
-        bs = (sx * arr(wdq.input[1]).astype(np.float64)).astype(np.float32)
-        bs = np.broadcast_to(bs, arr(bdq.input[1]).shape) if bs.size == 1 else bs
-        put(bdq.input[1], np.ascontiguousarray(bs))
-        put(bdq.input[0], np.rint(old_bias[n.name] / bs.astype(np.float64)).astype(np.int32))
+            use_i4 |= _narrow_output(q, n, ob, native_int4)
+    _requantize_biases(q, old_bias)
     if use_i4:
         for o in m.opset_import:
             if o.domain in ("", "ai.onnx"):
                 o.version = max(o.version, 21)
         m.ir_version = max(m.ir_version, 10)
-    del g.value_info[:]
+    del m.graph.value_info[:]
     onnx.checker.check_model(m)
     return m
+
+
+class _Initializers:
+    """A model's initializers by name, read as arrays and replaced in place."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.graph = model.graph
+        self.inits = {t.name: t for t in model.graph.initializer}
+
+    def arr(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.inits[name])
+
+    def put(self, name: str, value: np.ndarray) -> None:
+        self.inits[name].CopyFrom(numpy_helper.from_array(value, name))
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        self.graph.initializer.append(numpy_helper.from_array(value, name))
+        self.inits[name] = self.graph.initializer[-1]
+
+
+def _narrow_weights(q: _Initializers, dq: onnx.NodeProto, wb: int, native_int4: bool) -> bool:
+    """Re-quantize the weights of weight DequantizeLinear ``dq`` to symmetric ``wb``-bit values
+    (per channel as before); True when they became an INT4 initializer."""
+    w, s = q.arr(dq.input[0]).astype(np.int64), q.arr(dq.input[1]).astype(np.float64)
+    qmax = (1 << (wb - 1)) - 1
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) if s.size > 1 else 0
+    k = w.shape[axis] if s.size > 1 else 1
+    moved = np.moveaxis(w, axis, 0).reshape(k, -1) if s.size > 1 else w.reshape(1, -1)
+    amax = np.maximum(np.abs(moved).max(axis=1), 1).astype(np.float64)
+    f = amax / qmax
+    new = np.clip(np.rint(moved / f[:, None]), -qmax - 1, qmax)
+    new = (np.moveaxis(new.reshape(np.moveaxis(w, axis, 0).shape), 0, axis)
+           if s.size > 1 else new.reshape(w.shape))
+    q.put(dq.input[1], (s * f.reshape(s.shape)).astype(np.float32))
+    if wb == 4 and native_int4:
+        q.inits[dq.input[0]].CopyFrom(_to_i4(new, dq.input[0], True))
+        zp = q.arr(dq.input[2])
+        q.inits[dq.input[2]].CopyFrom(_to_i4(zp, dq.input[2], True))
+        return True
+    q.put(dq.input[0], new.astype(np.int8))
+    return False
+
+
+def _output_quantize(g: onnx.GraphProto, n: onnx.NodeProto) -> onnx.NodeProto:
+    """The QuantizeLinear of ``n``'s output, after a ReLU/Clip onnxruntime kept."""
+    t = n.output[0]
+    q = None
+    for _ in range(3):
+        users = [c for c in g.node if t in c.input]
+        q = next((c for c in users if c.op_type == "QuantizeLinear"), None)
+        act = next((c for c in users if c.op_type in ("Relu", "Clip")), None)
+        if q is not None or act is None:
+            break
+        t = act.output[0]
+    if q is None:
+        raise ValueError(f"apply_mixed_precision: {n.name} has no output quantize")
+    return q
+
+
+def _narrow_output(q: _Initializers, n: onnx.NodeProto, ob: int, native_int4: bool) -> bool:
+    """Give ``n``'s output activation ``2^ob - 1`` levels over its real range: UINT4/INT4 Q/DQ
+    (True) or a Clip between Q and DQ (a clipped range)."""
+    g = q.graph
+    qn = _output_quantize(g, n)
+    s, zp = q.arr(qn.input[1]), q.arr(qn.input[2])
+    signed = zp.dtype == np.int8
+    lv = (1 << ob) - 1
+    new_s = (s.astype(np.float64) * 255.0 / lv).astype(np.float32)
+    lo, hi = (-(1 << (ob - 1)), (1 << (ob - 1)) - 1) if signed else (0, lv)
+    new_zp = np.clip(np.rint(zp.astype(np.float64) * lv / 255.0), lo, hi)
+    q.put(qn.input[1], new_s)
+    if ob == 4 and native_int4:
+        q.inits[qn.input[2]].CopyFrom(_to_i4(new_zp, qn.input[2], signed))
+        return True
+    q.put(qn.input[2], new_zp.astype(zp.dtype))
+    out = qn.output[0]
+    clipped = f"{out}_clipped"
+    bounds = [f"{qn.name}_clip_lo", f"{qn.name}_clip_hi"]
+    for bname, v in zip(bounds, (lo, hi), strict=True):
+        q.add(bname, np.array(v, dtype=zp.dtype))
+    for c in g.node:
+        for i, x in enumerate(c.input):
+            if x == out:
+                c.input[i] = clipped
+    clip = helper.make_node("Clip", [out, *bounds], [clipped], name=f"{qn.name}_clip")
+    g.node.insert(list(g.node).index(qn) + 1, clip)
+    return False
+
+
+def _requantize_biases(q: _Initializers, old_bias: dict[str, np.ndarray]) -> None:
+    """Bias scale = x_scale * w_scale again (input scales may have changed), same float bias."""
+    prod = {o: n for n in q.graph.node for o in n.output}
+    for n in q.graph.node:
+        if n.name not in old_bias:
+            continue
+        bdq, wdq = prod[n.input[2]], prod[n.input[1]]
+        xdq = prod[n.input[0]]
+        sx = float(q.arr(xdq.input[1]).ravel()[0])
+        bs = (sx * q.arr(wdq.input[1]).astype(np.float64)).astype(np.float32)
+        bs = np.broadcast_to(bs, q.arr(bdq.input[1]).shape) if bs.size == 1 else bs
+        q.put(bdq.input[1], np.ascontiguousarray(bs))
+        q.put(bdq.input[0], np.rint(old_bias[n.name] / bs.astype(np.float64)).astype(np.int32))
 
 
 def quantize_mixed(model: onnx.ModelProto, bits: dict[str, dict[str, int]],
