@@ -409,7 +409,7 @@ def embedding_space(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, c
     """The layer's embedding choice as a declared knob space (one knob, ``embedding``): the
     static template and the top-k CP candidates by name, default the ``auto`` choice. A tuner
     sets the knob per layer (``knobs={layer: {"embedding": name}}``); the tile knobs of the
-    chosen layout are :func:`tvm_vta_cp.strategy.knob_space` of :func:`rewritten_layer`."""
+    chosen layout are :func:`tvm_vta_cp.strategy.knobs.knob_space` of :func:`rewritten_layer`."""
     dec = choose(layer, in_shape, in_dtype, out_dtype, cfg, "auto", weights, top_k, time_limit)
     names = tuple(dict.fromkeys(["static", *(c.name for c in dec.options)]))
     return KnobSpace([Knob("embedding", names, dec.chosen.name)], name=layer.name)

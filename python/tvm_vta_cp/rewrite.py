@@ -76,6 +76,7 @@ from tvm_accel.partition import (
     qlinear_pattern,
     static_shape,
 )
+from tvm_vta_cp.layout import packed_shape
 
 R = relax.op
 #: prefix of the host functions holding the rewrites (what ``tvmc run --profile`` times)
@@ -664,10 +665,8 @@ def _from_recipe(recipe: str) -> tuple[_Layout, tuple[int, ...], int]:
 def _block_steps(p, cfg) -> list[tuple[str, Callable]]:
     """(N, C, H, W) of ``p.dtype`` -> ``p``'s DRAM form: stored int8 (uint8 as value-128),
     batch and channels padded to the GEMM block and the halo added, both with ``p.fill``, and
-    ``(NB, CB, H', W', BATCH, BLOCK)`` order (what :func:`~tvm_vta_cp.strategy.pack_tensor`
+    ``(NB, CB, H', W', BATCH, BLOCK)`` order (what :func:`~tvm_vta_cp.layout.pack_tensor`
     does in the runtime)."""
-    from tvm_vta_cp.strategy import packed_shape
-
     nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
     n, c, _, _ = p.shape
     ht, hl, hb, hr = p.halo
@@ -685,8 +684,6 @@ def _block_steps(p, cfg) -> list[tuple[str, Callable]]:
 
 def _unblock_steps(p, cfg) -> list[tuple[str, Callable]]:
     """``p``'s DRAM form -> (N, C, H, W) of ``p.dtype`` (the runtime's unpack)."""
-    from tvm_vta_cp.strategy import packed_shape
-
     nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
     n, c, h, w = p.shape
     ht, hl, _, _ = p.halo

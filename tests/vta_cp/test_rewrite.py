@@ -194,7 +194,7 @@ def test_blocking_is_fused_into_the_rewrite_host_functions(act, spec, kw):
     """The rewrite host function writes the VTA call's DRAM form (the runtime only copies it)
     and a packed conv's unpack reads it: bit-exact."""
     from tvm_vta_cp.codegen import load_blob
-    from tvm_vta_cp.strategy import packed_shape
+    from tvm_vta_cp.layout import packed_shape
 
     canon, inputs, ref = canonical(act, **kw)
     lowered, report = _lowered(canon, spec, "vta_1x16x16")

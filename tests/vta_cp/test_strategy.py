@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from tvm_accel.errors import AccelError
+from tvm_accel.errors import AccelError, MappingError
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import (
     AddLayer,
@@ -22,15 +22,10 @@ from tvm_accel.layers import (
 )
 from tvm_vta_cp.codegen import ISA, FinishInsn, MemInsn
 from tvm_vta_cp.hw_config import load_config
+from tvm_vta_cp.layout import pack_tensor, unpack_tensor
 from tvm_vta_cp.runtime import execute_program
-from tvm_vta_cp.strategy import (
-    MappingError,
-    default_knobs,
-    knob_space,
-    pack_tensor,
-    plan,
-    unpack_tensor,
-)
+from tvm_vta_cp.strategy import plan
+from tvm_vta_cp.strategy.knobs import default_knobs, knob_space
 
 CONFIGS = ["vta_1x16x16", "vta_8x8x8"]
 RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -330,7 +325,7 @@ def test_knob_space_declares_defaults_sizes_and_validation():
 @pytest.mark.parametrize("cfg_name", CONFIGS)
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_pack_unpack_round_trip_keeps_values_and_fills_the_halo(cfg_name, dtype):
-    from tvm_vta_cp.strategy import TensorPlacement
+    from tvm_vta_cp.program import TensorPlacement
 
     cfg = load_config(cfg_name)
     rng = np.random.default_rng(20)
@@ -378,7 +373,7 @@ def test_micro_op_kernels_that_do_not_fit_together_are_loaded_on_demand():
 def test_a_program_beyond_vtas_4_gib_of_dram_is_refused_at_compile_time():
     """A 1x64x8192x8192 conv needs 8 GiB of activations: a mapping error (the compile falls
     back to the CPU), before any instruction is generated."""
-    from tvm_vta_cp.strategy import MappingError
+    from tvm_accel.errors import MappingError
 
     layer = conv_layer(np.random.default_rng(0), "conv", "x", "y", 64, 64, 3, 1, 1)
     shape = (1, 64, 8192, 8192)
