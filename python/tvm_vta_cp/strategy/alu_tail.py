@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer
+from tvm_accel.layers import AddLayer, ConvLayer, Requant
 from tvm_vta_cp.codegen import ALU_ADD, ALU_MAX, ALU_MIN, ALU_MUL, ALU_SHR
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, stored_offset
@@ -132,7 +132,8 @@ def _first_exact(candidates: list[list[AluOp]], g_lo, g_hi):
     return ops, lo, hi
 
 
-def requant_tail(g_lo, g_hi, bias, rq, out_dtype: str, k: int, where: str) -> list[AluOp]:
+def requant_tail(g_lo: np.ndarray, g_hi: np.ndarray, bias: np.ndarray, rq: Requant,
+                 out_dtype: str, k: int, where: str) -> list[AluOp]:
     """ALU ops turning the GEMM sum ``g`` (``g_lo <= g <= g_hi`` per channel) into the stored
     output: ``requant(g + bias)`` minus the storage offset, clipped; exact in int32."""
     off = stored_offset(out_dtype)
@@ -157,7 +158,8 @@ def requant_tail(g_lo, g_hi, bias, rq, out_dtype: str, k: int, where: str) -> li
     return ops
 
 
-def conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str, cfg: VTAConfig):
+def conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str,
+                  cfg: VTAConfig) -> tuple[int, list[AluOp]]:
     """(zx', folded bias, ALU tail ops) of a conv/dense layer; raises MappingError."""
     where = f"layer {layer.name}"
     w = np.asarray(layer.weight)
@@ -182,7 +184,8 @@ def conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str, cfg: VTAConfi
     return zxp, ops
 
 
-def add_numerics(layer: AddLayer, dtypes: tuple[str, str], out_dtype: str, k: int):
+def add_numerics(layer: AddLayer, dtypes: tuple[str, str], out_dtype: str,
+                 k: int) -> tuple[int, int, list[AluOp]]:
     where = f"layer {layer.name}"
     za = int(layer.a_zero_point) + stored_offset(dtypes[0])
     zb = int(layer.b_zero_point) + stored_offset(dtypes[1])

@@ -7,6 +7,8 @@ and the tile is stored; dilation, groups and virtual threads as in ``docs/vta.md
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tvm_accel.layers import ConvLayer, SubConv
@@ -109,7 +111,8 @@ def conv(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None,
 
 def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_halo: bool,
               output: str | None = None, sub: SubConv | None = None,
-              strides: tuple[int, int] = (1, 1)):
+              strides: tuple[int, int] = (1, 1)
+              ) -> tuple[ConvGeom, dict, Callable[[Emitter], None]]:
     """``(geometry, knobs, body)`` of a conv: ``body(emitter)`` emits its tiles. With
     ``sub`` (a phase of a transpose conv with ``strides`` writing tensor ``output``) only
     the phase's window is computed, its pixels stored to every ``strides``-th row/column

@@ -241,7 +241,7 @@ class Emitter:
 
 
 def emit_tail(em: Emitter, ops: list[AluOp], vidx: list[int | None], n: int, tb: int, tco: int,
-              S: int, abase: int, vbase: int):
+              S: int, abase: int, vbase: int) -> AluInsn | None:
     """Whole-tile ALU instructions of the requantize tail; returns the last one (or None)."""
     last = None
     for op, vi in zip(ops, vidx, strict=True):

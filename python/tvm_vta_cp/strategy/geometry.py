@@ -145,8 +145,8 @@ class ConvGeom:
         return self.tile_blocks(tco, tci)[1] * _gemm_uops([tb, self.KH, self.KW, th, tw])
 
 
-def conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig, sub: SubConv | None = None,
-               strides: tuple[int, int] = (1, 1)) -> ConvGeom:
+def conv_geom(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
+              sub: SubConv | None = None, strides: tuple[int, int] = (1, 1)) -> ConvGeom:
     """Geometry of a conv/dense layer; with ``sub`` (a phase of a transpose conv with
     ``strides``) only the phase's output window is computed and stored interleaved."""
     N, C, H, W = dims4(tuple(in_shape))
@@ -185,7 +185,7 @@ def conv_geom(layer: ConvLayer, in_shape, cfg: VTAConfig, sub: SubConv | None = 
     return g
 
 
-def deconv_phases(layer: DeconvLayer, in_shape) -> list[SubConv]:
+def deconv_phases(layer: DeconvLayer, in_shape: tuple[int, ...]) -> list[SubConv]:
     """The stride-1 sub-convolutions (phases) of a transpose conv; MappingError when the
     decomposition or the interleaving STORE does not apply."""
     if tuple(int(d) for d in layer.dilation) != (1, 1):
@@ -205,7 +205,7 @@ def deconv_phases(layer: DeconvLayer, in_shape) -> list[SubConv]:
     return subs
 
 
-def phase_pad(sc: SubConv, in_shape) -> tuple[int, int, int, int]:
+def phase_pad(sc: SubConv, in_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     """Padding (top, left, bottom, right) the output window of a phase really reads."""
     _, _, H, W = dims4(tuple(in_shape))
     (kh, kw), (pt, pl, _, _) = sc.conv.kernel, sc.conv.padding

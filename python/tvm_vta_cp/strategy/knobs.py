@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from tvm_accel.errors import MappingError
 from tvm_accel.knobs import Knob, KnobSpace, validate_knobs
-from tvm_accel.layers import ConvLayer
+from tvm_accel.layers import AddLayer, ConvLayer
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, dims4
-from tvm_vta_cp.strategy.alu_tail import add_numerics, conv_numerics, n_vec
+from tvm_vta_cp.strategy.alu_tail import AluOp, add_numerics, conv_numerics, n_vec
 from tvm_vta_cp.strategy.geometry import ConvGeom, conv_geom, tile_options
 
 
@@ -23,7 +23,8 @@ def threads(kn: dict) -> tuple[int, str]:
     return 1, ""
 
 
-def conv_tile_extents(g: ConvGeom, kn: dict):
+def conv_tile_extents(g: ConvGeom, kn: dict) -> tuple[int, int, int, int, int]:
+    """(tile_b, tile_co, tile_ci, tile_h, tile_w) of a conv's knobs; 1 x 1 pixels for dense."""
     tb, tco, tci = kn["tile_b"], kn["tile_co"], kn["tile_ci"]
     th, tw = (1, 1) if g.dense else (kn["tile_h"], kn["tile_w"])
     return tb, tco, tci, th, tw
@@ -89,8 +90,9 @@ def _layer_ctx(layer, in_shape, cfg, dtypes=None):
     return None, ops
 
 
-def knob_space(layer, in_shape, cfg: VTAConfig, dtypes: tuple[str, ...] | None = None,
-               _ctx=None) -> KnobSpace:
+def knob_space(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
+               dtypes: tuple[str, ...] | None = None,
+               _ctx: tuple[ConvGeom | None, list[AluOp]] | None = None) -> KnobSpace:
     """Declared knobs of a layer: conv ``tile_b, tile_h, tile_w, tile_ci, tile_co, oc_nthread,
     h_nthread``; dense ``tile_b, tile_ci, tile_co, oc_nthread``; add ``tile_b, tile_co, tile_h,
     tile_w``. ``tile_b``/``tile_ci``/``tile_co`` count blocks (BATCH / BLOCK), ``tile_h``/``tile_w``
@@ -123,7 +125,7 @@ def knob_space(layer, in_shape, cfg: VTAConfig, dtypes: tuple[str, ...] | None =
                      name=f"vta.add:{layer.name}")
 
 
-def default_knobs(layer, in_shape, cfg: VTAConfig,
+def default_knobs(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
                   dtypes: tuple[str, ...] | None = None) -> dict:
     """Heuristic default (cost-model search over tile sizes that fit the buffers)."""
     return knob_space(layer, in_shape, cfg, dtypes).default()

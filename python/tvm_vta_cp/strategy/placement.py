@@ -49,10 +49,12 @@ class DramTensor:
         self.Hp, self.Wp = H + self.ht + self.hb, W + self.hl + self.hr
         self.base = p.offset // cfg.inp_entry_bytes
 
-    def entry(self, b, c, r, x) -> int:
+    def entry(self, b: int, c: int, r: int, x: int) -> int:
+        """Entry index of block (b, c), DRAM row r, column x (halo coordinates)."""
         return self.base + ((b * self.CB + c) * self.Hp + r) * self.Wp + x
 
-    def region(self, b0, tb, c0, tc, r0, nr, x0, nx):
+    def region(self, b0: int, tb: int, c0: int, tc: int, r0: int, nr: int, x0: int,
+               nx: int) -> list[tuple[int, int, int, int, int]]:
         """2-D transfers ``(sram_offset, dram_entry, y, x, stride)`` covering the dense block
         ``[tb][tc][nr][nx]`` starting at DRAM row ``r0``, column ``x0`` (halo coordinates)."""
         Hp, Wp, CB = self.Hp, self.Wp, self.CB
@@ -72,7 +74,8 @@ class DramTensor:
         return [((b * tc + c) * nr * nx, self.entry(b0 + b, c0 + c, r0, x0), nr, nx, Wp)
                 for b in range(tb) for c in range(tc)]
 
-    def scatter(self, b0, tb, c0, tc, r0, nr, x0, nx, sy, sx):
+    def scatter(self, b0: int, tb: int, c0: int, tc: int, r0: int, nr: int, x0: int, nx: int,
+                sy: int, sx: int) -> list[tuple[int, int, int, int, int]]:
         """STOREs ``(sram_offset, dram_entry, y, x, stride)`` of the dense block
         ``[tb][tc][nr][nx]`` to DRAM rows ``r0 + i * sy`` and columns ``x0 + j * sx``.
 
