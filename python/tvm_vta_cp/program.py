@@ -62,4 +62,3 @@ class VTAProgram:
     inputs: list[str]
     outputs: list[str]
     layers: list[LayerProgram]
-

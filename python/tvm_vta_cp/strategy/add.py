@@ -79,5 +79,3 @@ def add(ctx: PlanContext, layer: AddLayer, user_knobs: dict | None) -> LayerProg
     shape = "x".join(map(str, pout.shape))
     return LayerProgram(name, "add", insns, len(insns) // 16, 0, 0,
                         f"{shape} + {shape} -> {shape}", dict(kn))
-
-

@@ -202,7 +202,6 @@ def add_numerics(layer: AddLayer, dtypes: tuple[str, str], out_dtype: str,
     return ma, mb, ops
 
 
-
 def n_vec(ops: list[AluOp]) -> int:
     """ACC-resident operand vectors of a tail (ops whose operand is not an immediate)."""
     return sum(1 for op in ops if not op.is_imm)
@@ -224,4 +223,3 @@ def vector_image(ops: list[AluOp], k: int, cfg: VTAConfig) -> tuple[bytes, list[
         vecs.append(img.astype("<i4"))
     data = np.stack(vecs).tobytes() if vecs else b""
     return data, index
-

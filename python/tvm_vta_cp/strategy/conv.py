@@ -109,6 +109,7 @@ def conv(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None,
     return LayerProgram(layer.name, "dense" if g.dense else "conv2d", insns,
                         len(insns) // 16, macs, padded, shape, dict(kn))
 
+
 def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_halo: bool,
               output: str | None = None, sub: SubConv | None = None,
               strides: tuple[int, int] = (1, 1)
@@ -229,6 +230,7 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
 
     return g, kn, body
 
+
 def _inp_loads(ctx: PlanContext, tg: DramTensor, b0, tb, c0, tc, rs, R, rstep, cs, Cc, use_halo,
                sbase):
     """LOAD INP instructions filling the dense block ``[tb][tc][R][Cc]`` with image rows
@@ -262,4 +264,3 @@ def _inp_loads(ctx: PlanContext, tg: DramTensor, b0, tb, c0, tc, rs, R, rstep, c
                        (0, 0, x0, x1)) for b in range(tb)]
     return [mk((b * tc + c) * plane, tg.entry(b0 + b, c0 + c, r0, c0d), ny, nx,
                rstep * tg.Wp, (y0, y1, x0, x1)) for b in range(tb) for c in range(tc)]
-

@@ -56,4 +56,3 @@ def deconv(ctx: PlanContext, layer: DeconvLayer, user_knobs: dict | None,
                         int(padded), shape,
                         {sc.conv.name: dict(kn) for sc, (_, kn, _) in zip(subs, parts,
                                                                            strict=True)})
-

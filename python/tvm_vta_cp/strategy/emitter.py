@@ -239,7 +239,6 @@ class Emitter:
         return self.emit(insn)
 
 
-
 def emit_tail(em: Emitter, ops: list[AluOp], vidx: list[int | None], n: int, tb: int, tco: int,
               S: int, abase: int, vbase: int) -> AluInsn | None:
     """Whole-tile ALU instructions of the requantize tail; returns the last one (or None)."""

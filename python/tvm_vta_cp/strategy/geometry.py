@@ -212,5 +212,3 @@ def phase_pad(sc: SubConv, in_shape: tuple[int, ...]) -> tuple[int, int, int, in
     (qh, qw), (nh, nw) = sc.crop, sc.count
     return (max(0, pt - qh), max(0, pl - qw), max(0, qh + nh - 1 - pt + kh - H),
             max(0, qw + nw - 1 - pl + kw - W))
-
-
