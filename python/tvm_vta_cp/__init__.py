@@ -175,9 +175,9 @@ class VTATarget(AccelTarget):
     def finish_offload(self, mod, config, report=None):
         """The runtime's NCHWnc blocking of a rewritten conv's input (and of a packed conv's
         output) moves into its layout-rewrite host function: one host pass per direction
-        (:func:`tvm_vta_cp.rewrite.fuse_blocking`). The report's blobs and the host functions'
+        (:func:`tvm_vta_cp.blocking.fuse_blocking`). The report's blobs and the host functions'
         modelled bytes follow (the input rewrite now writes the blocked tensor)."""
-        from tvm_vta_cp.rewrite import fuse_blocking
+        from tvm_vta_cp.blocking import fuse_blocking
 
         mod, fused, blobs = fuse_blocking(mod, self.runtime_func)
         if report is not None and fused:

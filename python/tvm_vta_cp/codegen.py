@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tvm_accel.errors import DecodeError, EncodeError
 from tvm_vta_cp.hw_config import VTAConfig
 
 OP_LOAD, OP_STORE, OP_GEMM, OP_FINISH, OP_ALU = 0, 1, 2, 3, 4
@@ -36,6 +37,8 @@ ALU_MIN, ALU_MAX, ALU_ADD, ALU_SHR, ALU_MUL = 0, 1, 2, 3, 4
 ALU_NAMES = {ALU_MIN: "MIN", ALU_MAX: "MAX", ALU_ADD: "ADD", ALU_SHR: "SHR", ALU_MUL: "MUL"}
 LOOP_ITER_BITS = 14
 IMM_BITS = 16
+#: largest value of a 16-bit LOAD/STORE field (y_size, x_size, x_stride)
+MAX_FIELD16 = (1 << 16) - 1
 
 # Queues a module pops from / pushes to, by instruction routing (see module docstring of sim/vta).
 QUEUE_LOAD, QUEUE_COMPUTE, QUEUE_STORE = 0, 1, 2
@@ -125,10 +128,6 @@ class Uop:
     wgt: int = 0
 
 
-class EncodeError(ValueError):
-    """A field does not fit its width: a compiler bug, never a user error."""
-
-
 def _put(word: int, value: int, lo: int, width: int, name: str) -> int:
     if value < 0 or value >= (1 << width):
         raise EncodeError(f"field {name}={value} does not fit in {width} bits")
@@ -204,7 +203,7 @@ class ISA:
         return arr.astype("<u8").tobytes()
 
     def decode(self, w0: int, w1: int) -> Insn:
-        """Decode two words; raises ``EncodeError`` for an unknown opcode or memory type."""
+        """Decode two words; raises ``DecodeError`` for an unknown opcode."""
         opcode = _get(w0, 0, 3)
         deps = Deps(bool(_get(w0, 3, 1)), bool(_get(w0, 4, 1)), bool(_get(w0, 5, 1)),
                     bool(_get(w0, 6, 1)))
@@ -215,7 +214,7 @@ class ISA:
         if opcode == OP_FINISH:
             return FinishInsn(deps)
         if opcode not in (OP_GEMM, OP_ALU):
-            raise EncodeError(f"unknown opcode {opcode}")
+            raise DecodeError(f"unknown opcode {opcode}")
         U, A, Ib = self.U, self.A, self.I
         common = dict(
             reset=bool(_get(w0, 7, 1)), uop_bgn=_get(w0, 8, U), uop_end=_get(w0, 8 + U, U + 1),
@@ -234,7 +233,7 @@ class ISA:
 
     def decode_stream(self, data: bytes) -> list[Insn]:
         if len(data) % 16:
-            raise EncodeError(f"instruction stream of {len(data)} bytes is not a multiple of 16")
+            raise DecodeError(f"instruction stream of {len(data)} bytes is not a multiple of 16")
         words = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
         return [self.decode(int(a), int(b)) for a, b in words]
 
@@ -287,7 +286,7 @@ class ISA:
         for i, (a, b) in enumerate(words):
             try:
                 text = self.format(self.decode(int(a), int(b)))
-            except EncodeError as e:
+            except DecodeError as e:
                 text = f".word 0x{int(a):016x} 0x{int(b):016x}  ; {e}"
             lines.append(f"{i:6d}: {text}")
         return lines
@@ -308,7 +307,7 @@ MAX_DRAM_BYTES = 1 << 32
 
 
 def build_blob(program, cfg: VTAConfig, name: str = "") -> bytes:
-    """Serialize a planned :class:`~tvm_vta_cp.strategy.VTAProgram` into a program blob.
+    """Serialize a planned :class:`~tvm_vta_cp.program.VTAProgram` into a program blob.
 
     Sections: ``HWCF`` (config JSON), ``META`` (memory map, layer table), ``INSN`` (all layers'
     instruction streams back to back), ``CNST`` (constant DRAM image: weights, biases, uops).
@@ -349,7 +348,8 @@ def load_blob(data: bytes, expect_config: VTAConfig | None = None):
     from tvm_accel.blob import unpack_blob
     from tvm_accel.errors import BlobError, ConfigError
     from tvm_vta_cp.hw_config import config_from_dict
-    from tvm_vta_cp.strategy import LayerProgram, TensorPlacement, VTAProgram, packed_shape
+    from tvm_vta_cp.layout import packed_shape
+    from tvm_vta_cp.program import LayerProgram, TensorPlacement, VTAProgram
 
     blob = unpack_blob(data, expect_target=BLOB_TARGET,
                        expect_fingerprint=expect_config.fingerprint if expect_config else None)

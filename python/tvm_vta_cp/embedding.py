@@ -1,34 +1,12 @@
 """The CP strategy of the VTA target: embeddings of the GEMM intrinsic -> layout rewrites ->
 candidates -> the best program (the CP paper, sections 4.4, 5 and 6).
 
-For a conv/dense layer, :func:`candidates` builds the operator model and the GEMM intrinsic of
-the config (``BATCH x BLOCK_OUT x BLOCK_IN``), enumerates the distinct embeddings under two
-constraint sets (the paper's strict section-5 model with TVM's padding, and the relaxed
-section-6 model: linear access and density relaxed, channels padded to fit), maps each through
-the rewrite rules of Table 2 (:func:`rewrite_of`) and scores the implementable ones by their MAC
-and data-movement overheads against the operator's minimum with a weight vector (4.4). The top
-``k`` distinct rewrites are the layer's candidates; :func:`choose` measures them on the
-simulator (accelerator cycles plus the modelled host cost of the rewrite, the paper's
-"combined" time) together with the static template, and returns the best.
-
-Rewrite rules (which embedding features VTA's codegen can implement):
-
-- ``z`` walks ``c`` and kernel dimensions ``r``/``s`` -> *stencil unroll* of those kernel axes
-  into the channel axis (im2col when both), the unrolled channels fused and padded to
-  ``BLOCK_IN`` (*fuse*, *pad*);
-- ``x`` walks the batch -> nothing; ``x`` walks output image rows/columns with the image-pack
-  stride (``ceil(extent / pieces)``) -> *image pack*: the image split into pieces folded into the
-  batch (overlapping input windows replicated), unpacked after the call;
-- ``y`` walks output channels -> nothing (VTA's output lanes are channels);
-- everything else (``x`` on adjacent pixels, ``y`` on pixels, mixed batch and pixel lanes)
-  has no rule: the embedding is reported but not implemented.
-
-The NCHWnc blocking (*split* / *reorder* of Table 2: batch and channels padded to the GEMM
-block, the halo added) is one host pass each way: the runtime's pack / unpack for the static
-template, folded into the rewrite's own host functions for a rewritten layer
-(:func:`tvm_vta_cp.rewrite.fuse_blocking`), so a rewrite never costs an extra pass over the
-blocked tensor. The unroll and pack run on the host as Relax ops (:mod:`tvm_vta_cp.rewrite`);
-all host passes are costed by ``HOST_BYTES_PER_CYCLE``.
+For a conv/dense layer, :func:`candidates` enumerates the embeddings of the config's GEMM
+intrinsic under the strict and the relaxed constraint sets, maps each through the Table 2
+rewrite rules (:func:`rewrite_of`) and ranks the implementable ones by MAC and data-movement
+overhead; :func:`choose` measures the top ``k`` on the simulator (accelerator cycles plus the
+modelled host cost of the rewrite) beside the static template and returns the best. The rules
+and the host cost model are in ``docs/vta.md``.
 """
 
 from __future__ import annotations
@@ -409,7 +387,7 @@ def embedding_space(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, c
     """The layer's embedding choice as a declared knob space (one knob, ``embedding``): the
     static template and the top-k CP candidates by name, default the ``auto`` choice. A tuner
     sets the knob per layer (``knobs={layer: {"embedding": name}}``); the tile knobs of the
-    chosen layout are :func:`tvm_vta_cp.strategy.knob_space` of :func:`rewritten_layer`."""
+    chosen layout are :func:`tvm_vta_cp.strategy.knobs.knob_space` of :func:`rewritten_layer`."""
     dec = choose(layer, in_shape, in_dtype, out_dtype, cfg, "auto", weights, top_k, time_limit)
     names = tuple(dict.fromkeys(["static", *(c.name for c in dec.options)]))
     return KnobSpace([Knob("embedding", names, dec.chosen.name)], name=layer.name)

@@ -1,63 +1,16 @@
 """Host-side data-layout rewrites around an offloaded convolution (the paper's Table 2 rules).
 
-The CP embedding (paper section 5) may ask for the data of a conv to be laid out differently so
-the GEMM intrinsic fills better. The rewrites run as plain Relax ops on the host (like the
-paper's ``relay.take`` on the ARM core) around the accelerator call; the conv itself stays in the
-exact canonical form of :mod:`tvm_accel.canonicalize` (``astype -> subtract(zx) -> conv2d ->
-add(bias) -> requantize``, same constants except the reshaped weight), so the VTA pattern table
-still offloads it and the result is bit-exact.
-
-Rules, for a canonical conv with input ``x`` (N, C, H, W), input zero point ``zx``, weight
-(K, C, KH, KW), strides (sh, sw), padding (pt, pl, pb, pr), dilation (dh, dw), groups 1:
-
-- **stencil unroll** (``unroll``, a subset of ``("h", "w")``): the taps of an unrolled kernel
-  axis move into the channel axis. Along an unrolled axis (say h) the host writes, for tap ``r``
-  and output row ``oh``, input row ``oh * sh + r * dh - pt`` (``zx`` where that lies in the
-  padding); the conv then has kernel 1, stride 1, dilation 1 and no padding on that axis. A
-  non-unrolled axis keeps its extent, kernel, stride, dilation *and padding* (the accelerator
-  pads it for free). ``("h", "w")`` is the full im2col: a 1x1 stride-1 unpadded conv over
-  ``KH * KW * C`` channels. Channel ``(r * Tw + s) * C + c`` holds tap ``(r, s)`` of input
-  channel ``c`` (``Tw`` = KW when w is unrolled, else 1; ``r`` or ``s`` is 0 on a non-unrolled
-  axis); the weight is permuted and reshaped to match.
-- **image pack** (``pack = (ph, pw)``), applied to the (unrolled) conv: its output (Ho, Wo) is
-  cut into ``ph x pw`` pieces of ``Ph = ceil(Ho / ph)`` x ``Pw = ceil(Wo / pw)`` outputs; piece
-  ``(i, j)`` of image ``n`` is batch element ``n * ph * pw + i * pw + j``, holding the input
-  window it reads: ``(Ph - 1) * sh + (KH - 1) * dh + 1`` rows starting at padded row
-  ``i * Ph * sh`` (windows overlap: the halo is replicated); positions outside the input hold
-  ``zx``. The conv has padding 0 on a packed axis (an axis with pack 1 keeps its padding). The
-  8-bit output ``(N * ph * pw, K, Ph, Pw)`` is regrouped on the host to ``(N, K, ph * Ph,
-  pw * Pw)`` and cropped to ``(N, K, Ho, Wo)``.
-
-Both rules are separable: each spatial axis of the rewritten input is a gather from the same
-axis of ``x``. The host builds it with at most ``nn.pad`` (one ``zx`` element appended to an
-axis that needs padding), one ``take`` per axis that is not the identity (a 1-D index constant
-of length taps x pieces x extent) and a reshape / permute_dims / reshape into the new batch and
-channel order; the unpack is reshape / permute_dims / reshape / strided_slice. Each runs as its
-own host function (``vta_host_<layer>_im2col`` for an unroll only, ``vta_host_<layer>_pack``
-with a pack, ``vta_host_<layer>_unpack`` for the output) called from the caller, whose result
-is bound to ``<layer>_im2col`` / ``_pack`` / ``_unpack``: a function call is what the VM can
-time (``tvmc run --profile`` shows the measured time beside the modelled cost), and TVM still
-fuses the ops inside it.
-
-Host cost (:func:`host_bytes`) counts an ideal single-pass copy: every element of a tensor the
-host produces is written once; an element copied from the source costs one read, one filled with
-``zx`` costs none. Input rewrite: writes = elements of the rewritten input, reads = those of them
-that come from ``x``. Output unpack (pack only): reads = writes = ``N * K * Ho * Wo`` (the
-cropped-away outputs are never read). Bytes = elements x element size (1 for int8/uint8). A
-rewrite whose gather is the identity (e.g. unrolling a 1x1 stride-1 kernel) emits no host op
-and costs 0.
-
-After lowering, :func:`fuse_blocking` folds the runtime's NCHWnc blocking into these host
-functions: the input rewrite then writes the VTA call's DRAM form ``(NB, CB, H', W', BATCH,
-BLOCK)`` int8 (lanes padded and halo filled with the tensor's fill value, uint8 stored as
-value-128) and the unpack starts from the blocked output, so the rewrite and the blocking are
-one pass; its written bytes become those of the blocked tensor. Each host function carries its
-recipe (:data:`RECIPE_ATTR`) so it can be rebuilt with the blocking steps.
+The CP embedding may ask for a conv's data to be laid out differently so the GEMM intrinsic
+fills better: *stencil unroll* (kernel taps folded into the channel axis, im2col when both axes)
+and *image pack* (output pieces folded into the batch). They run as plain Relax ops in host
+functions around the accelerator call, while the conv keeps the exact canonical form, so VTA
+still offloads it and the result is bit-exact. This module resolves a rewrite against a conv
+(geometry, host bytes, weight order) and applies it as a module pass; the rules and the cost
+model are in ``docs/vta.md``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -82,10 +35,11 @@ R = relax.op
 HOST_PREFIX = "vta_host_"
 _AXES = ("h", "w")
 
-__all__ = ["HOST_PREFIX", "RECIPE_ATTR", "BlockedTensor", "ConvGeometry", "ConvInfo",
-           "HostFunction", "LayoutRewrite", "apply_layout_rewrites", "fuse_blocking",
-           "host_bytes", "host_parts", "host_symbol",
-           "layout_rewrite_pass", "rewrite_weight", "rewritten_conv_geometry"]
+__all__ = ["HOST_PREFIX", "RECIPE_ATTR", "ConvGeometry", "ConvInfo", "HostFunction",
+           "LayoutRewrite", "ResolvedLayout", "apply_layout_rewrites", "host_bytes",
+           "host_function", "host_parts", "host_symbol", "input_steps", "layout_rewrite_pass",
+           "resolve_layout", "rewrite_weight", "rewritten_conv_geometry", "unpack_steps",
+           "var_users"]
 
 
 @dataclass(frozen=True)
@@ -182,7 +136,7 @@ class ConvGeometry:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class ResolvedLayout:
     """A rewrite resolved against one conv: geometry plus the per-axis gathers."""
 
     spec: LayoutRewrite
@@ -214,8 +168,8 @@ def _ints(v, n: int, what: str) -> tuple[int, ...]:
     return t
 
 
-def _layout(spec: LayoutRewrite, input_shape, weight_shape, strides, padding,
-            dilation) -> _Layout:
+def resolve_layout(spec: LayoutRewrite, input_shape, weight_shape, strides, padding,
+            dilation) -> ResolvedLayout:
     n, c, h, w = _ints(input_shape, 4, "input_shape")
     k, cw, kh, kw = _ints(weight_shape, 4, "weight_shape")
     if cw != c:
@@ -238,7 +192,7 @@ def _layout(spec: LayoutRewrite, input_shape, weight_shape, strides, padding,
         dilation=(new_h.dilation, new_w.dilation),
         output_shape=(batch, k, new_h.out, new_w.out),
         final_shape=(n, k, ax_h.out, ax_w.out))
-    return _Layout(spec, geo, idx_h, idx_w, (h, w))
+    return ResolvedLayout(spec, geo, idx_h, idx_w, (h, w))
 
 
 def rewritten_conv_geometry(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
@@ -248,7 +202,7 @@ def rewritten_conv_geometry(spec: LayoutRewrite, input_shape: tuple[int, int, in
                             dilation: tuple[int, int] = (1, 1)) -> ConvGeometry:
     """The conv that ``spec`` turns an (N, C, H, W) x (K, C, KH, KW) conv into (no TVM
     needed). ``padding`` is (top, left, bottom, right) like Relax's conv2d."""
-    return _layout(spec, input_shape, weight_shape, strides, padding, dilation).geometry
+    return resolve_layout(spec, input_shape, weight_shape, strides, padding, dilation).geometry
 
 
 def host_parts(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
@@ -257,9 +211,9 @@ def host_parts(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
                dilation: tuple[int, int] = (1, 1), input_itemsize: int = 1,
                output_itemsize: int = 1) -> dict[str, tuple[int, int]]:
     """``{host op: (read, written)}`` bytes of each host function of the rewrite: the input
-    rewrite (``im2col`` or ``pack``) and the output ``unpack`` (counting rule in the module
-    docstring); empty for the identity."""
-    lay = _layout(spec, input_shape, weight_shape, strides, padding, dilation)
+    rewrite (``im2col`` or ``pack``) and the output ``unpack`` (counting rule in
+    ``docs/vta.md``, Host cost); empty for the identity."""
+    lay = resolve_layout(spec, input_shape, weight_shape, strides, padding, dilation)
     geo = lay.geometry
     parts = {}
     if not lay.input_is_identity:
@@ -280,7 +234,7 @@ def host_bytes(spec: LayoutRewrite, input_shape: tuple[int, int, int, int],
                dilation: tuple[int, int] = (1, 1), input_itemsize: int = 1,
                output_itemsize: int = 1) -> tuple[int, int]:
     """``(read, written)`` host bytes of the input rewrite plus the output unpack (the counting
-    rule is in the module docstring); ``(0, 0)`` for the identity."""
+    rule is in ``docs/vta.md``, Host cost); ``(0, 0)`` for the identity."""
     parts = host_parts(spec, input_shape, weight_shape, strides, padding, dilation,
                        input_itemsize, output_itemsize).values()
     return sum(r for r, _ in parts), sum(w for _, w in parts)
@@ -380,7 +334,7 @@ def _conv_layer(ann: dict, name: str, data_name: str, dilation: tuple[int, int])
                      **extra)
 
 
-def _users(func: relax.Function) -> dict[relax.Var, set]:
+def var_users(func: relax.Function) -> dict[relax.Var, set]:
     """Var -> the binding vars (or ``"return"``) whose value reads it."""
     users: dict[relax.Var, set] = {}
     for block in func.body.blocks:
@@ -403,7 +357,7 @@ def _find_convs(fname: str, func: relax.Function, onnx_names: Mapping[str, str]
     pattern, ann_pats = qlinear_pattern("conv2d")
     var2val = relax.analysis.get_var2val(func)
     bound = {val.__chandle__(): var for var, val in var2val.items()}
-    users = _users(func)
+    users = var_users(func)
     found = []
     for block in func.body.blocks:
         for b in block.bindings:
@@ -472,7 +426,7 @@ def _regroup(dims: list[tuple[str, int]], order: list[str],
             ("merge", lambda t: R.reshape(t, shape))]
 
 
-def _input_steps(lay: _Layout, x_shape, zx: int) -> list[tuple[str, Callable]]:
+def input_steps(lay: ResolvedLayout, x_shape, zx: int) -> list[tuple[str, Callable]]:
     n, c, h, w = x_shape
     steps: list[tuple[str, Callable]] = []
     pads = [int(np.any(ix < 0)) for ix in (lay.index_h, lay.index_w)]
@@ -494,7 +448,7 @@ def _input_steps(lay: _Layout, x_shape, zx: int) -> list[tuple[str, Callable]]:
     return steps
 
 
-def _unpack_steps(lay: _Layout) -> list[tuple[str, Callable]]:
+def unpack_steps(lay: ResolvedLayout) -> list[tuple[str, Callable]]:
     ph, pw = lay.spec.pack
     _, k, oh, ow = lay.geometry.output_shape
     n, _, ho, wo = lay.geometry.final_shape
@@ -505,7 +459,19 @@ def _unpack_steps(lay: _Layout) -> list[tuple[str, Callable]]:
     return steps
 
 
-def _host_function(symbol: str, param_ty, steps, recipe: str) -> relax.Function:
+#: attribute of a host function naming the rewrite it performs (JSON: the rule and the conv)
+RECIPE_ATTR = "vta_layout_rewrite"
+
+
+def _recipe(info: ConvInfo, spec: LayoutRewrite) -> str:
+    return json.dumps({"unroll": list(spec.unroll), "pack": list(spec.pack),
+                       "input_shape": list(info.input_shape),
+                       "weight_shape": list(info.weight_shape), "strides": list(info.strides),
+                       "padding": list(info.padding), "dilation": list(info.dilation),
+                       "zero_point": info.input_zero_point})
+
+
+def host_function(symbol: str, param_ty, steps, recipe: str) -> relax.Function:
     """A host function of one parameter applying ``steps`` (intermediates named by their
     suffix); ``recipe`` (:data:`RECIPE_ATTR`) says which rewrite it is, so it can be rebuilt."""
     fb = relax.BlockBuilder()
@@ -523,7 +489,7 @@ def _host_call(bb: relax.BlockBuilder, t, steps, layer: str, op: str, recipe: st
     """Emit ``steps`` as the host function :func:`host_symbol` ``(layer, op)`` and bind its
     call to ``<layer>_<op>``."""
     symbol = host_symbol(layer, op)
-    gv = bb.add_func(_host_function(symbol, t.ty, steps, recipe), symbol)
+    gv = bb.add_func(host_function(symbol, t.ty, steps, recipe), symbol)
     call, name = relax.Call(gv, [t]), f"{sanitize_name(layer)}_{op}"
     return bb.emit_output(call, name) if output else bb.emit(call, name)
 
@@ -534,7 +500,7 @@ class _Edit:
     def __init__(self, match: _Match, spec: LayoutRewrite):
         self.match, self.spec = match, spec
         i = match.info
-        self.layout = _layout(spec, i.input_shape, i.weight_shape, i.strides, i.padding,
+        self.layout = resolve_layout(spec, i.input_shape, i.weight_shape, i.strides, i.padding,
                               i.dilation)
 
     def emit(self, bb: relax.BlockBuilder, look: Callable, output: bool):
@@ -543,7 +509,7 @@ class _Edit:
         recipe = _recipe(info, self.spec)
         t = look(self.match.data)
         if not lay.input_is_identity:
-            t = _host_call(bb, t, _input_steps(lay, info.input_shape, info.input_zero_point),
+            t = _host_call(bb, t, input_steps(lay, info.input_shape, info.input_zero_point),
                            info.name, "pack" if lay.packed else "im2col", recipe)
         chain = self.match.chain
         for i, (var, call) in enumerate(chain):
@@ -562,7 +528,7 @@ class _Edit:
             last = i == len(chain) - 1 and not lay.packed
             t = bb.emit_output(expr, var.name) if last and output else bb.emit(expr, var.name)
         if lay.packed:
-            t = _host_call(bb, t, _unpack_steps(lay), info.name, "unpack", recipe, output)
+            t = _host_call(bb, t, unpack_steps(lay), info.name, "unpack", recipe, output)
         return t
 
 
@@ -638,210 +604,3 @@ def layout_rewrite_pass(decide: Decide, records: list | None = None) -> tvm.tran
         return mod
 
     return _pass
-
-
-# --- the runtime's NCHWnc blocking fused into the host functions ---------------------------------
-#: attribute of a host function naming the rewrite it performs (JSON: the rule and the conv)
-RECIPE_ATTR = "vta_layout_rewrite"
-
-
-def _recipe(info: ConvInfo, spec: LayoutRewrite) -> str:
-    return json.dumps({"unroll": list(spec.unroll), "pack": list(spec.pack),
-                       "input_shape": list(info.input_shape),
-                       "weight_shape": list(info.weight_shape), "strides": list(info.strides),
-                       "padding": list(info.padding), "dilation": list(info.dilation),
-                       "zero_point": info.input_zero_point})
-
-
-def _from_recipe(recipe: str) -> tuple[_Layout, tuple[int, ...], int]:
-    """(layout, source input shape, input zero point) of a host function's recipe."""
-    r = json.loads(recipe)
-    spec = LayoutRewrite(tuple(r["unroll"]), tuple(r["pack"]))
-    return (_layout(spec, r["input_shape"], r["weight_shape"], r["strides"], r["padding"],
-                    r["dilation"]), tuple(r["input_shape"]), int(r["zero_point"]))
-
-
-def _block_steps(p, cfg) -> list[tuple[str, Callable]]:
-    """(N, C, H, W) of ``p.dtype`` -> ``p``'s DRAM form: stored int8 (uint8 as value-128),
-    batch and channels padded to the GEMM block and the halo added, both with ``p.fill``, and
-    ``(NB, CB, H', W', BATCH, BLOCK)`` order (what :func:`~tvm_vta_cp.strategy.pack_tensor`
-    does in the runtime)."""
-    from tvm_vta_cp.strategy import packed_shape
-
-    nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
-    n, c, _, _ = p.shape
-    ht, hl, hb, hr = p.halo
-    steps: list[tuple[str, Callable]] = []
-    if p.dtype == "uint8":
-        steps.append(("stored", lambda t: R.astype(
-            R.subtract(R.astype(t, "int16"), relax.const(128, "int16")), "int8")))
-    widths = [0, nb * b - n, 0, cb * blk - c, ht, hb, hl, hr]
-    if any(widths):
-        steps.append(("blockpad", lambda t: R.nn.pad(t, widths, pad_value=float(p.fill))))
-    steps += [("lanes", lambda t: R.reshape(t, [nb, b, cb, blk, hp, wp])),
-              ("blocked", lambda t: R.permute_dims(t, [0, 2, 4, 5, 1, 3]))]
-    return steps
-
-
-def _unblock_steps(p, cfg) -> list[tuple[str, Callable]]:
-    """``p``'s DRAM form -> (N, C, H, W) of ``p.dtype`` (the runtime's unpack)."""
-    from tvm_vta_cp.strategy import packed_shape
-
-    nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
-    n, c, h, w = p.shape
-    ht, hl, _, _ = p.halo
-    steps: list[tuple[str, Callable]] = [
-        ("lanes", lambda t: R.permute_dims(t, [0, 4, 1, 5, 2, 3])),
-        ("nchw", lambda t: R.reshape(t, [nb * b, cb * blk, hp, wp]))]
-    if (nb * b, cb * blk, hp, wp) != (n, c, h, w):
-        steps.append(("interior", lambda t: R.strided_slice(
-            t, [0, 1, 2, 3], [0, 0, ht, hl], [n, c, ht + h, hl + w])))
-    if p.dtype == "uint8":
-        steps.append(("value", lambda t: R.astype(
-            R.add(R.astype(t, "int16"), relax.const(128, "int16")), "uint8")))
-    return steps
-
-
-@dataclass(frozen=True)
-class BlockedTensor:
-    """A VTA call input or output whose NCHWnc blocking a host function does."""
-
-    function: str   # blob (offloaded function) name
-    tensor: str     # the program tensor
-    symbol: str     # the host function
-    nbytes: int     # bytes of the blocked form
-
-
-def _host_of(var2val: dict, hosts: dict, var, ops: tuple[str, ...]) -> str | None:
-    """The host function (one of ``ops``) whose call ``var`` is bound to, if any."""
-    v = var2val.get(var)
-    if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar) \
-            and v.op.name_hint in hosts and v.op.name_hint.rsplit("_", 1)[-1] in ops:
-        return v.op.name_hint
-    return None
-
-
-def _fuse_call(b, users_of: Callable, host_of: Callable, hosts: dict, new_funcs: dict):
-    """One VTA call ``b``: rebuild (into ``new_funcs``) the rewrite function that alone feeds
-    an input and the unpack that alone reads its single output, mark those tensors blocked;
-    returns ``(re-encoded blob, output type, [BlockedTensor])`` or None when nothing fuses."""
-    from tvm_vta_cp.codegen import build_blob, load_blob
-
-    blob, *args = b.value.args[1].fields
-    program, cfg, name = load_blob(blob.value.numpy().tobytes())
-
-    def rebuild(sym: str, tname: str, param_ty, steps) -> BlockedTensor:
-        program.tensors[tname].blocked = True
-        new_funcs[sym] = _host_function(sym, param_ty, steps, hosts[sym][1].attrs[RECIPE_ATTR])
-        return BlockedTensor(name, tname, sym, program.tensors[tname].nbytes)
-
-    changed = []
-    for tname, a in zip(program.inputs, args, strict=True):
-        sym = host_of(a, ("im2col", "pack")) if isinstance(a, relax.Var) else None
-        if sym is not None and users_of(a) == {b.var} and sym not in new_funcs:
-            lay, x_shape, zx = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
-            steps = _input_steps(lay, x_shape, zx) + _block_steps(program.tensors[tname], cfg)
-            changed.append(rebuild(sym, tname, hosts[sym][1].params[0].ty, steps))
-    out_ty = b.value.ty_args[0]
-    outs = users_of(b.var) or set()
-    if len(program.outputs) == 1 and len(outs) == 1 and "return" not in outs:
-        (u,) = outs
-        sym, tname = host_of(u, ("unpack",)), program.outputs[0]
-        if sym is not None and sym not in new_funcs:
-            lay, _, _ = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
-            p = program.tensors[tname]
-            p.blocked = True  # the output type is the blocked form
-            out_ty = relax.TensorType(p.io_shape(cfg), "int8")
-            changed.append(rebuild(sym, tname, out_ty,
-                                   _unblock_steps(p, cfg) + _unpack_steps(lay)))
-    if not changed:
-        return None
-    return build_blob(program, cfg, name), out_ty, changed
-
-
-def _is_run_call(v, runtime_func: str) -> bool:
-    return (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-            and v.op.name == "relax.call_dps_packed"
-            and isinstance(v.args[0], relax.ExternFunc)
-            and v.args[0].global_symbol == runtime_func)
-
-
-def fuse_blocking(mod: tvm.IRModule, runtime_func: str = "tvm_vta_cp.run"
-                  ) -> tuple[tvm.IRModule, list[BlockedTensor], dict[str, bytes]]:
-    """Fold the runtime's NCHWnc blocking into the layout-rewrite host functions: where a VTA
-    call's input comes only from a rewrite (``im2col``/``pack``) and where its single output
-    goes only to an ``unpack``, the host function is rebuilt to write (read) the tensor's DRAM
-    form, the blob marks the tensor ``blocked`` and the call passes the blocked array, so each
-    direction is one host pass (TVM fuses the ops of a host function into one loop nest)
-    instead of a rewrite pass plus the runtime's pack. Returns the module, the blocked
-    tensors and the re-encoded blob of each function that changed, by name."""
-    hosts = {gv.name_hint: (gv, f) for gv, f in mod.functions_items()
-             if isinstance(f, relax.Function) and f.attrs is not None and RECIPE_ATTR in f.attrs}
-    if not hosts:
-        return mod, [], {}
-    new_funcs: dict[str, relax.Function] = {}
-    calls: dict = {}  # call_dps_packed binding var -> (new blob, new out type)
-    fused: list[BlockedTensor] = []
-    blobs: dict[str, bytes] = {}
-    for func in mod.functions.values():
-        if not isinstance(func, relax.Function) or (func.attrs is not None and (
-                HOST_FUNCTION_ATTR in func.attrs or "Codegen" in func.attrs)):
-            continue
-        var2val, users = relax.analysis.get_var2val(func), _users(func)
-        host_of = functools.partial(_host_of, var2val, hosts)
-
-        for block in func.body.blocks:
-            for b in block.bindings:
-                if not _is_run_call(b.value, runtime_func):
-                    continue
-                found = _fuse_call(b, users.get, host_of, hosts, new_funcs)
-                if found is not None:
-                    data, out_ty, changed = found
-                    calls[b.var] = (relax.const(np.frombuffer(data, dtype=np.uint8), "uint8"),
-                                    out_ty)
-                    blobs[changed[0].function] = data
-                    fused += changed
-    if not fused:
-        return mod, [], {}
-    base = tvm.IRModule({g: f for g, f in mod.functions_items() if g.name_hint not in new_funcs},
-                        attrs=mod.attrs)
-    bb = relax.BlockBuilder(base)
-    remap = {sym: bb.add_func(relax.transform.ConvertToDataflow()(
-        tvm.IRModule({hosts[sym][0]: f}))[hosts[sym][0]], sym) for sym, f in new_funcs.items()}
-    out = bb.get()
-    callers = [gv for gv, f in out.functions_items()
-               if isinstance(f, relax.Function) and gv.name_hint not in hosts
-               and (f.attrs is None or "Codegen" not in f.attrs)]
-    for gv in callers:
-        mutator = _Recall(out, calls, remap, runtime_func)
-        new = mutator.visit_expr(out[gv])
-        out = mutator.builder_.get()
-        out[gv] = new
-    relax.analysis.well_formed(out)
-    return out, fused, blobs
-
-
-@relax.expr_functor.mutator
-class _Recall(relax.PyExprMutator):
-    """Calls the rebuilt host functions and passes the re-encoded blobs and blocked types."""
-
-    def __init__(self, mod: tvm.IRModule, calls: dict, remap: dict, runtime_func: str):
-        super().__init__(mod)
-        self.calls, self.remap, self.runtime_func = calls, remap, runtime_func
-
-    def visit_call_(self, call):
-        if isinstance(call.op, tvm.ir.GlobalVar) and call.op.name_hint in self.remap:
-            return relax.Call(self.remap[call.op.name_hint],
-                              [self.visit_expr(a) for a in call.args])
-        return super().visit_call_(call)
-
-    def visit_var_binding_(self, binding):
-        if binding.var not in self.calls:
-            return super().visit_var_binding_(binding)
-        blob, ty = self.calls[binding.var]
-        args = [self.visit_expr(a) for a in binding.value.args[1].fields[1:]]
-        call = relax.call_dps_packed(self.runtime_func, [blob, *args], ty)
-        output = (not isinstance(binding.var, relax.DataflowVar)
-                  and self.builder_.current_block_is_dataflow())
-        emit = self.builder_.emit_output if output else self.builder_.emit
-        self.set_var_remap(binding.var, emit(call, binding.var.name))

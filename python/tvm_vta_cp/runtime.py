@@ -1,4 +1,4 @@
-"""VTA runtime: run a planned :class:`~tvm_vta_cp.strategy.VTAProgram` on the C simulator.
+"""VTA runtime: run a planned :class:`~tvm_vta_cp.program.VTAProgram` on the C simulator.
 
 :func:`execute_program` is the device-side half (DRAM image, packing, per-layer simulation,
 unpacking); it needs neither TVM nor a blob.
@@ -25,8 +25,8 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
 
     Returns ``(outputs, [(layer name, VTAStats), ...])``.
     """
+    from tvm_vta_cp.layout import pack_tensor, unpack_tensor
     from tvm_vta_cp.simulator import simulate
-    from tvm_vta_cp.strategy import pack_tensor, unpack_tensor
 
     missing = [n for n in program.inputs if n not in inputs]
     if missing:

@@ -1,6 +1,6 @@
 """Tuning tasks of the VTA target: one task per distinct conv / dense / residual-add workload of
 an offloaded function over the static template's declared tile and thread knobs
-(:func:`tvm_vta_cp.strategy.knob_space`), measured as that one layer on the simulator
+(:func:`tvm_vta_cp.strategy.knobs.knob_space`), measured as that one layer on the simulator
 (:mod:`tvm_accel.tuning.layer_tasks`).
 
 A conv the CP strategy rewrote is tuned as the conv VTA runs (the rewritten shapes), so its
@@ -23,7 +23,7 @@ __all__ = ["tuning_tasks"]
 
 def tuning_tasks(graph: LayerGraph, cfg: VTAConfig) -> list[Task]:
     """One task per tunable layer of ``graph`` (conv, dense, add), in layer order."""
-    from tvm_vta_cp.strategy import knob_space
+    from tvm_vta_cp.strategy.knobs import knob_space
 
     spaces = {}
     for layer in graph.layers:

@@ -17,6 +17,9 @@ from tvm_accel.layers import DeconvLayer, LayerGraph, Tensor, deconv_output_shap
 from tvm_vta_cp import strategy
 from tvm_vta_cp.codegen import ISA, OP_STORE, MemInsn, load_blob
 from tvm_vta_cp.hw_config import load_config
+from tvm_vta_cp.strategy.alu_tail import conv_numerics
+from tvm_vta_cp.strategy.geometry import conv_geom, deconv_phases
+from tvm_vta_cp.strategy.knobs import knob_space
 
 from .test_strategy import RANGE, make_requant, random_input, run_exact
 
@@ -129,10 +132,10 @@ def random_phase_knobs(graph, cfg, rnd: random.Random) -> dict:
     layer, shape = graph.layers[0], graph.tensors["x"].shape
     dtypes = (graph.tensors["x"].dtype, "int8")
     out = {}
-    for sc in strategy._deconv_phases(layer, shape):
-        g = strategy._conv_geom(sc.conv, shape, cfg, sc, tuple(layer.strides))
-        _, ops = strategy._conv_numerics(sc.conv, *dtypes, cfg)
-        space = strategy.knob_space(sc.conv, shape, cfg, _ctx=(g, ops))
+    for sc in deconv_phases(layer, shape):
+        g = conv_geom(sc.conv, shape, cfg, sc, tuple(layer.strides))
+        _, ops = conv_numerics(sc.conv, *dtypes, cfg)
+        space = knob_space(sc.conv, shape, cfg, _ctx=(g, ops))
         for _ in range(100):
             kn = {k.name: rnd.choice(k.options) for k in space.knobs}
             if space.is_valid(kn):

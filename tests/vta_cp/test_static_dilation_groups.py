@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_accel import quantize, zoo
 from tvm_accel.layers import ConvLayer, LayerGraph, Tensor, conv_accumulate, conv_output_shape
 from tvm_vta_cp.hw_config import load_config
-from tvm_vta_cp.strategy import knob_space, plan
+from tvm_vta_cp.strategy import plan
+from tvm_vta_cp.strategy.knobs import knob_space
 
 from .test_strategy import RANGE, make_requant, random_input, run_exact
 

@@ -9,8 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from tvm_accel.errors import AccelError
-from tvm_accel.knobs import Knob, KnobSpace
+from tvm_accel.errors import AccelError, MappingError
 from tvm_accel.layers import (
     AddLayer,
     ConvLayer,
@@ -23,14 +22,8 @@ from tvm_accel.layers import (
 from tvm_vta_cp.codegen import ISA, FinishInsn, MemInsn
 from tvm_vta_cp.hw_config import load_config
 from tvm_vta_cp.runtime import execute_program
-from tvm_vta_cp.strategy import (
-    MappingError,
-    default_knobs,
-    knob_space,
-    pack_tensor,
-    plan,
-    unpack_tensor,
-)
+from tvm_vta_cp.strategy import plan
+from tvm_vta_cp.strategy.knobs import knob_space
 
 CONFIGS = ["vta_1x16x16", "vta_8x8x8"]
 RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -283,19 +276,6 @@ def test_resnet_sized_layer_uses_few_instructions():
     assert prog.layers[0].n_insns < 400  # one GEMM per tile and chunk, whole-tile ALU ops
 
 
-def test_invalid_knobs_raise_value_error_naming_the_knob():
-    cfg = load_config("vta_1x16x16")
-    graph, _ = single_conv(17, 1, 64, 56, 56, 64, 3, 1, 1)
-    with pytest.raises(ValueError, match="tile_h"):
-        plan(graph, cfg, {"conv": {"tile_h": 13}})  # not a near-equal split of 56
-    with pytest.raises(ValueError, match="tile_h"):
-        plan(graph, cfg, {"conv": {"tile_h": 56, "tile_w": 56, "tile_ci": 4}})  # INP overflow
-    with pytest.raises(ValueError, match="h_nthread"):
-        plan(graph, cfg, {"conv": {"oc_nthread": 2, "h_nthread": 2}})
-    with pytest.raises(ValueError, match="bogus"):
-        plan(graph, cfg, {"conv": {"bogus": 1}})
-
-
 def test_unmappable_layers_raise_an_accel_error_naming_the_layer():
     cfg = load_config("vta_1x16x16")
     graph, _ = single_conv(18, 1, 16, 6, 6, 16, 3, 1, 1)
@@ -305,48 +285,7 @@ def test_unmappable_layers_raise_an_accel_error_naming_the_layer():
     assert isinstance(e.value, AccelError) and "int8" in str(e.value)
 
 
-def test_knob_space_declares_defaults_sizes_and_validation():
-    cfg = load_config("vta_1x16x16")
-    graph, _ = single_conv(19, 1, 64, 28, 28, 128, 3, 1, 1)
-    layer = graph.layers[0]
-    space = knob_space(layer, (1, 64, 28, 28), cfg)
-    assert space.names == ["tile_b", "tile_h", "tile_w", "tile_ci", "tile_co", "oc_nthread",
-                           "h_nthread"]
-    d = default_knobs(layer, (1, 64, 28, 28), cfg)
-    assert d == space.default() and space.is_valid(d)
-    assert space.size == len(space) == sum(1 for _ in space)
-    assert space.point(space.index_of(d)) == d
-    assert len(space.features(d)) == len(space.names)
-    with pytest.raises(ValueError, match="tile_co"):
-        space.validate({"tile_co": 5})
-    generic = KnobSpace([Knob("a", (1, 2, 3), 2), Knob("b", ("x", "y"), "x")])
-    assert generic.size == 6 and generic.default() == {"a": 2, "b": "x"}
-    assert generic.features({"a": 3, "b": "y"}) == [3.0, 1.0]
-    with pytest.raises(ValueError, match="default"):
-        Knob("c", (1, 2), 5)
-
-
-# --- packing and runtime ------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg_name", CONFIGS)
-@pytest.mark.parametrize("dtype", ["int8", "uint8"])
-def test_pack_unpack_round_trip_keeps_values_and_fills_the_halo(cfg_name, dtype):
-    from tvm_vta_cp.strategy import TensorPlacement
-
-    cfg = load_config(cfg_name)
-    rng = np.random.default_rng(20)
-    shape = (3, 21, 5, 4)
-    x = random_input(rng, shape, dtype)
-    B, BLK = cfg.batch, cfg.block_out
-    nb, cb = -(-3 // B), -(-21 // BLK)
-    nbytes = nb * cb * (5 + 3) * (4 + 1) * B * BLK
-    p = TensorPlacement("x", shape, dtype, 0, (1, 0, 2, 1), -5, nbytes)
-    buf = pack_tensor(x, p, cfg)
-    assert buf.dtype == np.uint8 and buf.size == nbytes
-    packed = buf.view(np.int8).reshape(nb, cb, 8, 5, B, BLK)
-    assert np.all(packed[:, :, 0] == -5) and np.all(packed[:, :, :, 4] == -5)
-    np.testing.assert_array_equal(unpack_tensor(buf, p, cfg), x)
-
-
+# --- runtime ------------------------------------------------------------------------
 def test_execute_program_writes_one_trace_for_all_layers(tmp_path):
     graph, inputs = residual_graph(21)
     cfg = load_config("vta_1x16x16")
@@ -378,7 +317,7 @@ def test_micro_op_kernels_that_do_not_fit_together_are_loaded_on_demand():
 def test_a_program_beyond_vtas_4_gib_of_dram_is_refused_at_compile_time():
     """A 1x64x8192x8192 conv needs 8 GiB of activations: a mapping error (the compile falls
     back to the CPU), before any instruction is generated."""
-    from tvm_vta_cp.strategy import MappingError
+    from tvm_accel.errors import MappingError
 
     layer = conv_layer(np.random.default_rng(0), "conv", "x", "y", 64, 64, 3, 1, 1)
     shape = (1, 64, 8192, 8192)

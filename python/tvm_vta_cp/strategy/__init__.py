@@ -1,0 +1,65 @@
+"""Static VTA strategy: TVM's ``conv2d_packed`` / ``dense_packed`` templates for a layer graph.
+
+Stages, one module each (the design is in ``docs/vta.md``):
+
+1. ``placement`` - check the function, decide each tensor's DRAM halo and place it packed;
+2. ``geometry`` - a conv (or a transpose conv's phase) in blocks and tiles;
+3. ``alu_tail`` - the requantize recipe as exact int32 ALU ops;
+4. ``knobs`` - the knob space of a layer and the cost model choosing its defaults;
+5. ``conv`` (and dense), ``deconv``, ``add`` - one schedule per operator, each emitting its
+   stream through ``emitter`` (micro-op kernels, dependency tokens).
+"""
+
+from __future__ import annotations
+
+from tvm_accel.errors import MappingError
+from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph
+from tvm_vta_cp.hw_config import VTAConfig
+from tvm_vta_cp.layout import cdiv
+from tvm_vta_cp.program import LayerProgram, VTAProgram
+from tvm_vta_cp.strategy.add import add
+from tvm_vta_cp.strategy.conv import conv
+from tvm_vta_cp.strategy.deconv import deconv
+from tvm_vta_cp.strategy.placement import (
+    PlanContext,
+    check_dram,
+    check_function,
+    halos,
+    place_tensors,
+)
+
+__all__ = ["plan"]
+
+
+def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None) -> VTAProgram:
+    """Compile a layer graph into per-layer VTA instruction streams and a DRAM memory map.
+
+    ``knobs`` maps layer names to (partial) knob dicts overriding the defaults; names of layers
+    not in the graph are ignored (tuning records may cover several functions)."""
+    check_function(graph, cfg)
+    halo, fill, use_halo = halos(graph)
+    ctx = place_tensors(graph, cfg, halo, fill)
+    knobs = knobs or {}
+    layers = [_schedule(ctx, layer, knobs.get(layer.name), use_halo) for layer in graph.layers]
+    return _program(ctx, graph, layers)
+
+
+def _schedule(ctx: PlanContext, layer, user_knobs: dict | None,
+              use_halo: dict[str, bool]) -> LayerProgram:
+    """The layer's instruction stream, by the schedule of its operator."""
+    if isinstance(layer, ConvLayer):
+        return conv(ctx, layer, user_knobs, use_halo[layer.name])
+    if isinstance(layer, DeconvLayer):
+        return deconv(ctx, layer, user_knobs, use_halo[layer.name])
+    if isinstance(layer, AddLayer):
+        return add(ctx, layer, user_knobs)
+    raise MappingError(f"layer {layer.name}: no VTA schedule for {type(layer).__name__}")
+
+
+def _program(ctx: PlanContext, graph: LayerGraph, layers: list[LayerProgram]) -> VTAProgram:
+    """The function's program: its layers and the DRAM image they need (rounded up)."""
+    size = cdiv(ctx.dram.size, ctx.dram.align) * ctx.dram.align
+    check_dram(size, "its activations, weights and micro-ops")
+    return VTAProgram(dram_size=max(size, ctx.dram.align), const_image=ctx.dram.const_image,
+                      tensors=ctx.placements, inputs=list(graph.inputs),
+                      outputs=list(graph.outputs), layers=layers)
