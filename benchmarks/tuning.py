@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from tvm_accel import quantize
 
@@ -108,16 +107,19 @@ def model_tasks(args) -> list:
 def deepbench_tasks(args) -> list:
     """One VTA task per DeepBench conv (the first ``--limit``), each built as its own one-layer
     graph the way ``benchmarks/vta_deepbench.py`` builds it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vta_deepbench import load_rows, make_layer
-
+    from tvm_accel.deepbench import load_rows, make_layer, typical_scale
     from tvm_accel.target import get_target
 
     target = get_target(args.target)
+
+    def recipe(weight, bias):
+        scale, bound = typical_scale(weight, bias)
+        return target.requant_recipe(scale, bound, 0, -128, 127)
+
     cfg = target.load_config(args.config)
     tasks = []
     for row in load_rows(args.deepbench, limit=args.limit):
-        graph, _ = make_layer(row, seed=int(row["id"]))
+        graph, _ = make_layer(row, int(row["id"]), recipe)
         found = target.tuning_tasks(graph, cfg)
         if not found:
             print(f"  conv{row['id']}: no tunable task, skipped", file=sys.stderr)
@@ -356,8 +358,7 @@ def main(argv=None) -> int:
         if args.mode != "tuned" or args.target != "vta":
             ap.error("--deepbench is for --mode tuned --target vta")
         if not args.deepbench:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from vta_deepbench import DEFAULT_CSV
+            from tvm_accel.deepbench import DEFAULT_CSV
 
             args.deepbench = str(DEFAULT_CSV)
     return {"efficiency": efficiency, "tuned": tuned, "model": model}[args.mode](args)

@@ -35,14 +35,11 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import DEFAULT_CSV, _requant, load_rows  # noqa: E402
-
-from tvm_accel.layers import ConvLayer  # noqa: E402
+from tvm_accel.deepbench import DEFAULT_CSV, load_rows, typical_scale
+from tvm_accel.layers import ConvLayer, Requant
 
 # (N, C, H, W, K, KH, KW, pad, stride, dilation); pad and stride symmetric unless a pair
 TABLE3 = [
@@ -93,6 +90,14 @@ PAPER5 = {
 }
 
 
+def vta_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
+    """A valid VTA recipe for a scale that spreads the typical accumulator over int8."""
+    from tvm_vta_cp.numerics import requant_recipe
+
+    scale, bound = typical_scale(weight, bias)
+    return requant_recipe(scale, bound, 0, -128, 127)
+
+
 def make_conv(name: str, shape, k: int, kernel, pad, stride, dil: int, seed: int = 0
               ) -> ConvLayer:
     """An int8 conv with seeded random weights and a valid VTA requantize recipe."""
@@ -102,7 +107,7 @@ def make_conv(name: str, shape, k: int, kernel, pad, stride, dil: int, seed: int
     bias = rng.integers(-(1 << 12), 1 << 12, size=k, dtype=np.int64)
     ph, pw = pad
     return ConvLayer(name, "x", "y", weight, bias, 0, tuple(stride), (ph, pw, ph, pw),
-                     _requant(weight, bias), dilation=(dil, dil))
+                     vta_recipe(weight, bias), dilation=(dil, dil))
 
 
 def deepbench_specs(path: str) -> list[tuple]:

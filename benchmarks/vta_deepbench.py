@@ -16,124 +16,21 @@ layers). Figures are information for issue notes, never assertions.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from tvm_accel.layers import ConvLayer, LayerGraph, Requant, Tensor, conv_output_shape
-
-DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / \
-    "deepbench_conv_inference_server.csv"
+from tvm_accel.deepbench import geomean, load_rows, make_layer, parse_args, typical_scale
+from tvm_accel.layers import Requant
 
 
-def _requant(weight: np.ndarray, bias: np.ndarray) -> Requant:
+def vta_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
     """A valid VTA recipe for a scale that spreads the typical accumulator over int8."""
-    k = weight.shape[0]
-    w = np.abs(weight.astype(np.int64)).reshape(k, -1)
-    bound = w.sum(axis=1) * 128 + np.abs(bias.astype(np.int64))
-    typical = np.sqrt((weight.astype(np.float64).reshape(k, -1) ** 2).sum(axis=1)) * 74.0
-    scale = 40.0 / np.maximum(typical, 1.0)
-    try:
-        from tvm_vta_cp.numerics import requant_recipe
+    from tvm_vta_cp.numerics import requant_recipe
 
-        return requant_recipe(scale, bound, 0, -128, 127)
-    except ImportError:  # fall back to a simple recipe: pre-shift until the product fits
-        pre = 0
-        while (int(bound.max()) >> pre) * 32767 >= 1 << 30:
-            pre += 1
-        shift = max(0, int(math.floor(math.log2(32767 / (scale.max() * 2**pre)))))
-        m = np.clip(np.round(scale * 2.0 ** (pre + shift)), 1, 32767).astype(np.int64)
-        return Requant(pre, m, np.full(k, (1 << shift) >> 1), shift, 0, -128, 127, scale)
-
-
-def load_rows(path: str, ids: str = "", limit: int = 0) -> list[dict]:
-    """The CSV's layer rows; ``ids`` (comma-separated) keeps those layers, ``limit`` the first
-    N (shared by the DeepBench benchmarks of every target)."""
-    with open(path) as f:
-        rows = list(csv.DictReader(f))
-    if ids:
-        keep = {int(i) for i in ids.split(",")}
-        rows = [r for r in rows if int(r["id"]) in keep]
-    return rows[:limit] if limit else rows
-
-
-def parse_args(description: str, default_config: str | None, argv=None) -> argparse.Namespace:
-    """The options every DeepBench script takes: ``--config --csv --limit --ids --check``."""
-    ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
-    ap.add_argument("--config", default=default_config)
-    ap.add_argument("--csv", default=str(DEFAULT_CSV))
-    ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
-    ap.add_argument("--ids", default="", help="comma-separated layer ids")
-    ap.add_argument("--check", action="store_true", help="compare with reference_execute")
-    return ap.parse_args(argv)
-
-
-def geomean(values: list[float]) -> float:
-    """Geometric mean (0 for none; values floored at 1e-9 so a 0 does not poison it)."""
-    if not values:
-        return 0.0
-    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
-
-
-@dataclass
-class LayerRuns:
-    """Plans and simulates single DeepBench layers for one target: ``plan(graph)`` ->
-    program, ``execute(program, inputs)`` -> (outputs, stats), ``error`` the planner's mapping
-    error; totals the planning and simulation seconds of the layers that map and, with
-    ``check``, whether every one is bit-exact against ``reference_execute``."""
-
-    plan: Callable
-    execute: Callable
-    error: type
-    check: bool = False
-    t_plan: float = 0.0
-    t_sim: float = 0.0
-    exact: bool = True
-
-    def run(self, graph: LayerGraph, inputs: dict, refused: str = ""):
-        """``(program, stats, planning seconds)``, or the reason the layer stays on the CPU
-        (``refused`` by the target's pattern checks, or the planner's mapping error)."""
-        from tvm_accel.layers import reference_execute
-
-        t0 = time.perf_counter()
-        try:
-            if refused:
-                raise self.error(refused)
-            prog = self.plan(graph)
-        except self.error as e:
-            return str(e)
-        t1 = time.perf_counter()
-        outs, stats = self.execute(prog, inputs)
-        t2 = time.perf_counter()
-        self.t_plan, self.t_sim = self.t_plan + t1 - t0, self.t_sim + t2 - t1
-        if self.check:
-            self.exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
-        return prog, stats, t1 - t0
-
-
-def make_layer(row: dict, seed: int, recipe=None):
-    """The row as a one-conv int8 graph with seeded random weights, bias and input;
-    ``recipe(weight, bias) -> Requant`` gives the target's requantize recipe (default VTA's)."""
-    w, h, c, n, k = (int(row[x]) for x in ("w", "h", "c", "n", "k"))
-    fw, fh, pw, ph = (int(row[x]) for x in ("filter_w", "filter_h", "pad_w", "pad_h"))
-    sw, sh = int(row["stride_w"]), int(row["stride_h"])
-    rng = np.random.default_rng(seed)
-    weight = rng.integers(-128, 128, size=(k, c, fh, fw), dtype=np.int64)
-    bias = rng.integers(-(1 << 12), 1 << 12, size=k, dtype=np.int64)
-    layer = ConvLayer(f"conv{row['id']}", "x", "y", weight, bias, 0, (sh, sw), (ph, pw, ph, pw),
-                      (recipe or _requant)(weight, bias))
-    out = conv_output_shape(layer, (n, c, h, w))
-    graph = LayerGraph({"x": Tensor("x", (n, c, h, w), "int8"), "y": Tensor("y", out, "int8")},
-                       [layer], ["x"], ["y"])
-    x = rng.integers(-128, 128, size=(n, c, h, w), dtype=np.int64).astype(np.int8)
-    return graph, {"x": x}
+    scale, bound = typical_scale(weight, bias)
+    return requant_recipe(scale, bound, 0, -128, 127)
 
 
 def main(argv=None) -> int:
@@ -153,7 +50,7 @@ def main(argv=None) -> int:
     print(hdr)
     results, t_all = [], time.perf_counter()
     for row in rows:
-        graph, inputs = make_layer(row, seed=int(row["id"]))
+        graph, inputs = make_layer(row, int(row["id"]), vta_recipe)
         t0 = time.perf_counter()
         prog = plan(graph, cfg)
         t1 = time.perf_counter()
