@@ -554,6 +554,7 @@ def _random_commands(rng: np.random.Generator, b: bytearray) -> bytearray:
 
 
 def _duplicate_or_drop(rng: np.random.Generator, b: bytearray) -> bytearray:
+    """One command duplicated or dropped."""
     n = len(b) // cg.CMD_BYTES
     ins = [bytes(b[64 * i:64 * i + 64]) for i in range(n)]
     i, j = (int(x) for x in rng.integers(0, n, 2))
