@@ -1,7 +1,8 @@
 """Build hook: compile the C simulator in ``sim/`` into ``tvm_accel/lib/libaccelsim.so``.
 
 The library is plain C99 loaded with ``ctypes`` (no CPython API), so it is built with the system C
-compiler directly rather than as a Python extension module.
+compiler directly rather than as a Python extension module. ``ACCELSIM_WERROR=1`` (set by
+``scripts/test.sh``) turns every compiler warning into an error.
 """
 
 import os
@@ -18,6 +19,7 @@ LIB_NAME = "libaccelsim.so"
 
 
 def compile_sim(out_dir: Path) -> Path:
+    """Compiles every C file under ``sim/`` into ``out_dir/libaccelsim.so``."""
     sources = sorted(str(p) for p in (ROOT / "sim").rglob("*.c"))
     if not sources:
         raise RuntimeError("no C sources found under sim/")
@@ -26,7 +28,8 @@ def compile_sim(out_dir: Path) -> Path:
         raise RuntimeError("a C compiler (cc or gcc) is needed to build the simulator")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / LIB_NAME
-    cmd = [cc, "-std=c99", "-O3", "-fPIC", "-shared", "-Wall", "-Wextra", "-Wno-unused-parameter",
+    werror = ["-Werror"] if os.environ.get("ACCELSIM_WERROR") == "1" else []
+    cmd = [cc, "-std=c99", "-O3", "-fPIC", "-shared", "-Wall", "-Wextra", *werror,
            f"-I{ROOT / 'sim'}", *sources, "-o", str(out), "-lm"]
     subprocess.check_call(cmd)
     return out

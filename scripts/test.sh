@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# the simulator the tests load, rebuilt so that any compiler warning fails the run
+ACCELSIM_WERROR=1 .venv/bin/python setup.py build_sim
 .venv/bin/ruff check python tests benchmarks
 exec .venv/bin/python -m pytest -q "$@"

@@ -26,6 +26,13 @@ static inline uint64_t accel_sat_add(uint64_t a, uint64_t b)
     return (b > UINT64_MAX - a) ? UINT64_MAX : a + b;
 }
 
+/* ceil(a / b). Division by zero cannot crash: it saturates to UINT64_MAX like the other helpers
+ * here (an "infinite" count that fails the callers' range and cycle-budget checks). */
+static inline uint64_t accel_ceil_div(uint64_t a, uint64_t b)
+{
+    return b ? a / b + (a % b != 0) : UINT64_MAX;
+}
+
 /* calloc(n, size) that returns NULL instead of overflowing; also NULL for more than SIZE_MAX. */
 static inline void *accel_calloc(uint64_t n, uint64_t size)
 {

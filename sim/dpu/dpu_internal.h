@@ -7,6 +7,10 @@
 #include "common/status.h"
 #include "dpu/dpu_sim.h"
 
+typedef unsigned long long ull;
+
+#define INSN_BYTES 32
+
 enum { OP_LOAD = 1, OP_SAVE = 2, OP_CONV = 3, OP_MISC = 4, OP_END = 15 };
 enum { MISC_MAXPOOL = 0, MISC_AVGPOOL = 1, MISC_ELTADD = 2, MISC_UPSAMPLE = 3, MISC_COPY = 4 };
 /* instruction kinds (one bit layout each) */
@@ -57,7 +61,15 @@ typedef struct {
     uint64_t scratch_cap[6];
 } dpu_state;
 
-/* Executes a checked instruction; fails only when host memory runs out, or returns
+extern const char *const DPU_UNIT_NAMES[DPU_NUM_UNITS];
+
+/* dpu_decode.c */
+int dpu_check_config(const dpu_sim_config *c, dpu_geom *g, accel_err *err);
+/* Decodes and checks instruction k of the stream, filling its derived values. */
+int dpu_load_insn(const dpu_geom *g, const uint8_t *insns, uint64_t k, uint64_t ddr_bytes, dpu_insn *in,
+                  accel_err *err);
+
+/* dpu_exec.c: executes a checked instruction; fails only when host memory runs out, or returns
  * ACCEL_ERR_INTERRUPTED (no message recorded) when a stop was requested. */
 int dpu_exec(dpu_state *s, const dpu_insn *in, accel_err *err);
 void dpu_free_scratch(dpu_state *s);

@@ -29,8 +29,6 @@ static uint32_t fld(uint32_t w, unsigned lo, unsigned width) { return (uint32_t)
 #define CMDF "cmd %llu (%s): "
 #define CMDA (unsigned long long)idx, mars_cmd_name(c)
 
-static uint64_t ceil_div(uint64_t a, uint64_t b) { return b ? a / b + (a % b != 0) : UINT64_MAX; }
-
 static uint64_t ceil_rate(double work, double rate)
 {
     double v = ceil(work / rate);
@@ -38,7 +36,7 @@ static uint64_t ceil_rate(double work, double rate)
 }
 
 /* Bytes of a bit-packed tensor of n elements of bits each. */
-static uint64_t packed_bytes(uint64_t n, int bits) { return ceil_div(accel_sat_mul(n, (uint64_t)bits), 8); }
+static uint64_t packed_bytes(uint64_t n, int bits) { return accel_ceil_div(accel_sat_mul(n, (uint64_t)bits), 8); }
 
 static int check_range(accel_err *e, uint64_t idx, const mars_cmd *c, const char *what, int mem,
                        uint64_t addr, uint64_t bytes, const mars_mems *m)
@@ -135,16 +133,16 @@ static void rbe_timing(const mars_config *cfg, mars_cmd *c)
     uint64_t k = c->mode1x1 ? 1 : 3, s = (uint64_t)c->stride_h;
     uint64_t r = (P - 1) * s + k;
     uint64_t port_words = (uint64_t)cfg->rbe_port_bits / 32;
-    uint64_t n_patch = accel_sat_mul(ceil_div((uint64_t)c->h_out, P), ceil_div((uint64_t)c->w_out, P));
-    uint64_t n_ki = ceil_div((uint64_t)c->k_in, 32);
-    uint64_t groups = ceil_div((uint64_t)c->in_bits, (uint64_t)cfg->rbe_binconvs);
+    uint64_t n_patch = accel_sat_mul(accel_ceil_div((uint64_t)c->h_out, P), accel_ceil_div((uint64_t)c->w_out, P));
+    uint64_t n_ki = accel_ceil_div((uint64_t)c->k_in, 32);
+    uint64_t groups = accel_ceil_div((uint64_t)c->in_bits, (uint64_t)cfg->rbe_binconvs);
     uint64_t load = 0, compute = 0, nq = 0, so = 0;
     uint64_t cw = (uint64_t)c->w_bits;
     for (uint64_t g = 0; g < groups; g++) {
         uint64_t ib = (uint64_t)c->in_bits - g * (uint64_t)cfg->rbe_binconvs;
         if (ib > (uint64_t)cfg->rbe_binconvs)
             ib = (uint64_t)cfg->rbe_binconvs;
-        load += (uint64_t)cfg->rbe_load_latency + ceil_div(r * ib * r, port_words);
+        load += (uint64_t)cfg->rbe_load_latency + accel_ceil_div(r * ib * r, port_words);
     }
     for (uint64_t t = 0; t * 32 < (uint64_t)c->k_out; t++) {
         uint64_t kt = (uint64_t)c->k_out - t * 32;
@@ -154,11 +152,11 @@ static void rbe_timing(const mars_config *cfg, mars_cmd *c)
          * 1x1: all W bits in one cycle over the Blocks, accumulation pipelined */
         uint64_t per_k = c->mode1x1 ? 1 : cw + (uint64_t)cfg->rbe_kout_overhead;
         compute += groups * (kt * per_k + (uint64_t)cfg->rbe_compute_latency);
-        nq += ceil_div(kt, 4) * (uint64_t)cfg->rbe_nq_cycles_per_group;
+        nq += accel_ceil_div(kt, 4) * (uint64_t)cfg->rbe_nq_cycles_per_group;
         so += P * P * (uint64_t)c->out_bits;
     }
     /* LOAD repeats for every Kout tile and Kin tile; COMPUTE for every Kin tile. */
-    load = accel_sat_mul(accel_sat_mul(load, n_ki), ceil_div((uint64_t)c->k_out, 32));
+    load = accel_sat_mul(accel_sat_mul(load, n_ki), accel_ceil_div((uint64_t)c->k_out, 32));
     compute = accel_sat_mul(compute, n_ki);
     c->phases[MARS_RBE_LOAD] = accel_sat_mul(load, n_patch);
     c->phases[MARS_RBE_COMPUTE] = accel_sat_mul(compute, n_patch);
@@ -260,8 +258,8 @@ static int decode_rbe(const mars_config *cfg, const uint8_t *p, uint64_t idx, co
     uint64_t n_ki, n_ko, xpix, ypix, xend, yend, wbytes, nqbytes;
     if (decode_rbe_fields(cfg, p, idx, c, e))
         return e->code;
-    n_ki = ceil_div((uint64_t)c->k_in, 32);
-    n_ko = ceil_div((uint64_t)c->k_out, 32);
+    n_ki = accel_ceil_div((uint64_t)c->k_in, 32);
+    n_ko = accel_ceil_div((uint64_t)c->k_out, 32);
     xpix = n_ki * (uint64_t)c->in_bits * 4;
     ypix = n_ko * (uint64_t)c->out_bits * 4;
     if (tensor_footprint(e, idx, c, "x", c->x, c->h_in, c->w_in, xpix, &c->x_ps, &c->x_rs, &xend) ||
@@ -317,12 +315,11 @@ static double matmul_rate(const mars_config *cfg, int bits)
 
 static int sub_byte_bits(int b) { return b == 2 || b == 4 || b == 8; }
 
-static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx, const mars_mems *m,
-                          mars_cmd *c, accel_err *e)
+/* The fields of a CLUSTER command (words 2..14; 15 must be zero). */
+static int cl_fields(const uint8_t *p, uint64_t idx, mars_cmd *c, accel_err *e)
 {
     uint32_t w2 = wd(p, 2), w7 = wd(p, 7), w8 = wd(p, 8), w9 = wd(p, 9), w10 = wd(p, 10);
     uint32_t w14 = wd(p, 14);
-    uint64_t n_in, n_out, outs_nq = 0, work = 0, in_b, out_b;
     int k = (int)fld(w2, 0, 8);
     c->engine = MARS_ENG_CLUSTER;
     c->kernel = k;
@@ -367,8 +364,15 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
     c->pad_value = (int)fld(wd(p, 11), 0, 8);
     c->lambda = accel_as_i32(wd(p, 12));
     c->psum = wd(p, 13);
-    if (reserved_zero(e, idx, c, p, 15))
-        return e->code;
+    return reserved_zero(e, idx, c, p, 15);
+}
+
+static int is_conv_kernel(int k) { return k == MARS_CL_CONV || k == MARS_CL_DWCONV || k == MARS_CL_FC; }
+
+/* Partial sums, sizes and precisions a CLUSTER kernel accepts. */
+static int cl_check_operands(uint64_t idx, const mars_cmd *c, accel_err *e)
+{
+    int k = c->kernel;
     if ((c->psum_in || c->psum_out) && k != MARS_CL_CONV && k != MARS_CL_FC)
         FAIL(ACCEL_ERR_DECODE, CMDF "fields psum_in/psum_out: only CONV and FC accumulate partial sums",
              CMDA);
@@ -386,11 +390,18 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
             FAIL(ACCEL_ERR_DECODE, CMDF "fields in_bits/out_bits: %d/%d (HWC side 2, 4 or 8; bit-plane "
                  "side 1..8)", CMDA, c->in_bits, c->out_bits);
     } else if (!sub_byte_bits(c->in_bits) || !sub_byte_bits(c->out_bits) ||
-               ((k == MARS_CL_CONV || k == MARS_CL_DWCONV || k == MARS_CL_FC) && !sub_byte_bits(c->w_bits)))
+               (is_conv_kernel(k) && !sub_byte_bits(c->w_bits)))
         FAIL(ACCEL_ERR_DECODE, CMDF "fields in_bits/w_bits/out_bits: %d/%d/%d (XpulpNN: 2, 4 or 8)",
              CMDA, c->in_bits, c->w_bits, c->out_bits);
-    if (k != MARS_CL_CONV && k != MARS_CL_DWCONV && k != MARS_CL_FC && c->w_bits)
+    if (!is_conv_kernel(k) && c->w_bits)
         FAIL(ACCEL_ERR_DECODE, CMDF "field w_bits: %d, must be 0 for this kernel", CMDA, c->w_bits);
+    return ACCEL_OK;
+}
+
+/* Window (kernel, stride, padding) and output shape of a CLUSTER kernel. */
+static int cl_check_window(uint64_t idx, const mars_cmd *c, accel_err *e)
+{
+    int k = c->kernel;
     if (k == MARS_CL_CONV || k == MARS_CL_DWCONV || k == MARS_CL_MAXPOOL || k == MARS_CL_AVGPOOL) {
         if (c->kh < 1 || c->kw < 1 || c->stride_h < 1 || c->stride_w < 1)
             FAIL(ACCEL_ERR_DECODE, CMDF "fields kernel/stride: %dx%d / %dx%d must be >= 1", CMDA, c->kh,
@@ -418,68 +429,97 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
     }
     if (k != MARS_CL_ADD && c->b_signed)
         FAIL(ACCEL_ERR_DECODE, CMDF "field b_signed: set on a kernel without a B input", CMDA);
-    n_in = (uint64_t)c->h_in * (uint64_t)c->w_in * (uint64_t)c->k_in;
-    n_out = (uint64_t)c->h_out * (uint64_t)c->w_out * (uint64_t)c->k_out;
-    if (k == MARS_CL_HWC_TO_RBE) {
-        in_b = packed_bytes(n_in, c->in_bits);
-        out_b = (uint64_t)c->h_in * (uint64_t)c->w_in * ceil_div((uint64_t)c->k_in, 32) * (uint64_t)c->out_bits * 4;
-    } else if (k == MARS_CL_RBE_TO_HWC) {
-        in_b = (uint64_t)c->h_in * (uint64_t)c->w_in * ceil_div((uint64_t)c->k_in, 32) * (uint64_t)c->in_bits * 4;
+    return ACCEL_OK;
+}
+
+/* L1 footprint of the input and output tensors; *in_b is the input's size in bytes. */
+static int cl_footprint(uint64_t idx, mars_cmd *c, const mars_mems *m, uint64_t *in_b, accel_err *e)
+{
+    uint64_t n_in = (uint64_t)c->h_in * (uint64_t)c->w_in * (uint64_t)c->k_in;
+    uint64_t n_out = (uint64_t)c->h_out * (uint64_t)c->w_out * (uint64_t)c->k_out;
+    uint64_t out_b;
+    if (c->kernel == MARS_CL_HWC_TO_RBE) {
+        *in_b = packed_bytes(n_in, c->in_bits);
+        out_b = (uint64_t)c->h_in * (uint64_t)c->w_in * accel_ceil_div((uint64_t)c->k_in, 32) * (uint64_t)c->out_bits * 4;
+    } else if (c->kernel == MARS_CL_RBE_TO_HWC) {
+        *in_b = (uint64_t)c->h_in * (uint64_t)c->w_in * accel_ceil_div((uint64_t)c->k_in, 32) * (uint64_t)c->in_bits * 4;
         out_b = packed_bytes(n_out, c->out_bits);
     } else {
-        in_b = packed_bytes(n_in, c->in_bits);
+        *in_b = packed_bytes(n_in, c->in_bits);
         out_b = packed_bytes(n_out, c->out_bits);
     }
-    if (check_range(e, idx, c, "input", MARS_MEM_L1, c->x, in_b, m) ||
+    if (check_range(e, idx, c, "input", MARS_MEM_L1, c->x, *in_b, m) ||
         check_range(e, idx, c, "output", MARS_MEM_L1, c->y, out_b, m))
         return e->code;
-    c->rd_bytes[MARS_MEM_L1] = in_b;
+    c->rd_bytes[MARS_MEM_L1] = *in_b;
     c->wr_bytes[MARS_MEM_L1] = out_b;
     c->elems = n_out;
+    return ACCEL_OK;
+}
+
+/* CONV / DWCONV / FC: weights, normquant and partial-sum footprints and the cycles of the work. */
+static int cl_conv_work(const mars_config *cfg, uint64_t idx, mars_cmd *c, const mars_mems *m, uint64_t *work,
+                        accel_err *e)
+{
+    const int k = c->kernel;
+    const uint64_t n_out = c->elems;
+    uint64_t taps = (uint64_t)(c->kh * c->kw);
+    uint64_t nw = k == MARS_CL_DWCONV ? (uint64_t)c->k_out * taps
+                                      : (uint64_t)c->k_out * taps * (uint64_t)c->k_in;
+    uint64_t wb = packed_bytes(nw, c->w_bits);
+    int prec = c->in_bits > c->w_bits ? c->in_bits : c->w_bits;
+    if (check_range(e, idx, c, "weights", MARS_MEM_L1, c->w, wb, m) ||
+        (!c->psum_out &&
+         check_range(e, idx, c, "normquant", MARS_MEM_L1, c->nq, 6 * (uint64_t)c->k_out, m)))
+        return e->code;
+    c->rd_bytes[MARS_MEM_L1] += wb + (c->psum_out ? 0 : 6 * (uint64_t)c->k_out);
+    c->macs = n_out * taps * (k == MARS_CL_DWCONV ? 1 : (uint64_t)c->k_in);
+    if (c->psum_in || c->psum_out) {
+        uint64_t pb = accel_sat_mul(n_out, 4);
+        if (c->psum % 4)
+            FAIL(ACCEL_ERR_DECODE, CMDF "field psum_addr: 0x%llx is not a multiple of 4", CMDA,
+                 (unsigned long long)c->psum);
+        if (check_range(e, idx, c, "partial sums (psum_addr)", MARS_MEM_L1, c->psum, pb, m))
+            return e->code;
+        if (c->psum_in)
+            c->rd_bytes[MARS_MEM_L1] += pb;
+        if (c->psum_out)
+            c->wr_bytes[MARS_MEM_L1] = pb;
+        /* one 32-bit load and / or store per output and core */
+        *work = ceil_rate((double)n_out * (c->psum_in + c->psum_out), (double)cfg->cluster_cores);
+    }
+    if (k == MARS_CL_DWCONV)
+        *work = ceil_rate((double)c->macs, cfg->cl_dw_macs);
+    else if (k == MARS_CL_FC)
+        *work = accel_sat_add(*work, ceil_rate((double)c->macs, matmul_rate(cfg, prec) * cfg->cl_fc_efficiency));
+    else {
+        *work = accel_sat_add(*work, ceil_rate((double)c->macs, matmul_rate(cfg, prec)));
+        if (taps > 1 || c->stride_h > 1 || c->stride_w > 1)
+            *work = accel_sat_add(*work, ceil_rate((double)(c->h_out * c->w_out) * (double)taps *
+                                                       (double)c->k_in * c->in_bits / 8.0,
+                                                   cfg->cl_im2col_bytes));
+    }
+    return ACCEL_OK;
+}
+
+static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx, const mars_mems *m,
+                          mars_cmd *c, accel_err *e)
+{
+    uint64_t n_out, outs_nq = 0, work = 0, in_b = 0;
+    int k;
+    if (cl_fields(p, idx, c, e) || cl_check_operands(idx, c, e) || cl_check_window(idx, c, e) ||
+        cl_footprint(idx, c, m, &in_b, e))
+        return e->code;
+    k = c->kernel;
+    n_out = c->elems;
     switch (k) {
     case MARS_CL_CONV:
     case MARS_CL_DWCONV:
-    case MARS_CL_FC: {
-        uint64_t taps = (uint64_t)(c->kh * c->kw);
-        uint64_t nw = k == MARS_CL_DWCONV ? (uint64_t)c->k_out * taps
-                                          : (uint64_t)c->k_out * taps * (uint64_t)c->k_in;
-        uint64_t wb = packed_bytes(nw, c->w_bits);
-        int prec = c->in_bits > c->w_bits ? c->in_bits : c->w_bits;
-        if (check_range(e, idx, c, "weights", MARS_MEM_L1, c->w, wb, m) ||
-            (!c->psum_out &&
-             check_range(e, idx, c, "normquant", MARS_MEM_L1, c->nq, 6 * (uint64_t)c->k_out, m)))
+    case MARS_CL_FC:
+        if (cl_conv_work(cfg, idx, c, m, &work, e))
             return e->code;
-        c->rd_bytes[MARS_MEM_L1] += wb + (c->psum_out ? 0 : 6 * (uint64_t)c->k_out);
-        c->macs = n_out * taps * (k == MARS_CL_DWCONV ? 1 : (uint64_t)c->k_in);
         outs_nq = c->psum_out ? 0 : n_out;
-        if (c->psum_in || c->psum_out) {
-            uint64_t pb = accel_sat_mul(n_out, 4);
-            if (c->psum % 4)
-                FAIL(ACCEL_ERR_DECODE, CMDF "field psum_addr: 0x%llx is not a multiple of 4", CMDA,
-                     (unsigned long long)c->psum);
-            if (check_range(e, idx, c, "partial sums (psum_addr)", MARS_MEM_L1, c->psum, pb, m))
-                return e->code;
-            if (c->psum_in)
-                c->rd_bytes[MARS_MEM_L1] += pb;
-            if (c->psum_out)
-                c->wr_bytes[MARS_MEM_L1] = pb;
-            /* one 32-bit load and / or store per output and core */
-            work = ceil_rate((double)n_out * (c->psum_in + c->psum_out), (double)cfg->cluster_cores);
-        }
-        if (k == MARS_CL_DWCONV)
-            work = ceil_rate((double)c->macs, cfg->cl_dw_macs);
-        else if (k == MARS_CL_FC)
-            work = accel_sat_add(work, ceil_rate((double)c->macs,
-                                                 matmul_rate(cfg, prec) * cfg->cl_fc_efficiency));
-        else {
-            work = accel_sat_add(work, ceil_rate((double)c->macs, matmul_rate(cfg, prec)));
-            if (taps > 1 || c->stride_h > 1 || c->stride_w > 1)
-                work = accel_sat_add(work, ceil_rate((double)(c->h_out * c->w_out) * (double)taps *
-                                                         (double)c->k_in * c->in_bits / 8.0,
-                                                     cfg->cl_im2col_bytes));
-        }
         break;
-    }
     case MARS_CL_ADD:
         if (check_range(e, idx, c, "input B", MARS_MEM_L1, c->w, in_b, m))
             return e->code;

@@ -107,13 +107,39 @@ static void pack_pixel(uint8_t *pix, int64_t k_count, int bits, const int64_t *v
 }
 
 /* --- RBE ------------------------------------------------------------------------------------- */
+/* Unpacks the RBE weights into w (Kout, taps, Kin) as signed values; returns 1 when a stop was
+ * requested. Layout: 3x3 (Kout, Kin/32, W, 9, 32), 1x1 (Kout, Kin/32, W, 32); stored
+ * offset-binary unless w_unsigned. */
+static int rbe_weights(const mars_cmd *c, const uint8_t *l1, int16_t *w)
+{
+    const int64_t Ki = c->k_in, Ko = c->k_out;
+    const int taps = c->kh * c->kw;
+    const uint64_t n_ki = (uint64_t)(Ki + 31) / 32;
+    const int64_t off = c->w_unsigned ? 0 : ((int64_t)1 << (c->w_bits - 1));
+    for (int64_t o = 0; o < Ko; o++) {
+        if (accel_should_stop())
+            return 1;
+        for (uint64_t t = 0; t < n_ki; t++)
+            for (int b = 0; b < c->w_bits; b++)
+                for (int f = 0; f < taps; f++) {
+                    uint64_t word_i = (((uint64_t)o * n_ki + t) * (uint64_t)c->w_bits + (uint64_t)b) *
+                                          (uint64_t)taps + (uint64_t)f;
+                    uint32_t word = accel_ld_u32le(l1 + c->w + 4 * word_i);
+                    for (int j = 0; j < 32 && (int64_t)t * 32 + j < Ki; j++)
+                        w[(o * taps + f) * Ki + (int64_t)t * 32 + j] |= (int16_t)(((word >> j) & 1u) << b);
+                }
+    }
+    if (off)
+        for (int64_t i = 0; i < Ko * taps * Ki; i++)
+            w[i] = (int16_t)(w[i] - off);
+    return 0;
+}
+
 static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
 {
     uint8_t *l1 = m->mem[MARS_MEM_L1];
     int64_t H = c->h_in, W = c->w_in, Ki = c->k_in, Ko = c->k_out;
     int taps = c->kh * c->kw;
-    uint64_t n_ki = (uint64_t)(Ki + 31) / 32;
-    int64_t off = c->w_unsigned ? 0 : ((int64_t)1 << (c->w_bits - 1));
     uint8_t *x = accel_calloc((uint64_t)(H * W * Ki), 1);
     int16_t *w = accel_calloc((uint64_t)(Ko * taps * Ki), sizeof(int16_t));
     int64_t *y = accel_calloc((uint64_t)(c->h_out * c->w_out * Ko), sizeof(int64_t));
@@ -129,23 +155,8 @@ static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
             unpack_pixel(l1 + c->x + (uint64_t)h * c->x_rs + (uint64_t)ww * c->x_ps, Ki, c->in_bits,
                          x + (h * W + ww) * Ki);
     }
-    /* weights: 3x3 (Kout, Kin/32, W, 9, 32), 1x1 (Kout, Kin/32, W, 32); stored offset-binary */
-    for (int64_t o = 0; o < Ko; o++) {
-        if (accel_should_stop())
-            goto stopped;
-        for (uint64_t t = 0; t < n_ki; t++)
-            for (int b = 0; b < c->w_bits; b++)
-                for (int f = 0; f < taps; f++) {
-                    uint64_t word_i = (((uint64_t)o * n_ki + t) * (uint64_t)c->w_bits + (uint64_t)b) *
-                                          (uint64_t)taps + (uint64_t)f;
-                    uint32_t word = accel_ld_u32le(l1 + c->w + 4 * word_i);
-                    for (int j = 0; j < 32 && (int64_t)t * 32 + j < Ki; j++)
-                        w[(o * taps + f) * Ki + (int64_t)t * 32 + j] |= (int16_t)(((word >> j) & 1u) << b);
-                }
-    }
-    if (off)
-        for (int64_t i = 0; i < Ko * taps * Ki; i++)
-            w[i] = (int16_t)(w[i] - off);
+    if (rbe_weights(c, l1, w))
+        goto stopped;
     for (int64_t ho = 0; ho < c->h_out; ho++)
         for (int64_t wo = 0; wo < c->w_out; wo++) {
             if (accel_should_stop())
@@ -192,159 +203,219 @@ done:
 }
 
 /* --- CLUSTER --------------------------------------------------------------------------------- */
-static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+/* The kernels below fill `out` (one int64 per output element) and return ACCEL_OK,
+ * ACCEL_ERR_NOMEM (no message recorded yet) or ACCEL_ERR_INTERRUPTED. */
+
+/* RBE2HWC: bit-plane pixels of the input back to (sign-extended) values. */
+static int cl_rbe_to_hwc(const mars_cmd *c, const uint8_t *l1, int64_t *out)
 {
-    uint8_t *l1 = m->mem[MARS_MEM_L1];
-    int64_t Hi = c->h_in, Wi = c->w_in, Ci = c->k_in, Ho = c->h_out, Wo = c->w_out, Co = c->k_out;
-    uint64_t n_in = (uint64_t)(Hi * Wi * Ci), n_out = (uint64_t)(Ho * Wo * Co);
-    int32_t *a = NULL, *b = NULL, *wt = NULL;
-    int64_t *out = accel_calloc(n_out, sizeof(int64_t));
-    int rc = ACCEL_OK;
-    int pad = c->in_signed ? (int)(int8_t)(uint8_t)c->pad_value : c->pad_value;
-    int k = c->kernel;
-    if (!out)
-        goto nomem;
-    if (k == MARS_CL_RBE_TO_HWC) {
-        uint8_t *v = accel_calloc((uint64_t)Ci, 1);
-        uint64_t pix = (uint64_t)(Ci + 31) / 32 * (uint64_t)c->in_bits * 4;
-        if (!v)
-            goto nomem;
-        for (int64_t p = 0; p < Hi * Wi; p++) {
-            if (accel_should_stop()) {
-                free(v);
-                goto stopped;
-            }
-            unpack_pixel(l1 + c->x + (uint64_t)p * pix, Ci, c->in_bits, v);
-            for (int64_t ch = 0; ch < Ci; ch++) {
-                int64_t val = v[ch];
-                if (c->in_signed && (val >> (c->in_bits - 1)))
-                    val -= (int64_t)1 << c->in_bits;
-                out[p * Ci + ch] = val;
+    const int64_t Ci = c->k_in, n_pix = c->h_in * c->w_in;
+    uint64_t pix = (uint64_t)(Ci + 31) / 32 * (uint64_t)c->in_bits * 4;
+    uint8_t *v = accel_calloc((uint64_t)Ci, 1);
+    if (!v)
+        return ACCEL_ERR_NOMEM;
+    for (int64_t p = 0; p < n_pix; p++) {
+        if (accel_should_stop()) {
+            free(v);
+            return ACCEL_ERR_INTERRUPTED;
+        }
+        unpack_pixel(l1 + c->x + (uint64_t)p * pix, Ci, c->in_bits, v);
+        for (int64_t ch = 0; ch < Ci; ch++) {
+            int64_t val = v[ch];
+            if (c->in_signed && (val >> (c->in_bits - 1)))
+                val -= (int64_t)1 << c->in_bits;
+            out[p * Ci + ch] = val;
+        }
+    }
+    free(v);
+    return ACCEL_OK;
+}
+
+/* HWC2RBE: the input values (a) written as bit-plane pixels of out_bits planes. */
+static int cl_hwc_to_rbe(const mars_cmd *c, uint8_t *l1, const int32_t *a)
+{
+    const int64_t Ci = c->k_in, n_pix = c->h_in * c->w_in;
+    uint64_t pix = (uint64_t)(Ci + 31) / 32 * (uint64_t)c->out_bits * 4;
+    int64_t *v = accel_calloc((uint64_t)Ci, sizeof(int64_t));
+    if (!v)
+        return ACCEL_ERR_NOMEM;
+    for (int64_t p = 0; p < n_pix; p++) {
+        if (accel_should_stop()) {
+            free(v);
+            return ACCEL_ERR_INTERRUPTED;
+        }
+        for (int64_t ch = 0; ch < Ci; ch++)
+            v[ch] = (int64_t)((uint64_t)(int64_t)a[p * Ci + ch] & ((1u << c->out_bits) - 1));
+        pack_pixel(l1 + c->y + (uint64_t)p * pix, Ci, c->out_bits, v);
+    }
+    free(v);
+    return ACCEL_OK;
+}
+
+/* Accumulator of output channel o at (ho, wo) of a CONV / DWCONV / FC over the input a and the
+ * weights wt (pad: value of padded input pixels). */
+static int64_t conv_acc(const mars_cmd *c, const int32_t *a, const int32_t *wt, int pad, int64_t ho, int64_t wo,
+                        int64_t o, int64_t acc)
+{
+    const int64_t Hi = c->h_in, Wi = c->w_in, Ci = c->k_in, taps = (int64_t)c->kh * c->kw;
+    for (int ky = 0; ky < c->kh; ky++)
+        for (int kx = 0; kx < c->kw; kx++) {
+            int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
+            int inside = hi >= 0 && hi < Hi && wi >= 0 && wi < Wi;
+            if (c->kernel == MARS_CL_DWCONV) {
+                int64_t xv = inside ? a[(hi * Wi + wi) * Ci + o] : pad;
+                acc += xv * wt[o * taps + ky * c->kw + kx];
+            } else {
+                const int32_t *wv = wt + (o * taps + ky * c->kw + kx) * Ci;
+                if (inside) {
+                    const int32_t *xv = a + (hi * Wi + wi) * Ci;
+                    for (int64_t ch = 0; ch < Ci; ch++)
+                        acc += (int64_t)xv[ch] * wv[ch];
+                } else {
+                    for (int64_t ch = 0; ch < Ci; ch++)
+                        acc += (int64_t)pad * wv[ch];
+                }
             }
         }
-        free(v);
-        goto store;
-    }
-    a = unpack_tensor(l1 + c->x, n_in, c->in_bits, c->in_signed);
-    if (!a)
-        goto nomem;
-    if (k == MARS_CL_HWC_TO_RBE) {
-        uint64_t pix = (uint64_t)(Ci + 31) / 32 * (uint64_t)c->out_bits * 4;
-        int64_t *v = accel_calloc((uint64_t)Ci, sizeof(int64_t));
-        if (!v)
-            goto nomem;
-        for (int64_t p = 0; p < Hi * Wi; p++) {
+    return acc;
+}
+
+/* CONV / DWCONV / FC: 32-bit sums (partial sums in and / or out) or normquant'ed outputs. */
+static int cl_conv(const mars_cmd *c, const uint8_t *l1, const int32_t *a, int pad, int64_t *out)
+{
+    const int64_t Ho = c->h_out, Wo = c->w_out, Co = c->k_out, taps = (int64_t)c->kh * c->kw;
+    uint64_t nw = (uint64_t)(c->kernel == MARS_CL_DWCONV ? Co * taps : Co * taps * c->k_in);
+    int32_t *wt = unpack_tensor(l1 + c->w, nw, c->w_bits, 1);
+    if (!wt)
+        return ACCEL_ERR_NOMEM;
+    for (int64_t ho = 0; ho < Ho; ho++)
+        for (int64_t wo = 0; wo < Wo; wo++) {
             if (accel_should_stop()) {
-                free(v);
-                goto stopped;
+                free(wt);
+                return ACCEL_ERR_INTERRUPTED;
             }
-            for (int64_t ch = 0; ch < Ci; ch++)
-                v[ch] = (int64_t)((uint64_t)(int64_t)a[p * Ci + ch] & ((1u << c->out_bits) - 1));
-            pack_pixel(l1 + c->y + (uint64_t)p * pix, Ci, c->out_bits, v);
+            for (int64_t o = 0; o < Co; o++) {
+                uint64_t oi = (uint64_t)((ho * Wo + wo) * Co + o);
+                int64_t acc = c->psum_in ? (int64_t)accel_as_i32(accel_ld_u32le(l1 + c->psum + 4 * oi)) : 0;
+                acc = conv_acc(c, a, wt, pad, ho, wo, o, acc);
+                if (c->psum_out) {
+                    out[oi] = wrap32(acc);
+                } else {
+                    uint32_t kappa;
+                    int32_t lambda;
+                    nq_record(l1, c->nq, o, &kappa, &lambda);
+                    out[oi] = normquant(wrap32(acc), kappa, lambda, c->shift, c->out_bits, c->out_signed, c->relu);
+                }
+            }
         }
-        free(v);
-        goto done;
+    free(wt);
+    return ACCEL_OK;
+}
+
+/* ADD: kappa_a * A + kappa_b * B, normquant'ed. */
+static int cl_add(const mars_cmd *c, const uint8_t *l1, const int32_t *a, uint64_t n_in, uint64_t n_out, int64_t *out)
+{
+    int32_t *b = unpack_tensor(l1 + c->w, n_in, c->in_bits, c->b_signed);
+    if (!b)
+        return ACCEL_ERR_NOMEM;
+    for (uint64_t i = 0; i < n_out; i++) {
+        if ((i & 0xffff) == 0 && accel_should_stop()) {
+            free(b);
+            return ACCEL_ERR_INTERRUPTED;
+        }
+        out[i] = normquant((int64_t)a[i] * c->kappa_a + (int64_t)b[i] * c->kappa_b, 1, c->lambda, c->shift,
+                           c->out_bits, c->out_signed, c->relu);
     }
-    if (k == MARS_CL_CONV || k == MARS_CL_DWCONV || k == MARS_CL_FC) {
-        int64_t taps = (int64_t)c->kh * c->kw;
-        uint64_t nw = (uint64_t)(k == MARS_CL_DWCONV ? Co * taps : Co * taps * Ci);
-        wt = unpack_tensor(l1 + c->w, nw, c->w_bits, 1);
-        if (!wt)
-            goto nomem;
-        for (int64_t ho = 0; ho < Ho; ho++)
-            for (int64_t wo = 0; wo < Wo; wo++) {
-                if (accel_should_stop())
-                    goto stopped;
-                for (int64_t o = 0; o < Co; o++) {
-                    uint64_t oi = (uint64_t)((ho * Wo + wo) * Co + o);
-                    int64_t acc = c->psum_in ? (int64_t)accel_as_i32(accel_ld_u32le(l1 + c->psum + 4 * oi)) : 0;
-                    for (int ky = 0; ky < c->kh; ky++)
-                        for (int kx = 0; kx < c->kw; kx++) {
-                            int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
-                            int inside = hi >= 0 && hi < Hi && wi >= 0 && wi < Wi;
-                            if (k == MARS_CL_DWCONV) {
-                                int64_t xv = inside ? a[(hi * Wi + wi) * Ci + o] : pad;
-                                acc += xv * wt[o * taps + ky * c->kw + kx];
-                            } else {
-                                const int32_t *wv = wt + (o * taps + ky * c->kw + kx) * Ci;
-                                if (inside) {
-                                    const int32_t *xv = a + (hi * Wi + wi) * Ci;
-                                    for (int64_t ch = 0; ch < Ci; ch++)
-                                        acc += (int64_t)xv[ch] * wv[ch];
-                                } else {
-                                    for (int64_t ch = 0; ch < Ci; ch++)
-                                        acc += (int64_t)pad * wv[ch];
-                                }
-                            }
-                        }
-                    if (c->psum_out) {
-                        out[oi] = wrap32(acc);
-                    } else {
-                        uint32_t kappa;
-                        int32_t lambda;
-                        nq_record(l1, c->nq, o, &kappa, &lambda);
-                        out[oi] = normquant(wrap32(acc), kappa, lambda, c->shift, c->out_bits,
-                                            c->out_signed, c->relu);
+    free(b);
+    return ACCEL_OK;
+}
+
+/* MAXPOOL / AVGPOOL. */
+static int cl_pool(const mars_cmd *c, const int32_t *a, int pad, int64_t *out)
+{
+    const int64_t Hi = c->h_in, Wi = c->w_in, Ci = c->k_in, Ho = c->h_out, Wo = c->w_out, Co = c->k_out;
+    const int max = c->kernel == MARS_CL_MAXPOOL;
+    for (int64_t ho = 0; ho < Ho; ho++)
+        for (int64_t wo = 0; wo < Wo; wo++) {
+            if (accel_should_stop())
+                return ACCEL_ERR_INTERRUPTED;
+            for (int64_t ch = 0; ch < Co; ch++) {
+                int64_t acc = max ? INT64_MIN : 0;
+                for (int ky = 0; ky < c->kh; ky++)
+                    for (int kx = 0; kx < c->kw; kx++) {
+                        int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
+                        int64_t v = (hi >= 0 && hi < Hi && wi >= 0 && wi < Wi) ? a[(hi * Wi + wi) * Ci + ch] : pad;
+                        if (max)
+                            acc = v > acc ? v : acc;
+                        else
+                            acc += v;
                     }
-                }
+                out[(ho * Wo + wo) * Co + ch] =
+                    max ? normquant(acc, 1, 0, 0, c->out_bits, c->out_signed, c->relu)
+                        : normquant(acc, c->kappa_a, c->lambda, c->shift, c->out_bits, c->out_signed, c->relu);
             }
-    } else if (k == MARS_CL_ADD) {
-        b = unpack_tensor(l1 + c->w, n_in, c->in_bits, c->b_signed);
-        if (!b)
-            goto nomem;
-        for (uint64_t i = 0; i < n_out; i++) {
-            if ((i & 0xffff) == 0 && accel_should_stop())
-                goto stopped;
-            out[i] = normquant((int64_t)a[i] * c->kappa_a + (int64_t)b[i] * c->kappa_b, 1, c->lambda,
-                               c->shift, c->out_bits, c->out_signed, c->relu);
         }
-    } else { /* MAXPOOL, AVGPOOL */
-        for (int64_t ho = 0; ho < Ho; ho++)
-            for (int64_t wo = 0; wo < Wo; wo++) {
-                if (accel_should_stop())
-                    goto stopped;
-                for (int64_t ch = 0; ch < Co; ch++) {
-                    int64_t acc = k == MARS_CL_MAXPOOL ? INT64_MIN : 0;
-                    for (int ky = 0; ky < c->kh; ky++)
-                        for (int kx = 0; kx < c->kw; kx++) {
-                            int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
-                            int64_t v = (hi >= 0 && hi < Hi && wi >= 0 && wi < Wi) ? a[(hi * Wi + wi) * Ci + ch] : pad;
-                            if (k == MARS_CL_MAXPOOL)
-                                acc = v > acc ? v : acc;
-                            else
-                                acc += v;
-                        }
-                    out[(ho * Wo + wo) * Co + ch] =
-                        k == MARS_CL_MAXPOOL
-                            ? normquant(acc, 1, 0, 0, c->out_bits, c->out_signed, c->relu)
-                            : normquant(acc, c->kappa_a, c->lambda, c->shift, c->out_bits, c->out_signed, c->relu);
-                }
-            }
-    }
-    if (c->psum_out) { /* partial sums stay 32-bit for the next input-channel chunk */
+    return ACCEL_OK;
+}
+
+/* Writes the outputs at y (out_bits each), or the 32-bit partial sums at psum_addr. */
+static void cl_store(const mars_cmd *c, uint8_t *l1, const int64_t *out, uint64_t n_out, int psum)
+{
+    if (psum) { /* partial sums stay 32-bit for the next input-channel chunk */
         for (uint64_t i = 0; i < n_out; i++)
             accel_st_u32le(l1 + c->psum + 4 * i, (uint32_t)((uint64_t)out[i] & 0xffffffffu));
-        goto done;
+        return;
     }
-store:
     for (uint64_t i = 0; i < n_out; i++) {
         if (c->out_bits == 8)
             l1[c->y + i] = (uint8_t)((uint64_t)out[i] & 0xffu);
         else
             set_elem(l1 + c->y, i, c->out_bits, out[i]);
     }
-    goto done;
-nomem:
-    rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (%s): out of host memory", (unsigned long long)idx,
-                    mars_cmd_name(c));
-    goto done;
-stopped:
-    rc = ACCEL_ERR_INTERRUPTED;
-done:
+}
+
+/* The kernels that read the input as values: everything but RBE2HWC. */
+static int cl_on_values(const mars_cmd *c, uint8_t *l1, uint64_t n_in, uint64_t n_out, int64_t *out)
+{
+    int pad = c->in_signed ? (int)(int8_t)(uint8_t)c->pad_value : c->pad_value;
+    int k = c->kernel, rc;
+    int32_t *a = unpack_tensor(l1 + c->x, n_in, c->in_bits, c->in_signed);
+    if (!a)
+        return ACCEL_ERR_NOMEM;
+    if (k == MARS_CL_HWC_TO_RBE) {
+        rc = cl_hwc_to_rbe(c, l1, a);
+        free(a);
+        return rc;
+    }
+    if (k == MARS_CL_CONV || k == MARS_CL_DWCONV || k == MARS_CL_FC)
+        rc = cl_conv(c, l1, a, pad, out);
+    else if (k == MARS_CL_ADD)
+        rc = cl_add(c, l1, a, n_in, n_out, out);
+    else
+        rc = cl_pool(c, a, pad, out);
+    if (rc == ACCEL_OK)
+        cl_store(c, l1, out, n_out, c->psum_out);
     free(a);
-    free(b);
-    free(wt);
+    return rc;
+}
+
+static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+{
+    uint8_t *l1 = m->mem[MARS_MEM_L1];
+    uint64_t n_in = (uint64_t)(c->h_in * c->w_in * c->k_in), n_out = (uint64_t)(c->h_out * c->w_out * c->k_out);
+    int64_t *out = accel_calloc(n_out, sizeof(int64_t));
+    int rc = ACCEL_ERR_NOMEM;
+    if (out && c->kernel == MARS_CL_RBE_TO_HWC) {
+        rc = cl_rbe_to_hwc(c, l1, out);
+        if (rc == ACCEL_OK)
+            cl_store(c, l1, out, n_out, 0);
+    } else if (out) {
+        rc = cl_on_values(c, l1, n_in, n_out, out);
+    }
     free(out);
+    if (rc == ACCEL_ERR_NOMEM)
+        return accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (%s): out of host memory", (unsigned long long)idx,
+                          mars_cmd_name(c));
     return rc;
 }
 

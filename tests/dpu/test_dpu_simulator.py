@@ -9,14 +9,14 @@ format unit, circular FM addressing and the DPON/DPBY token FIFOs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from helpers import fuzz
 from tvm_accel.errors import SimulatorError
 from tvm_dpu.codegen import (
     INSN_BYTES,
@@ -907,66 +907,34 @@ def _base_programs(cfg):
     return out
 
 
-def _mutate(rng, stream: bytes) -> bytes:
-    b = bytearray(stream)
-    kind = rng.integers(0, 7)
+def _rewrite_dpon_dpby(rng: np.random.Generator, b: bytearray) -> bytearray:
+    """DPON/DPBY nibbles rewritten (protocol errors, deadlocks)."""
     n = len(b) // INSN_BYTES
-    if kind == 0:  # bit flips
-        for _ in range(rng.integers(1, 9)):
-            i = int(rng.integers(0, len(b) * 8))
-            b[i // 8] ^= 1 << (i % 8)
-    elif kind == 1:  # random 64-bit words
-        for _ in range(rng.integers(1, 4)):
-            i = int(rng.integers(0, len(b) // 8))
-            b[8 * i:8 * i + 8] = rng.bytes(8)
-    elif kind == 2:  # truncation, sometimes to a non-multiple of 32
-        cut = int(rng.integers(0, len(b)))
-        b = b[: cut if rng.integers(0, 2) else cut // INSN_BYTES * INSN_BYTES]
-    elif kind == 3:  # random bytes
-        b = bytearray(rng.bytes(INSN_BYTES * int(rng.integers(1, 12))))
-    elif kind == 4:  # duplicate / drop / swap instructions
-        ins = [bytes(b[INSN_BYTES * i:INSN_BYTES * (i + 1)]) for i in range(n)]
-        for _ in range(rng.integers(1, 4)):
-            i, j = (int(x) for x in rng.integers(0, len(ins), 2))
-            op = rng.integers(0, 3)
-            if op == 0:
-                ins.insert(i, ins[j])
-            elif op == 1 and len(ins) > 1:
-                ins.pop(i)
-            else:
-                ins[i], ins[j] = ins[j], ins[i]
-        b = bytearray(b"".join(ins))
-    elif kind == 5:  # DPON/DPBY nibbles rewritten (protocol errors, deadlocks)
-        for _ in range(rng.integers(1, 4)):
-            i = int(rng.integers(0, n))
-            b[INSN_BYTES * i] = (b[INSN_BYTES * i] & 0x0F) | int(rng.integers(0, 16)) << 4
-            b[INSN_BYTES * i + 1] = (b[INSN_BYTES * i + 1] & 0xF0) | int(rng.integers(0, 16))
-    else:  # one byte set to 0xff
-        i = int(rng.integers(0, len(b)))
-        b[i] = 0xFF
-    return bytes(b)
+    for _ in range(rng.integers(1, 4)):
+        i = int(rng.integers(0, n))
+        b[INSN_BYTES * i] = (b[INSN_BYTES * i] & 0x0F) | int(rng.integers(0, 16)) << 4
+        b[INSN_BYTES * i + 1] = (b[INSN_BYTES * i + 1] & 0xF0) | int(rng.integers(0, 16))
+    return b
 
 
-def _fuzz_main(start: int, count: int) -> int:
-    names = ["dpu_default", "dpu_8pe"]
-    bases = {name: _base_programs(load_config(name)) for name in names}
-    ok = err = 0
-    for seed in range(start, start + count):
-        print(f"seed={seed}", flush=True)
-        rng = np.random.default_rng(seed)
-        name = names[seed % 2]
-        cfg = load_config(name)
-        stream, ddr, regs = bases[name][int(rng.integers(0, len(bases[name])))]
-        stream = _mutate(rng, stream)
-        if rng.integers(0, 4) == 0:
-            ddr = ddr[: int(rng.integers(0, ddr.size + 1))]
-        try:
-            simulate(cfg, stream, ddr.copy(), max_cycles=20_000, regions=regs)
-            ok += 1
-        except SimulatorError:
-            err += 1
-    print(f"done ok={ok} err={err}", flush=True)
-    return 0
+MUTATORS = [fuzz.flip_bits, fuzz.random_words(8), fuzz.truncate(INSN_BYTES),
+            fuzz.random_stream(INSN_BYTES), fuzz.reorder(INSN_BYTES), _rewrite_dpon_dpby,
+            fuzz.byte_ff]
+FUZZ_CONFIGS = ["dpu_default", "dpu_8pe"]
+
+
+@functools.cache
+def _fuzz_bases(name: str):
+    return _base_programs(load_config(name))
+
+
+def _fuzz_case(seed: int, rng: np.random.Generator) -> None:
+    name = FUZZ_CONFIGS[seed % 2]
+    cfg = load_config(name)
+    stream, ddr, regs = _fuzz_bases(name)[int(rng.integers(0, len(_fuzz_bases(name))))]
+    stream = fuzz.mutate(rng, stream, MUTATORS)
+    ddr = fuzz.maybe_truncate(rng, ddr)
+    simulate(cfg, stream, ddr.copy(), max_cycles=20_000, regions=regs)
 
 
 def test_base_programs_of_the_fuzzer_are_valid():
@@ -978,17 +946,9 @@ def test_base_programs_of_the_fuzzer_are_valid():
 
 def test_fuzzed_streams_fail_cleanly_or_run():
     """Mutated streams end in success or SimulatorError; a crash names the seed."""
-    proc = subprocess.run([sys.executable, __file__, "fuzz", "0", str(FUZZ_CASES)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    lines = proc.stdout.strip().splitlines()
-    last = lines[-1] if lines else "(no output)"
-    assert proc.returncode == 0, (f"fuzz worker died (rc {proc.returncode}) at {last}\n"
-                                  f"{proc.stderr[-3000:]}")
-    assert last.startswith("done"), last
-    ok = int(last.split("ok=")[1].split()[0])
-    err = int(last.split("err=")[1])
+    ok, err = fuzz.run_worker(__file__, FUZZ_CASES)
     assert ok + err == FUZZ_CASES and ok > 0 and err > 0
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "fuzz":
-    sys.exit(_fuzz_main(int(sys.argv[2]), int(sys.argv[3])))
+if __name__ == "__main__":
+    fuzz.worker_main(_fuzz_case, sys.argv)

@@ -1,16 +1,16 @@
 """MARSELLUS simulator: RBE and cluster kernels bit-exact vs numpy, DMA, semaphore sync and
 overlap, timing calibration against the paper, errors and robustness on mutated streams."""
 
+import functools
 import itertools
 import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from helpers import fuzz
 from tvm_accel.errors import SimulatorError
 from tvm_marsellus import codegen as cg
 from tvm_marsellus import layout, program
@@ -546,59 +546,51 @@ def _base_streams():
     return [(cg.encode_stream(cmds), l1)]
 
 
-def _mutate(rng, stream: bytes) -> bytes:
-    b = bytearray(stream)
-    kind = rng.integers(0, 6)
+def _random_commands(rng: np.random.Generator, b: bytearray) -> bytearray:
+    """Random commands with a valid opcode."""
     n = len(b) // cg.CMD_BYTES
-    if kind == 0:  # bit flips
-        for _ in range(rng.integers(1, 9)):
-            i = int(rng.integers(0, len(b) * 8))
-            b[i // 8] ^= 1 << (i % 8)
-    elif kind == 1:  # random words
-        for _ in range(rng.integers(1, 4)):
-            i = int(rng.integers(0, len(b) // 4))
-            b[4 * i:4 * i + 4] = rng.bytes(4)
-    elif kind == 2:  # truncation
-        cut = int(rng.integers(0, len(b)))
-        b = b[: cut if rng.integers(0, 2) else cut // cg.CMD_BYTES * cg.CMD_BYTES]
-    elif kind == 3:  # random commands with a valid opcode
-        for _ in range(rng.integers(1, 3)):
-            i = int(rng.integers(0, n))
-            b[64 * i:64 * i + 64] = bytes([int(rng.integers(1, 5)), 0, 0, 0]) + rng.bytes(60)
-    elif kind == 4:  # duplicate / drop commands
-        ins = [bytes(b[64 * i:64 * i + 64]) for i in range(n)]
-        i, j = (int(x) for x in rng.integers(0, n, 2))
-        if rng.integers(0, 2):
-            ins.insert(i, ins[j])
-        else:
-            del ins[i]
-        b = bytearray(b"".join(ins))
-    else:  # small field values only (keeps the commands decodable more often)
+    for _ in range(rng.integers(1, 3)):
         i = int(rng.integers(0, n))
-        w = int(rng.integers(2, 16))
-        b[64 * i + 4 * w:64 * i + 4 * w + 4] = int(rng.integers(0, 1 << 12)).to_bytes(4, "little")
-    return bytes(b)
+        b[64 * i:64 * i + 64] = bytes([int(rng.integers(1, 5)), 0, 0, 0]) + rng.bytes(60)
+    return b
 
 
-def _fuzz_main(start: int, count: int) -> int:
-    bases = _base_streams()
-    ok = err = 0
-    for seed in range(start, start + count):
-        print(f"seed={seed}", flush=True)
-        rng = np.random.default_rng(seed)
-        stream, l1 = bases[0]
-        mem = np.zeros(CFG.L1_BYTES, np.uint8)
-        mem[:l1.size] = l1
-        if rng.integers(0, 4) == 0:
-            mem = mem[: int(rng.integers(0, mem.size + 1))].copy()
-        try:
-            simulate(CFG, _mutate(rng, stream), l1=mem, l3=np.zeros(4096, np.uint8),
-                     l2=np.zeros(65536, np.uint8), max_cycles=200_000)
-            ok += 1
-        except SimulatorError:
-            err += 1
-    print(f"done ok={ok} err={err}", flush=True)
-    return 0
+def _duplicate_or_drop(rng: np.random.Generator, b: bytearray) -> bytearray:
+    """One command duplicated or dropped."""
+    n = len(b) // cg.CMD_BYTES
+    ins = [bytes(b[64 * i:64 * i + 64]) for i in range(n)]
+    i, j = (int(x) for x in rng.integers(0, n, 2))
+    if rng.integers(0, 2):
+        ins.insert(i, ins[j])
+    else:
+        del ins[i]
+    return bytearray(b"".join(ins))
+
+
+def _small_field(rng: np.random.Generator, b: bytearray) -> bytearray:
+    """Small field values only (keeps the commands decodable more often)."""
+    i = int(rng.integers(0, len(b) // cg.CMD_BYTES))
+    w = int(rng.integers(2, 16))
+    b[64 * i + 4 * w:64 * i + 4 * w + 4] = int(rng.integers(0, 1 << 12)).to_bytes(4, "little")
+    return b
+
+
+MUTATORS = [fuzz.flip_bits, fuzz.random_words(4), fuzz.truncate(cg.CMD_BYTES), _random_commands,
+            _duplicate_or_drop, _small_field]
+
+
+@functools.cache
+def _fuzz_base():
+    return _base_streams()[0]
+
+
+def _fuzz_case(seed: int, rng: np.random.Generator) -> None:
+    stream, l1 = _fuzz_base()
+    mem = np.zeros(CFG.L1_BYTES, np.uint8)
+    mem[:l1.size] = l1
+    mem = fuzz.maybe_truncate(rng, mem).copy()
+    simulate(CFG, fuzz.mutate(rng, stream, MUTATORS), l1=mem, l3=np.zeros(4096, np.uint8),
+             l2=np.zeros(65536, np.uint8), max_cycles=200_000)
 
 
 def test_base_stream_of_the_fuzzer_is_valid():
@@ -612,16 +604,9 @@ def test_base_stream_of_the_fuzzer_is_valid():
 
 def test_mutated_streams_fail_cleanly_or_run():
     """Mutated streams end in success or SimulatorError; a crash names the seed."""
-    proc = subprocess.run([sys.executable, __file__, "fuzz", "0", str(FUZZ_CASES)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    lines = proc.stdout.strip().splitlines()
-    last = lines[-1] if lines else "(no output)"
-    assert proc.returncode == 0, (f"fuzz worker died (rc {proc.returncode}) at {last}\n"
-                                  f"{proc.stderr[-3000:]}")
-    assert last.startswith("done"), last
-    ok = int(last.split("ok=")[1].split()[0])
+    ok, _ = fuzz.run_worker(__file__, FUZZ_CASES)
     assert 0 < ok < FUZZ_CASES  # both outcomes are exercised
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "fuzz":
-    sys.exit(_fuzz_main(int(sys.argv[2]), int(sys.argv[3])))
+if __name__ == "__main__":
+    fuzz.worker_main(_fuzz_case, sys.argv)
