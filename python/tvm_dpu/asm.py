@@ -84,81 +84,83 @@ class ISA:
             parts.append(f"{key}={text}")
             shown.update(names)
 
-        i = insn
-        if isinstance(i, Load):
-            if i.to_pm:
-                put("dst", f"PM:0x{i.dst_addr:06x}", "to_pm", "dst_addr")
-            else:
-                put("dst", self.fm(i.fm_mem, i.dst_addr), "to_pm", "fm_mem", "dst_addr")
-            put("src", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
-            put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
-            put("src_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
-                "ddr_row_stride")
-            if not i.to_pm:
-                put("dst_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
-                    "fm_row_stride")
-                if i.img_stride:
-                    put("img_stride", _hex(i.img_stride), "img_stride")
-        elif isinstance(i, Save):
-            put("src", self.fm(i.fm_mem, i.src_addr), "fm_mem", "src_addr")
-            put("dst", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
-            put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
-            put("src_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
+        if isinstance(insn, Load):
+            self._load_operands(insn, put)
+        elif isinstance(insn, Save):
+            self._save_operands(insn, put)
+        else:
+            self._compute_operands(insn, put)
+            self._compute_attributes(insn, put)
+        parts += _other_fields(insn, shown)
+        return " ".join(parts)
+
+    def _load_operands(self, i: Load, put) -> None:
+        if i.to_pm:
+            put("dst", f"PM:0x{i.dst_addr:06x}", "to_pm", "dst_addr")
+        else:
+            put("dst", self.fm(i.fm_mem, i.dst_addr), "to_pm", "fm_mem", "dst_addr")
+        put("src", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
+        put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
+        put("src_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
+            "ddr_row_stride")
+        if not i.to_pm:
+            put("dst_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
                 "fm_row_stride")
-            put("dst_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
-                "ddr_row_stride")
             if i.img_stride:
                 put("img_stride", _hex(i.img_stride), "img_stride")
-        else:
-            a = "a" if isinstance(i, EltAdd) else "in"
-            put(a, self.fm(i.in_mem, i.in_addr), "in_mem", "in_addr")
-            put(f"{a}_stride", f"{i.in_pix_stride},{i.in_row_stride}", "in_pix_stride",
-                "in_row_stride")
-            if isinstance(i, Conv):
-                put("ic", str(i.ic), "ic")
-            if isinstance(i, EltAdd):
-                put("b", self.fm(i.b_mem, i.b_addr), "b_mem", "b_addr")
-                put("b_stride", f"{i.b_pix_stride},{i.b_row_stride}", "b_pix_stride",
-                    "b_row_stride")
-            put("out", self.fm(i.out_mem, i.out_addr), "out_mem", "out_addr")
-            put("out_stride", f"{i.out_pix_stride},{i.out_row_stride}", "out_pix_stride",
-                "out_row_stride")
-            c = i.oc if isinstance(i, Conv) else i.chans
-            put("out_size", f"{i.out_h}x{i.out_w}x{c}", "out_h", "out_w",
-                "oc" if isinstance(i, Conv) else "chans")
-            if isinstance(i, (Conv, Pool)):
-                put("kernel", f"{i.kernel_h}x{i.kernel_w}", "kernel_h", "kernel_w")
-                put("stride", f"{i.stride_h}x{i.stride_w}", "stride_h", "stride_w")
-                put("pad", f"{i.pad_top},{i.pad_bottom},{i.pad_left},{i.pad_right}",
-                    "pad_top", "pad_bottom", "pad_left", "pad_right")
-            if isinstance(i, Conv):
-                put("params", f"PM:0x{i.param_addr:06x}", "param_addr")
-                put("shift", str(i.shift), "shift")
-            if isinstance(i, Pool) and i.op == MISC_AVGPOOL:
-                put("mult", str(i.mult), "mult")
-                put("shift", str(i.shift), "shift")
-            if isinstance(i, EltAdd):
-                put("shift_a", str(i.shift_a), "shift_a")
-                put("shift_b", str(i.shift_b), "shift_b")
-                put("shift", str(i.shift), "shift")
-            if isinstance(i, Upsample):
-                put("factor", f"{i.factor_h}x{i.factor_w}", "factor_h", "factor_w")
-            if isinstance(i, (Conv, Pool, EltAdd)):
-                put("clip", f"{i.clip_lo},{i.clip_hi}", "clip_lo", "clip_hi")
-        # every other field that differs from its default, so any decoded word round-trips
-        kind = mnemonic(i)
-        layout_names = [n for n, _, _ in LAYOUTS.get(kind, ())]
-        defaults = type(i)()
-        for name in layout_names:
-            if name in shown or name == "op":
-                continue
-            v = getattr(i, name)
-            if v != getattr(defaults, name):
-                if isinstance(v, bool):
-                    parts.append(name)
-                else:
-                    parts.append(f"{name}={v}")
-        return " ".join(parts)
+
+    def _save_operands(self, i: Save, put) -> None:
+        put("src", self.fm(i.fm_mem, i.src_addr), "fm_mem", "src_addr")
+        put("dst", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
+        put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
+        put("src_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
+            "fm_row_stride")
+        put("dst_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
+            "ddr_row_stride")
+        if i.img_stride:
+            put("img_stride", _hex(i.img_stride), "img_stride")
+
+    def _compute_operands(self, i: Insn, put) -> None:
+        """CONV / MISC: the FM operands and the output size."""
+        a = "a" if isinstance(i, EltAdd) else "in"
+        put(a, self.fm(i.in_mem, i.in_addr), "in_mem", "in_addr")
+        put(f"{a}_stride", f"{i.in_pix_stride},{i.in_row_stride}", "in_pix_stride",
+            "in_row_stride")
+        if isinstance(i, Conv):
+            put("ic", str(i.ic), "ic")
+        if isinstance(i, EltAdd):
+            put("b", self.fm(i.b_mem, i.b_addr), "b_mem", "b_addr")
+            put("b_stride", f"{i.b_pix_stride},{i.b_row_stride}", "b_pix_stride",
+                "b_row_stride")
+        put("out", self.fm(i.out_mem, i.out_addr), "out_mem", "out_addr")
+        put("out_stride", f"{i.out_pix_stride},{i.out_row_stride}", "out_pix_stride",
+            "out_row_stride")
+        c = i.oc if isinstance(i, Conv) else i.chans
+        put("out_size", f"{i.out_h}x{i.out_w}x{c}", "out_h", "out_w",
+            "oc" if isinstance(i, Conv) else "chans")
+
+    @staticmethod
+    def _compute_attributes(i: Insn, put) -> None:
+        """CONV / MISC: window, parameters, rescaling and clipping."""
+        if isinstance(i, (Conv, Pool)):
+            put("kernel", f"{i.kernel_h}x{i.kernel_w}", "kernel_h", "kernel_w")
+            put("stride", f"{i.stride_h}x{i.stride_w}", "stride_h", "stride_w")
+            put("pad", f"{i.pad_top},{i.pad_bottom},{i.pad_left},{i.pad_right}",
+                "pad_top", "pad_bottom", "pad_left", "pad_right")
+        if isinstance(i, Conv):
+            put("params", f"PM:0x{i.param_addr:06x}", "param_addr")
+            put("shift", str(i.shift), "shift")
+        if isinstance(i, Pool) and i.op == MISC_AVGPOOL:
+            put("mult", str(i.mult), "mult")
+            put("shift", str(i.shift), "shift")
+        if isinstance(i, EltAdd):
+            put("shift_a", str(i.shift_a), "shift_a")
+            put("shift_b", str(i.shift_b), "shift_b")
+            put("shift", str(i.shift), "shift")
+        if isinstance(i, Upsample):
+            put("factor", f"{i.factor_h}x{i.factor_w}", "factor_h", "factor_w")
+        if isinstance(i, (Conv, Pool, EltAdd)):
+            put("clip", f"{i.clip_lo},{i.clip_hi}", "clip_lo", "clip_hi")
 
     @staticmethod
     def _ddr(region: int, offset: int) -> str:
@@ -234,59 +236,61 @@ class ISA:
                 raise AsmError(f"{k}={val}: expected {n} values separated by {sep!r}")
             return [_int(x) for x in items]
 
-        a = "a" if cls is EltAdd else "in"
         if k == "dpon" or k == "dpby":
             kw[k] = units_mask(val)
-        elif cls is Load and k == "dst":
+            return
+        move = cls in (Load, Save)
+        if (self._move_operand(cls, k, val, kw, ints) if move
+                else self._compute_operand(cls, k, val, kw, ints)):
+            return
+        if k in names and k not in ("op",):
+            kw[k] = bool(_int(val)) if names[k].type == "bool" else _int(val)
+        else:
+            raise AsmError(f"unknown operand {k!r} for {mn}")
+
+    def _move_operand(self, cls, k: str, val: str, kw: dict, ints) -> bool:
+        """A LOAD / SAVE operand into ``kw``; False when ``k`` is not one."""
+        load = cls is Load
+        if load and k == "dst":
             if val.upper().startswith("PM:"):
                 kw["to_pm"], kw["dst_addr"] = True, _int(val[3:])
             else:
                 kw["to_pm"] = False
                 kw["fm_mem"], kw["dst_addr"] = self._parse_fm(val)
-        elif cls is Save and k == "src":
+        elif not load and k == "src":
             kw["fm_mem"], kw["src_addr"] = self._parse_fm(val)
-        elif (cls is Load and k == "src") or (cls is Save and k == "dst"):
+        elif k == ("src" if load else "dst"):
             kw["region"], kw["ddr_offset"] = _parse_ddr(val)
-        elif cls in (Load, Save) and k == "size":
+        elif k == "size":
             kw["rows"], kw["cols"], kw["chans"] = ints(3, "x")
-        elif cls is Load and k == "src_stride" or cls is Save and k == "dst_stride":
+        elif k == ("src_stride" if load else "dst_stride"):
             kw["ddr_pix_stride"], kw["ddr_row_stride"] = ints(2, ",")
-        elif cls is Load and k == "dst_stride" or cls is Save and k == "src_stride":
+        elif k == ("dst_stride" if load else "src_stride"):
             kw["fm_pix_stride"], kw["fm_row_stride"] = ints(2, ",")
-        elif k == a and cls not in (Load, Save):
-            kw["in_mem"], kw["in_addr"] = self._parse_fm(val)
-        elif k == f"{a}_stride" and cls not in (Load, Save):
-            kw["in_pix_stride"], kw["in_row_stride"] = ints(2, ",")
-        elif k == "b" and cls is EltAdd:
-            kw["b_mem"], kw["b_addr"] = self._parse_fm(val)
-        elif k == "b_stride" and cls is EltAdd:
-            kw["b_pix_stride"], kw["b_row_stride"] = ints(2, ",")
-        elif k == "out" and cls not in (Load, Save):
-            kw["out_mem"], kw["out_addr"] = self._parse_fm(val)
-        elif k == "out_stride" and cls not in (Load, Save):
-            kw["out_pix_stride"], kw["out_row_stride"] = ints(2, ",")
-        elif k == "out_size" and cls not in (Load, Save):
-            kw["out_h"], kw["out_w"], kw["oc" if cls is Conv else "chans"] = ints(3, "x")
-        elif k == "kernel" and cls in (Conv, Pool):
-            kw["kernel_h"], kw["kernel_w"] = ints(2, "x")
-        elif k == "stride" and cls in (Conv, Pool):
-            kw["stride_h"], kw["stride_w"] = ints(2, "x")
-        elif k == "pad" and cls in (Conv, Pool):
+        elif load and k == "pad":
             kw["pad_top"], kw["pad_bottom"], kw["pad_left"], kw["pad_right"] = ints(4, ",")
-        elif k == "pad" and cls is Load:
-            kw["pad_top"], kw["pad_bottom"], kw["pad_left"], kw["pad_right"] = ints(4, ",")
-        elif k == "clip" and cls in (Conv, Pool, EltAdd):
-            kw["clip_lo"], kw["clip_hi"] = ints(2, ",")
-        elif k == "params" and cls is Conv:
-            if not val.upper().startswith("PM:"):
-                raise AsmError(f"params={val}: expected PM:<address>")
-            kw["param_addr"] = _int(val[3:])
-        elif k == "factor" and cls is Upsample:
-            kw["factor_h"], kw["factor_w"] = ints(2, "x")
-        elif k in names and k not in ("op",):
-            kw[k] = bool(_int(val)) if names[k].type == "bool" else _int(val)
         else:
-            raise AsmError(f"unknown operand {k!r} for {mn}")
+            return False
+        return True
+
+    def _compute_operand(self, cls, k: str, val: str, kw: dict, ints) -> bool:
+        """A CONV / MISC FM operand into ``kw``; False when ``k`` is not one."""
+        a = "a" if cls is EltAdd else "in"
+        fm = {a: ("in_mem", "in_addr"), "out": ("out_mem", "out_addr")}
+        strides = {f"{a}_stride": ("in_pix_stride", "in_row_stride"),
+                   "out_stride": ("out_pix_stride", "out_row_stride")}
+        if cls is EltAdd:
+            fm["b"] = ("b_mem", "b_addr")
+            strides["b_stride"] = ("b_pix_stride", "b_row_stride")
+        if k in fm:
+            kw[fm[k][0]], kw[fm[k][1]] = self._parse_fm(val)
+        elif k in strides:
+            kw[strides[k][0]], kw[strides[k][1]] = ints(2, ",")
+        elif k == "out_size":
+            kw["out_h"], kw["out_w"], kw["oc" if cls is Conv else "chans"] = ints(3, "x")
+        else:
+            return _attribute_operand(cls, k, val, kw, ints)
+        return True
 
     def _parse_fm(self, val: str) -> tuple[int, int]:
         m = re.fullmatch(r"FM(\d+):([0-9a-fA-Fx]+)(?::([0-9a-fA-Fx]+))?", val.strip(),
@@ -318,3 +322,41 @@ def _parse_ddr(val: str) -> tuple[int, int]:
     else:
         raise AsmError(f"{val!r}: unknown DDR region (regions: {', '.join(REGION_NAMES)})")
     return region, _int(off) if plus else 0
+
+
+def _other_fields(i: Insn, shown: set[str]) -> list[str]:
+    """Every field not shown by a group that differs from its default (``name=value``, a set
+    flag by its name), so any decoded word round-trips."""
+    out = []
+    defaults = type(i)()
+    for name in [n for n, _, _ in LAYOUTS.get(mnemonic(i), ())]:
+        if name in shown or name == "op":
+            continue
+        v = getattr(i, name)
+        if v != getattr(defaults, name):
+            out.append(name if isinstance(v, bool) else f"{name}={v}")
+    return out
+
+
+#: ``key=AxB`` / ``key=a,b,c,d`` attributes of CONV / MISC: (classes, fields, separator)
+_ATTRIBUTES = {
+    "kernel": ((Conv, Pool), ("kernel_h", "kernel_w"), "x"),
+    "stride": ((Conv, Pool), ("stride_h", "stride_w"), "x"),
+    "pad": ((Conv, Pool), ("pad_top", "pad_bottom", "pad_left", "pad_right"), ","),
+    "clip": ((Conv, Pool, EltAdd), ("clip_lo", "clip_hi"), ","),
+    "factor": ((Upsample,), ("factor_h", "factor_w"), "x"),
+}
+
+
+def _attribute_operand(cls, k: str, val: str, kw: dict, ints) -> bool:
+    """A CONV / MISC window, clip, factor or params operand into ``kw``; False otherwise."""
+    if k in _ATTRIBUTES and cls in _ATTRIBUTES[k][0]:
+        _, names, sep = _ATTRIBUTES[k]
+        kw.update(zip(names, ints(len(names), sep), strict=True))
+        return True
+    if k == "params" and cls is Conv:
+        if not val.upper().startswith("PM:"):
+            raise AsmError(f"params={val}: expected PM:<address>")
+        kw["param_addr"] = _int(val[3:])
+        return True
+    return False

@@ -5,11 +5,12 @@ import re
 import numpy as np
 import pytest
 
+from tvm_accel.errors import AsmError
 from tvm_dpu import codegen
+from tvm_dpu.asm import ISA
 from tvm_dpu.codegen import (
     HEADER,
     INSN_BYTES,
-    ISA,
     LAYOUTS,
     MISC_AVGPOOL,
     MISC_MAXPOOL,
@@ -19,7 +20,6 @@ from tvm_dpu.codegen import (
     UNIT_LOAD,
     UNIT_MISC,
     UNIT_SAVE,
-    AsmError,
     Conv,
     Copy,
     EltAdd,

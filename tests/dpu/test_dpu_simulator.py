@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from tvm_accel.errors import SimulatorError
+from tvm_dpu.asm import ISA
 from tvm_dpu.codegen import (
     INSN_BYTES,
-    ISA,
     LAYOUTS,
     MISC_AVGPOOL,
     MISC_MAXPOOL,

@@ -6,11 +6,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tvm_accel.errors import MappingError
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, Requant, Tensor, reference_execute
 from tvm_dpu import codegen as cg
 from tvm_dpu.hw_config import config_from_dict, load_config
 from tvm_dpu.runtime import execute_program
-from tvm_dpu.strategy import MappingError, _param_bytes, _pm_bytes, knob_space, plan
+from tvm_dpu.strategy import plan
+from tvm_dpu.strategy.knobs import knob_space
+from tvm_dpu.strategy.tiling import _param_bytes, _pm_bytes
 
 
 def _rq(k, shift, zp=0, lo=-128, hi=127):

@@ -146,167 +146,202 @@ class ChainEmitter(Emitter):
         order)): use ``u`` reads PM half ``u % 2``; the LOAD of use ``u + 2`` follows the CONV
         of use ``u`` in program order (it starts a new tile), so it waits for that CONV to be
         done with the half (write after read)."""
-        loads, computes, saves = [], [], []
-        out = [_Tile(loads, computes, [])]
-        nb = len(cp.e[-1])
+        return _ChainStep(self, cp, params, keys, g, j, q, chunks, streamed).run()
 
-        def at(t: str, row: int) -> tuple[int, int]:
-            w = cp.windows[t]
-            mem, base = cp.place[(t, q)]
-            return mem, base + (row - w.a[j]) * w.row_bytes
 
-        def rows_keys(t: str, r0: int, r1: int, jj: int, qq: int) -> list:
-            w = cp.windows[t]
-            return ([(t, qq, "halo")] if r0 < w.s[jj] else []) + \
-                ([(t, qq, "new")] if r1 > w.s[jj] else [])
+class _ChainStep:
+    """The instructions of one step of a chain (see :meth:`ChainEmitter._chain_step`), built
+    in order: the LOADs of the input bands and their halo COPYs, then per member its CONVs
+    (one per streamed weight chunk), pool or closing add, then the SAVEs of the output rows."""
 
-        def next_halo(t: str) -> None:
-            w = cp.windows[t]
-            if j + 1 >= nb or w.a[j + 1] >= w.s[j + 1]:
-                return
-            h, wd, c = w.hwc
-            mem_s, base_s = cp.place[(t, q)]
-            mem_d, base_d = cp.place[(t, 1 - q)]
-            op = cg.Copy(in_mem=mem_s, in_addr=base_s + (w.a[j + 1] - w.a[j]) * w.row_bytes,
-                         in_pix_stride=c, in_row_stride=wd * c, out_mem=mem_d,
-                         out_addr=base_d, out_pix_stride=c, out_row_stride=wd * c,
-                         out_h=w.s[j + 1] - w.a[j + 1], out_w=wd, chans=c)
-            keys[id(op)] = (rows_keys(t, w.a[j + 1], w.s[j + 1], j, q), [(t, 1 - q, "halo")])
-            computes.append(op)
+    def __init__(self, em: Emitter, cp: _ChainPlan, params: dict, keys: dict, g: int, j: int,
+                 q: int, chunks: dict | None, streamed: tuple | None):
+        self.em, self.cp, self.params, self.keys = em, cp, params, keys
+        self.g, self.j, self.q, self.chunks, self.streamed = g, j, q, chunks, streamed
+        self.loads, self.computes, self.saves = [], [], []
+        self.out = [_Tile(self.loads, self.computes, [])]
+        self.nb = len(cp.e[-1])
+        self.last, self.sliced = len(cp.layers) - 1, False
+        self.edge = j in (0, self.nb - 1)  # a boundary step: its input / output in pieces
 
-        last, sliced = len(cp.layers) - 1, False
-        edge = j in (0, nb - 1)  # a boundary step of the chain: its input / output in pieces
+    def at(self, t: str, row: int) -> tuple[int, int]:
+        w = self.cp.windows[t]
+        mem, base = self.cp.place[(t, self.q)]
+        return mem, base + (row - w.a[self.j]) * w.row_bytes
 
-        def eltadd(i: int, s0: int, cnt: int, ch0: int, nch: int | None) -> cg.EltAdd:
-            """The closing add of rows ``s0 .. s0+cnt``, channels ``ch0 .. ch0+nch`` (all:
-            None), in place in the window of the member before it."""
-            ly = cp.layers[i]
-            chained = cp.layers[i - 1].output
-            (ma, aa), (mb, ba) = at(ly.inputs[0], s0), at(ly.inputs[1], s0)
-            mo, ao = at(chained, s0)
-            _, wd, c = cp.windows[chained].hwc
-            rq = ly.requant
-            op = cg.EltAdd(in_mem=ma, in_addr=aa + ch0, in_pix_stride=c, in_row_stride=wd * c,
-                           out_mem=mo, out_addr=ao + ch0, out_pix_stride=c,
-                           out_row_stride=wd * c, out_h=cnt, out_w=wd,
-                           chans=c if nch is None else nch, b_mem=mb, b_addr=ba + ch0,
-                           b_pix_stride=c, b_row_stride=wd * c,
-                           shift_a=params[ly.name]["shift_a"],
-                           shift_b=params[ly.name]["shift_b"], shift=int(rq.shift),
-                           clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
-            if nch is None:  # a row piece: its rows are its own buffer for the SAVE of them
-                keys[id(op)] = ([k for t in ly.inputs for k in rows_keys(t, s0, s0 + cnt, j, q)],
-                                [(chained, q, "new", "rows", s0)])
-            else:  # a channel slice is its own buffer: the next chunk's CONV does not wait
-                part = [(chained, q, "new", ch0)]
-                keys[id(op)] = ([k for t in ly.inputs if t != chained
-                                 for k in rows_keys(t, s0, s0 + cnt, j, q)] + part, part)
-            return op
+    def rows_keys(self, t: str, r0: int, r1: int, jj: int, qq: int) -> list:
+        w = self.cp.windows[t]
+        return ([(t, qq, "halo")] if r0 < w.s[jj] else []) + \
+            ([(t, qq, "new")] if r1 > w.s[jj] else [])
 
-        def save_rows(r0: int, r1: int, ch0: int, nch: int | None) -> list:
-            """SAVEs of the chain's output rows ``r0 .. r1``, channels ``ch0 .. ch0+nch``."""
-            w, out_ = cp.windows[cp.final], []
-            _, wd, c = w.hwc
-            for s0, e0 in _pieces(r0, r1, edge):
-                mem, addr = at(cp.final, s0)
-                sv = self._save(self.tensors[cp.layers[-1].output], addr + ch0, g, s0, e0 - s0,
-                                0, wd, ch0, c if nch is None else nch, fm_mem=mem)
-                sv.fm_pix_stride, sv.fm_row_stride = c, wd * c
-                if nch is not None:
-                    reads = [(cp.final, q, "new", ch0)]
-                elif isinstance(cp.layers[last], AddLayer):  # after the ELTADD of its rows
-                    reads = [*rows_keys(cp.final, s0, e0, j, q), (cp.final, q, "new", "rows", s0)]
-                else:
-                    reads = rows_keys(cp.final, s0, e0, j, q)
-                keys[id(sv)] = (reads, [])
-                out_.append(sv)
-            return out_
+    def next_halo(self, t: str) -> None:
+        cp, j, q = self.cp, self.j, self.q
+        w = cp.windows[t]
+        if j + 1 >= self.nb or w.a[j + 1] >= w.s[j + 1]:
+            return
+        h, wd, c = w.hwc
+        mem_s, base_s = cp.place[(t, q)]
+        mem_d, base_d = cp.place[(t, 1 - q)]
+        op = cg.Copy(in_mem=mem_s, in_addr=base_s + (w.a[j + 1] - w.a[j]) * w.row_bytes,
+                     in_pix_stride=c, in_row_stride=wd * c, out_mem=mem_d,
+                     out_addr=base_d, out_pix_stride=c, out_row_stride=wd * c,
+                     out_h=w.s[j + 1] - w.a[j + 1], out_w=wd, chans=c)
+        self.keys[id(op)] = (self.rows_keys(t, w.a[j + 1], w.s[j + 1], j, q),
+                             [(t, 1 - q, "halo")])
+        self.computes.append(op)
 
+    def eltadd(self, i: int, s0: int, cnt: int, ch0: int, nch: int | None) -> cg.EltAdd:
+        """The closing add of rows ``s0 .. s0+cnt``, channels ``ch0 .. ch0+nch`` (all: None),
+        in place in the window of the member before it."""
+        cp, j, q = self.cp, self.j, self.q
+        ly = cp.layers[i]
+        chained = cp.layers[i - 1].output
+        (ma, aa), (mb, ba) = self.at(ly.inputs[0], s0), self.at(ly.inputs[1], s0)
+        mo, ao = self.at(chained, s0)
+        _, wd, c = cp.windows[chained].hwc
+        rq = ly.requant
+        op = cg.EltAdd(in_mem=ma, in_addr=aa + ch0, in_pix_stride=c, in_row_stride=wd * c,
+                       out_mem=mo, out_addr=ao + ch0, out_pix_stride=c,
+                       out_row_stride=wd * c, out_h=cnt, out_w=wd,
+                       chans=c if nch is None else nch, b_mem=mb, b_addr=ba + ch0,
+                       b_pix_stride=c, b_row_stride=wd * c,
+                       shift_a=self.params[ly.name]["shift_a"],
+                       shift_b=self.params[ly.name]["shift_b"], shift=int(rq.shift),
+                       clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+        if nch is None:  # a row piece: its rows are its own buffer for the SAVE of them
+            self.keys[id(op)] = ([k for t in ly.inputs
+                                  for k in self.rows_keys(t, s0, s0 + cnt, j, q)],
+                                 [(chained, q, "new", "rows", s0)])
+        else:  # a channel slice is its own buffer: the next chunk's CONV does not wait
+            part = [(chained, q, "new", ch0)]
+            self.keys[id(op)] = ([k for t in ly.inputs if t != chained
+                                  for k in self.rows_keys(t, s0, s0 + cnt, j, q)] + part, part)
+        return op
+
+    def save_rows(self, r0: int, r1: int, ch0: int, nch: int | None) -> list:
+        """SAVEs of the chain's output rows ``r0 .. r1``, channels ``ch0 .. ch0+nch``."""
+        cp, j, q = self.cp, self.j, self.q
+        w, out_ = cp.windows[cp.final], []
+        _, wd, c = w.hwc
+        for s0, e0 in _pieces(r0, r1, self.edge):
+            mem, addr = self.at(cp.final, s0)
+            sv = self.em._save(self.em.tensors[cp.layers[-1].output], addr + ch0, self.g, s0,
+                               e0 - s0, 0, wd, ch0, c if nch is None else nch, fm_mem=mem)
+            sv.fm_pix_stride, sv.fm_row_stride = c, wd * c
+            if nch is not None:
+                reads = [(cp.final, q, "new", ch0)]
+            elif isinstance(cp.layers[self.last], AddLayer):  # after the ELTADD of its rows
+                reads = [*self.rows_keys(cp.final, s0, e0, j, q), (cp.final, q, "new", "rows", s0)]
+            else:
+                reads = self.rows_keys(cp.final, s0, e0, j, q)
+            self.keys[id(sv)] = (reads, [])
+            out_.append(sv)
+        return out_
+
+    def load_inputs(self) -> None:
+        """LOADs of the new rows of the windows read from DDR, then their halo COPYs."""
+        cp, j, q = self.cp, self.j, self.q
         for t, w in cp.windows.items():
             if w.producer is None and w.e[j] > w.s[j]:
                 h, wd, c = w.hwc
-                for r0, r1 in _pieces(w.s[j], w.e[j], edge):
-                    mem, addr = at(t, r0)
-                    ld = self._load(self.tensors[t], mem, addr, g, r0, r1 - r0, 0, wd, 0, c)
-                    keys[id(ld)] = ([], [(t, q, "new")])
-                    loads.append(ld)
+                for r0, r1 in _pieces(w.s[j], w.e[j], self.edge):
+                    mem, addr = self.at(t, r0)
+                    ld = self.em._load(self.em.tensors[t], mem, addr, self.g, r0, r1 - r0, 0, wd,
+                                       0, c)
+                    self.keys[id(ld)] = ([], [(t, q, "new")])
+                    self.loads.append(ld)
         for t, w in cp.windows.items():
             if w.producer is None:
-                next_halo(t)
+                self.next_halo(t)
+
+    def add(self, i: int, s0: int, cnt: int) -> None:
+        if not self.sliced:
+            for a, b in _pieces(s0, s0 + cnt, self.edge):
+                self.computes.append(self.eltadd(i, a, b - a, 0, None))
+
+    def pool(self, ly: PoolLayer, rd: tuple, s0: int, cnt: int) -> None:
+        cp = self.cp
+        r0, nr, ptop, pbot = rd
+        _, wi, ci = cp.windows[ly.input].hwc
+        _, wo, c = cp.windows[ly.output].hwc
+        _, _, pleft, pright = _in_window(0, wo, ly.strides[1], ly.padding[1], ly.kernel[1], wi)
+        (mi, ai), (mo, ao) = self.at(ly.input, r0), self.at(ly.output, s0)
+        op = self.params[ly.name](pads=(ptop, pbot, pleft, pright), in_mem=mi, in_addr=ai,
+                                  in_pix_stride=ci, in_row_stride=wi * ci, out_mem=mo,
+                                  out_addr=ao, out_pix_stride=c, out_row_stride=wo * c,
+                                  out_h=cnt, out_w=wo, chans=c)
+        self.keys[id(op)] = (self.rows_keys(ly.input, r0, r0 + nr, self.j, self.q),
+                             [(ly.output, self.q, "new")])
+        self.computes.append(op)
+        if ly.output in cp.windows and ly.output != cp.final:
+            self.next_halo(ly.output)
+
+    def conv(self, i: int, ly: ConvLayer, rd: tuple, s0: int, cnt: int) -> None:
+        """The CONVs of a member (one per streamed weight chunk); the chunks of the conv a
+        closing add works on in place are each added and SAVEd as soon as their CONV is done
+        (a short tail for the next group)."""
+        cp, j, q, chunks, last = self.cp, self.j, self.q, self.chunks, self.last
+        folded, pm_addr = self.params[ly.name]
+        r0, nr, ptop, pbot = rd
+        _, wi, ci = cp.windows[ly.input].hwc
+        _, wo, k = cp.windows[ly.output].hwc
+        _, _, pleft, pright = _in_window(0, wo, ly.strides[1], ly.padding[1], ly.kernel[1], wi)
+        mi, ai = self.at(ly.input, r0)
+        mo, ao = self.at(ly.output, s0)
+        rq = ly.requant
+        streamed = chunks and ly.name in chunks
+        parts = [(0, k, None)]
+        if streamed:  # streamed weights: one chunk per PM half in turn
+            parts = [(k0, kk, None) for k0, kk, _ in chunks[ly.name]]
+        closes = (isinstance(cp.layers[last], AddLayer) and i == last - 1
+                  and cp.e[last][j] > cp.s[last][j])
+        for k0, kk, addr in parts:
+            use = None
+            if streamed:
+                use = self.streamed[0][0]
+                self.streamed[0][0] += 1
+                addr = self.streamed[1][use].dst_addr
+            dw = ly.is_depthwise
+            cv = cg.Conv(in_mem=mi, in_addr=ai + (k0 if dw else 0), in_pix_stride=ci,
+                         in_row_stride=wi * ci, ic=kk if dw else ci, out_mem=mo,
+                         out_addr=ao + k0, out_pix_stride=k, out_row_stride=wo * k,
+                         out_h=cnt, out_w=wo, oc=kk, kernel_h=ly.kernel[0],
+                         kernel_w=ly.kernel[1], stride_h=ly.strides[0],
+                         stride_w=ly.strides[1], pad_top=ptop, pad_bottom=pbot,
+                         pad_left=pleft, pad_right=pright,
+                         pad_value=folded["pad_value"],
+                         param_addr=pm_addr if addr is None else addr,
+                         shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
+                         depthwise=dw)
+            self.keys[id(cv)] = (self.rows_keys(ly.input, r0, r0 + nr, j, q),
+                                 [(ly.output, q, "new", k0) if closes and len(parts) > 1
+                                  else (ly.output, q, "new")])
+            self.computes.append(cv)
+            if closes and len(parts) > 1:  # add and SAVE this chunk's channels now
+                self.sliced = True
+                self.computes.append(self.eltadd(last, s0, cnt, k0, kk))
+                self.out[-1].saves.extend(self.save_rows(s0, s0 + cnt, k0, kk))
+            if use is not None and use + 2 < len(self.streamed[1]):
+                self.computes = []
+                self.out.append(_Tile([self.streamed[1][use + 2]], self.computes, []))
+        if ly.output in cp.windows and ly.output != cp.final:
+            self.next_halo(ly.output)
+
+    def run(self) -> list[_Tile]:
+        cp, j, last = self.cp, self.j, self.last
+        self.load_inputs()
         for i, ly in enumerate(cp.layers):
             rd = cp.reads[i][j]
             if rd is None:
                 continue
             s0, cnt = cp.s[i][j], cp.e[i][j] - cp.s[i][j]
             if isinstance(ly, AddLayer):
-                if not sliced:
-                    for a, b in _pieces(s0, s0 + cnt, edge):
-                        computes.append(eltadd(i, a, b - a, 0, None))
-                continue
-            if isinstance(ly, PoolLayer):
-                r0, nr, ptop, pbot = rd
-                _, wi, ci = cp.windows[ly.input].hwc
-                _, wo, c = cp.windows[ly.output].hwc
-                _, _, pleft, pright = _in_window(0, wo, ly.strides[1], ly.padding[1],
-                                                 ly.kernel[1], wi)
-                (mi, ai), (mo, ao) = at(ly.input, r0), at(ly.output, s0)
-                op = params[ly.name](pads=(ptop, pbot, pleft, pright), in_mem=mi, in_addr=ai,
-                                     in_pix_stride=ci, in_row_stride=wi * ci, out_mem=mo,
-                                     out_addr=ao, out_pix_stride=c, out_row_stride=wo * c,
-                                     out_h=cnt, out_w=wo, chans=c)
-                keys[id(op)] = (rows_keys(ly.input, r0, r0 + nr, j, q), [(ly.output, q, "new")])
-                computes.append(op)
-                if ly.output in cp.windows and ly.output != cp.final:
-                    next_halo(ly.output)
-                continue
-            folded, pm_addr = params[ly.name]
-            r0, nr, ptop, pbot = rd
-            _, wi, ci = cp.windows[ly.input].hwc
-            _, wo, k = cp.windows[ly.output].hwc
-            _, _, pleft, pright = _in_window(0, wo, ly.strides[1], ly.padding[1], ly.kernel[1],
-                                             wi)
-            mi, ai = at(ly.input, r0)
-            mo, ao = at(ly.output, s0)
-            rq = ly.requant
-            parts = [(0, k, None)]
-            if chunks and ly.name in chunks:  # streamed weights: one chunk per PM half in turn
-                parts = [(k0, kk, None) for k0, kk, _ in chunks[ly.name]]
-            # the chunks of the conv a closing add works on in place: each chunk's channels are
-            # added and SAVEd as soon as its CONV is done (a short tail for the next group)
-            closes = (isinstance(cp.layers[last], AddLayer) and i == last - 1
-                      and cp.e[last][j] > cp.s[last][j])
-            for k0, kk, addr in parts:
-                use = None
-                if chunks and ly.name in chunks:
-                    use = streamed[0][0]
-                    streamed[0][0] += 1
-                    addr = streamed[1][use].dst_addr
-                dw = ly.is_depthwise
-                cv = cg.Conv(in_mem=mi, in_addr=ai + (k0 if dw else 0), in_pix_stride=ci,
-                             in_row_stride=wi * ci, ic=kk if dw else ci, out_mem=mo,
-                             out_addr=ao + k0, out_pix_stride=k, out_row_stride=wo * k,
-                             out_h=cnt, out_w=wo, oc=kk, kernel_h=ly.kernel[0],
-                             kernel_w=ly.kernel[1], stride_h=ly.strides[0],
-                             stride_w=ly.strides[1], pad_top=ptop, pad_bottom=pbot,
-                             pad_left=pleft, pad_right=pright,
-                             pad_value=folded["pad_value"],
-                             param_addr=pm_addr if addr is None else addr,
-                             shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
-                             depthwise=dw)
-                keys[id(cv)] = (rows_keys(ly.input, r0, r0 + nr, j, q),
-                                [(ly.output, q, "new", k0) if closes and len(parts) > 1
-                                 else (ly.output, q, "new")])
-                computes.append(cv)
-                if closes and len(parts) > 1:  # add and SAVE this chunk's channels now
-                    sliced = True
-                    computes.append(eltadd(last, s0, cnt, k0, kk))
-                    out[-1].saves.extend(save_rows(s0, s0 + cnt, k0, kk))
-                if use is not None and use + 2 < len(streamed[1]):
-                    computes = []
-                    out.append(_Tile([streamed[1][use + 2]], computes, []))
-            if ly.output in cp.windows and ly.output != cp.final:
-                next_halo(ly.output)
-        if cp.e[last][j] > cp.s[last][j] and not sliced:
-            saves += save_rows(cp.s[last][j], cp.e[last][j], 0, None)
-        out[-1].saves.extend(saves)
-        return out
+                self.add(i, s0, cnt)
+            elif isinstance(ly, PoolLayer):
+                self.pool(ly, rd, s0, cnt)
+            else:
+                self.conv(i, ly, rd, s0, cnt)
+        if cp.e[last][j] > cp.s[last][j] and not self.sliced:
+            self.saves += self.save_rows(cp.s[last][j], cp.e[last][j], 0, None)
+        self.out[-1].saves.extend(self.saves)
+        return self.out

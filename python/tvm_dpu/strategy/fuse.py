@@ -66,7 +66,7 @@ def fuse(graph: LayerGraph, cfg: DPUConfig, knobs: dict, options: FusionOptions
 
 
 def fusion_candidates(graph: LayerGraph, cfg: DPUConfig) -> tuple[LayerGraph, list[tuple]]:
-    """The graph as the planner sees it (after :func:`~tvm_dpu.strategy.space_to_depth.space_to_depth`) and its fusion
+    """The graph as the planner sees it (after the W space-to-depth rewrite) and its fusion
     candidates (:func:`tvm_dpu.fusion.find_candidates`) that fit the hardware with default
     knobs, each with its layers: what the fusion search considers, for tuning tasks."""
     p = Planner(graph, cfg)

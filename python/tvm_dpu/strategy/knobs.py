@@ -185,124 +185,148 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig,
     ``horizontal``: ``tile_h``/``tile_w`` shared by the convs (all output channels of every
     conv stay in the PM).
     ``chain``: ``tile_h`` in output rows of the chain's last layer (:func:`_chain_plan`)."""
-    half = cfg.fm_memory_bytes // 2
     if template == "chain":
         return _chain_knob_space(layers, in_shape, cfg)
     if template == "pool+conv":
-        pool, conv = layers
-        c = in_shape[1]
-        _, _, hp, wp = pool_output_shape(pool, in_shape)
-        p_shape = (in_shape[0], c, hp, wp)
-        base = knob_space(conv, p_shape, cfg)
-        _, k, ho, wo, kh, kw = _conv_geometry(conv, p_shape)
-        (pkh, pkw), (psh, psw) = pool.kernel, pool.strides
-
-        def check(kn):
-            _check_conv(conv, p_shape, cfg, kn)
-            rows = (min(hp, (kn["tile_h"] - 1) * conv.strides[0] + kh) - 1) * psh + pkh
-            cols = (min(wp, (kn["tile_w"] - 1) * conv.strides[1] + kw) - 1) * psw + pkw
-            if rows * cols * c > half:
-                raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: pool input "
-                                 f"window of {rows}x{cols}x{c} exceeds half an FM memory")
-        d = base.default()
-        ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
-
-        def fits(th, tw):
-            try:
-                check({**d, "tile_h": th, "tile_w": tw})
-                return True
-            except ValueError:
-                return False
-        th, tw = _default_tile(ths, tws, ho, wo, cfg.CONV_ROW_PAR, fits)
-        knobs = [base["oc_tile"]]
-        return KnobSpace([*knobs, Knob("tile_h", tuple(ths), th), Knob("tile_w", tuple(tws), tw),
-                          Knob("pipeline", (True, False), True)], check=check,
-                         name="+".join(ly.name for ly in layers))
+        return _pool_conv_space(layers, in_shape, cfg)
     conv = layers[0]
     base = knob_space(conv, in_shape, cfg)
     if template == "conv+add":
         return base
-    c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
-    d = base.default()
     if template.startswith("conv+") and template.endswith("pool"):
-        pool = layers[1]
-        _, _, ho, wo = pool_output_shape(pool, (in_shape[0], k, hc, wc))
-
-        def check(kn):
-            rows, cols = _pool_window(pool, kn["tile_h"], kn["tile_w"], hc, wc)
-            _check_conv(conv, in_shape, cfg, {**kn, "tile_h": rows, "tile_w": cols})
-            if kn["tile_h"] * kn["tile_w"] * kn["oc_tile"] > half:
-                raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: pool output "
-                                 f"tile exceeds half an FM memory ({half})")
-        ths, tws = list(range(1, ho + 1)), list(range(1, wo + 1))
-        kt, fmt = d["oc_tile"], d["format"]
-
-        def fits(th, tw):
-            try:
-                check({"oc_tile": kt, "format": fmt, "tile_h": th, "tile_w": tw})
-                return True
-            except ValueError:
-                return False
-
-        ic = 1 if conv.is_depthwise else (c * kw if fmt else c)
-        per_col = (_cdiv(kt, cfg.CONV_OC_PAR) * _cdiv(ic, cfg.CONV_IC_PAR) * kh
-                   * (1 if fmt else kw))
-
-        def conv_cycles(th, tw):  # the CONV cycle model over the whole output (one oc chunk)
-            rows, cols = _pool_window(pool, th, tw, hc, wc)
-            n_tiles = _cdiv(ho, th) * _cdiv(wo, tw)
-            return n_tiles * (_cdiv(rows, cfg.CONV_ROW_PAR) * cols * per_col
-                              + cfg.CONV_LATENCY_CYCLES)
-        # default: the tile with the fewest CONV cycles (overlap recompute and row passes
-        # counted), at most ~1/4 of the output rows (so LOAD/CONV/MISC/SAVE overlap) unless
-        # that is less than one full CONV row pass
-        target = max(_cdiv(ho, 4), _cdiv(cfg.CONV_ROW_PAR, pool.strides[0]))
-        shapes = [(t, w) for t in ths if t <= target for w in tws if fits(t, w)]
-        th, tw = min(shapes, key=lambda s: (conv_cycles(*s), -s[0] * s[1]),
-                     default=(1, 1))
-        knobs = [base["oc_tile"], base["format"]]
-        # halo keep (an on-chip chain of the conv and the pool, full-width bands, all weights
-        # in the PM) when it fits: the default; recompute (the W-split / weight-tiled tiles
-        # above) otherwise
-        try:
-            chain_space = _chain_knob_space(layers, in_shape, cfg)
-            keep_th = chain_space.validate({})["tile_h"]
-        except (ValueError, MappingError):
-            chain_space = keep_th = None
-        if chain_space is not None:
-            recompute_check = check
-
-            def check(kn):
-                if kn.get("halo") == "keep":
-                    chain_space.validate({"tile_h": kn["tile_h"]})
-                else:
-                    recompute_check(kn)
-            if halo != "recompute":
-                th = keep_th
-            knobs.append(Knob("halo", ("keep", "recompute"),
-                              "recompute" if halo == "recompute" else "keep"))
+        knobs, check, ths, tws, th, tw = _conv_pool_knobs(layers, in_shape, cfg, base, halo)
     elif template == "horizontal":
-        ks = [ly.weight.shape[0] for ly in layers]
-
-        def check(kn):
-            th, tw = kn["tile_h"], kn["tile_w"]
-            rows = (th - 1) * conv.strides[0] + kh
-            cols = (tw - 1) * conv.strides[1] + kw
-            if rows * cols * c > half or th * tw * sum(ks) > half:
-                raise ValueError(f"tile_h {th} x tile_w {tw}: the shared input tile or the "
-                                 f"{len(ks)} output tiles exceed half an FM memory ({half})")
-        ths, tws = _options(hc, cfg.CONV_ROW_PAR), list(range(1, wc + 1))
-
-        def fits(th, tw):
-            try:
-                check({"tile_h": th, "tile_w": tw})
-                return True
-            except ValueError:
-                return False
-        th, tw = _default_tile(ths, tws, hc, wc, cfg.CONV_ROW_PAR, fits)
-        knobs = []
+        knobs, check, ths, tws, th, tw = _horizontal_knobs(layers, in_shape, cfg)
     else:
         raise MappingError(f"unknown fusion template {template}")
     return KnobSpace([*knobs, Knob("tile_h", tuple(ths), th), Knob("tile_w", tuple(tws), tw),
                       Knob("pipeline", (True, False), True)], check=check,
                      name="+".join(ly.name for ly in layers))
+
+
+def _pool_conv_space(layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
+    """``pool+conv``: the conv's ``oc_tile``, tiles in conv output rows/columns."""
+    half = cfg.fm_memory_bytes // 2
+    pool, conv = layers
+    c = in_shape[1]
+    _, _, hp, wp = pool_output_shape(pool, in_shape)
+    p_shape = (in_shape[0], c, hp, wp)
+    base = knob_space(conv, p_shape, cfg)
+    _, k, ho, wo, kh, kw = _conv_geometry(conv, p_shape)
+    (pkh, pkw), (psh, psw) = pool.kernel, pool.strides
+
+    def check(kn):
+        _check_conv(conv, p_shape, cfg, kn)
+        rows = (min(hp, (kn["tile_h"] - 1) * conv.strides[0] + kh) - 1) * psh + pkh
+        cols = (min(wp, (kn["tile_w"] - 1) * conv.strides[1] + kw) - 1) * psw + pkw
+        if rows * cols * c > half:
+            raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: pool input "
+                             f"window of {rows}x{cols}x{c} exceeds half an FM memory")
+    d = base.default()
+    ths, tws = _options(ho, cfg.CONV_ROW_PAR), list(range(1, wo + 1))
+
+    def fits(th, tw):
+        try:
+            check({**d, "tile_h": th, "tile_w": tw})
+            return True
+        except ValueError:
+            return False
+    th, tw = _default_tile(ths, tws, ho, wo, cfg.CONV_ROW_PAR, fits)
+    knobs = [base["oc_tile"]]
+    return KnobSpace([*knobs, Knob("tile_h", tuple(ths), th), Knob("tile_w", tuple(tws), tw),
+                      Knob("pipeline", (True, False), True)], check=check,
+                     name="+".join(ly.name for ly in layers))
+
+
+def _conv_pool_knobs(layers: list, in_shape, cfg: DPUConfig, base: KnobSpace,
+                     halo: str | None):
+    """``conv+pool``: ``(knobs, check, tile_h options, tile_w options, default tile_h,
+    default tile_w)``; the recompute form's tiles, then the halo-keep chain when it fits."""
+    half = cfg.fm_memory_bytes // 2
+    conv = layers[0]
+    c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
+    d = base.default()
+    pool = layers[1]
+    _, _, ho, wo = pool_output_shape(pool, (in_shape[0], k, hc, wc))
+
+    def check(kn):
+        rows, cols = _pool_window(pool, kn["tile_h"], kn["tile_w"], hc, wc)
+        _check_conv(conv, in_shape, cfg, {**kn, "tile_h": rows, "tile_w": cols})
+        if kn["tile_h"] * kn["tile_w"] * kn["oc_tile"] > half:
+            raise ValueError(f"tile_h {kn['tile_h']} x tile_w {kn['tile_w']}: pool output "
+                             f"tile exceeds half an FM memory ({half})")
+    ths, tws = list(range(1, ho + 1)), list(range(1, wo + 1))
+    kt, fmt = d["oc_tile"], d["format"]
+
+    def fits(th, tw):
+        try:
+            check({"oc_tile": kt, "format": fmt, "tile_h": th, "tile_w": tw})
+            return True
+        except ValueError:
+            return False
+
+    ic = 1 if conv.is_depthwise else (c * kw if fmt else c)
+    per_col = (_cdiv(kt, cfg.CONV_OC_PAR) * _cdiv(ic, cfg.CONV_IC_PAR) * kh
+               * (1 if fmt else kw))
+
+    def conv_cycles(th, tw):  # the CONV cycle model over the whole output (one oc chunk)
+        rows, cols = _pool_window(pool, th, tw, hc, wc)
+        n_tiles = _cdiv(ho, th) * _cdiv(wo, tw)
+        return n_tiles * (_cdiv(rows, cfg.CONV_ROW_PAR) * cols * per_col
+                          + cfg.CONV_LATENCY_CYCLES)
+    # default: the tile with the fewest CONV cycles (overlap recompute and row passes
+    # counted), at most ~1/4 of the output rows (so LOAD/CONV/MISC/SAVE overlap) unless
+    # that is less than one full CONV row pass
+    target = max(_cdiv(ho, 4), _cdiv(cfg.CONV_ROW_PAR, pool.strides[0]))
+    shapes = [(t, w) for t in ths if t <= target for w in tws if fits(t, w)]
+    th, tw = min(shapes, key=lambda s: (conv_cycles(*s), -s[0] * s[1]),
+                 default=(1, 1))
+    knobs = [base["oc_tile"], base["format"]]
+    # halo keep (an on-chip chain of the conv and the pool, full-width bands, all weights
+    # in the PM) when it fits: the default; recompute (the W-split / weight-tiled tiles
+    # above) otherwise
+    try:
+        chain_space = _chain_knob_space(layers, in_shape, cfg)
+        keep_th = chain_space.validate({})["tile_h"]
+    except (ValueError, MappingError):
+        chain_space = keep_th = None
+    if chain_space is not None:
+        recompute_check = check
+
+        def check(kn):
+            if kn.get("halo") == "keep":
+                chain_space.validate({"tile_h": kn["tile_h"]})
+            else:
+                recompute_check(kn)
+        if halo != "recompute":
+            th = keep_th
+        knobs.append(Knob("halo", ("keep", "recompute"),
+                          "recompute" if halo == "recompute" else "keep"))
+    return knobs, check, ths, tws, th, tw
+
+
+def _horizontal_knobs(layers: list, in_shape, cfg: DPUConfig):
+    """``horizontal``: tiles shared by the convs (every conv's output channels in the PM)."""
+    half = cfg.fm_memory_bytes // 2
+    conv = layers[0]
+    c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
+    ks = [ly.weight.shape[0] for ly in layers]
+
+    def check(kn):
+        th, tw = kn["tile_h"], kn["tile_w"]
+        rows = (th - 1) * conv.strides[0] + kh
+        cols = (tw - 1) * conv.strides[1] + kw
+        if rows * cols * c > half or th * tw * sum(ks) > half:
+            raise ValueError(f"tile_h {th} x tile_w {tw}: the shared input tile or the "
+                             f"{len(ks)} output tiles exceed half an FM memory ({half})")
+    ths, tws = _options(hc, cfg.CONV_ROW_PAR), list(range(1, wc + 1))
+
+    def fits(th, tw):
+        try:
+            check({"tile_h": th, "tile_w": tw})
+            return True
+        except ValueError:
+            return False
+    th, tw = _default_tile(ths, tws, hc, wc, cfg.CONV_ROW_PAR, fits)
+    knobs = []
+    return knobs, check, ths, tws, th, tw

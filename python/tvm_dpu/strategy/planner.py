@@ -113,5 +113,5 @@ class Planner(ConvEmitter, MiscEmitter, ChainEmitter, FusedEmitter):
         sizes["PARAM"] = max(64, _cdiv(len(self.params), 4096) * 4096)
         sizes["INSN"] = max(64, _cdiv(sum(len(ly.insns) for ly in layers), 4096) * 4096)
         return DPUProgram(tensors=self.tensors, inputs=list(graph.inputs),
-                          outputs=list(graph.outputs), region_sizes=sizes, params=bytes(self.params),
-                          layers=layers, fusion=report)
+                          outputs=list(graph.outputs), region_sizes=sizes,
+                          params=bytes(self.params), layers=layers, fusion=report)
