@@ -6,8 +6,8 @@
 - One task per fusion candidate (DNNVM's templates, :mod:`tvm_dpu.fusion`) that fits the
   hardware, over the group's own knobs (:func:`tvm_dpu.strategy.knobs.fused_knob_space`),
   measured as the group's layers alone with the fusion forced on. Its best configuration is
-  applied under the group's name (``"conv1+pool1"``), so the fusion search of a compile with records compares
-  tuned versions of each candidate with tuned layers.
+  applied under the group's name (``"conv1+pool1"``), so the fusion search of a compile with
+  records compares tuned versions of each candidate with tuned layers.
 
 Not tasks: the fusion and parallel-stream choices themselves (the fusion search measures every
 candidate against its layers alone and keeps the cheapest strategy, an exhaustive search of
