@@ -1,4 +1,4 @@
-"""DPU ISA: instruction dataclasses, 256-bit encoder/decoder, assembly formatter and parser.
+"""DPU ISA and program blob: instruction dataclasses, 256-bit encoder/decoder, blob (de)serializer.
 
 Instructions are 256 bits (32 bytes, little-endian: bit b is bit b % 8 of byte b // 8). Every
 instruction starts with the same 12-bit header::
@@ -49,76 +49,8 @@ MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3
 
 END: the header only, with empty DPON/DPBY; it must be the last instruction of the stream.
 
-Memories and addresses
-----------------------
-A tensor in FM is (rows, cols, channels), channels innermost: element (r, w, c) of a tensor at
-``addr`` with strides ``(pix_stride, row_stride)`` is the byte ``(addr + r * row_stride + w *
-pix_stride + c) mod M`` of its memory, M = FM_BANKS x FM_BANK_BYTES (the FM memories are circular;
-the bank of an address is ``addr // FM_BANK_BYTES``, written ``FM<mem>:<bank>:<offset>`` in
-assembly). Base addresses must be < M; every FM tensor an instruction reads or writes must span at
-most M bytes and its pixels and rows must not overlap (``pix_stride >= pixel bytes`` when cols >
-1, ``row_stride >= (cols - 1) * pix_stride + pixel bytes`` when rows > 1; the stride of a single
-pixel or row is free). The PM is circular the same way (modulo PM_BYTES). DDR is not:
-``region + offset`` must lie in the region (register base/size) and in the DDR buffer; SAVE may
-only write the OUTPUT and SWAP regions. Every CONV/MISC runs on every PE with the same addresses
-(SIMD); a LOAD to FM reads PE p's image at ``ddr_offset + p * img_stride`` (SAVE writes it there).
-An instruction reads all its inputs before writing its output, so in-place operations are defined.
-An instruction whose size is empty (LOAD/SAVE rows, cols or chans 0; CONV out_h, out_w, oc or ic
-0; MISC out_h, out_w or chans 0) is the paper's No-Op bubble: it moves nothing, takes 1 cycle and
-still pops/pushes its tokens.
-
-Semantics
----------
-LOAD to FM: the block ``P`` of ``(pad_top + rows + pad_bottom) x (pad_left + cols + pad_right) x
-chans`` has the DDR data (byte (r, w, c) at ``ddr_offset + r * ddr_row_stride + w *
-ddr_pix_stride + c``) in its interior and ``pad_value`` on the border. With ``fmt`` = 0 it is
-written as is; with ``fmt`` = F >= 1 (format unit, ``chans <= FORMAT_MAX_CHANNELS``, ``F <=
-FORMAT_MAX_FACTOR``) every written pixel has F x chans channels, ``out(r, w, j * chans + c) =
-P(r, w + j, c)`` (``pad_value`` past the right edge): a W-direction im2col, so a kh x kw conv on
-a 3-channel image becomes a kh x 1 conv with the weights re-laid as ``[oc][kh][1][kw * ic]``.
-LOAD to PM: ``rows x cols x chans`` bytes written contiguously from ``dst_addr``.
-
-CONV (``D = depthwise``)::
-
-    Hw = (out_h - 1) * stride_h + kernel_h    H_in = Hw - pad_top - pad_bottom   (>= 1)
-    Ww = (out_w - 1) * stride_w + kernel_w    W_in = Ww - pad_left - pad_right   (>= 1)
-    X(r, w, c) = in(r - pad_top, w - pad_left, c) inside H_in x W_in, else pad_value
-    weights at param_addr: int8 W[oc][kernel_h][kernel_w][ic]  (D: W[oc][kh][kw], ic == oc)
-    bias right after them: int32 little-endian B[oc]
-    acc(y, x, o) = sum over ky, kx, c of X(y*sh + ky, x*sw + kx, c) * W[o][ky][kx][c]
-                   (int8 x int8 products, int32 accumulation wrapping modulo 2^32;
-                    D: only c = o, W[o][ky][kx])
-    s = acc + B[o] + (1 << (shift - 1) if shift > 0 else 0)      (exact, 64-bit)
-    out(y, x, o) = clip(s >> shift, clip_lo, clip_hi)            (arithmetic shift = floor)
-
-so ``shift`` rounds half up, ReLU is ``clip_lo = 0`` and ``clip_lo <= clip_hi`` is required.
-
-MAXPOOL: same window as CONV with ``chans`` channels; ``out = clip(max over the window of X,
-clip_lo, clip_hi)`` (padding = ``pad_value``, e.g. -128 to ignore it).
-AVGPOOL: ``s = sum over the window of X`` (padding counts as ``pad_value``), ``out = clip((s *
-mult + (1 << (shift - 1) if shift > 0 else 0)) >> shift, clip_lo, clip_hi)`` in 64 bits; a
-power-of-two window uses ``mult = 1, shift = log2(kh * kw)``, others approximate 1/(kh * kw) by
-``mult / 2^shift``.
-ELTADD: ``al(v, s) = v << s if s >= 0 else v >> -s`` (floor); ``t = al(A, shift_a) + al(B,
-shift_b)``; ``out = clip((t + (1 << (shift - 1) if shift > 0 else 0)) >> shift, clip_lo,
-clip_hi)``, 64-bit intermediates; ReLU is ``clip_lo = 0``. A, B and out are out_h x out_w x chans.
-UPSAMPLE: ``out(y, x, c) = in(y // factor_h, x // factor_w, c)`` (nearest, factors >= 1).
-COPY: ``out(y, x, c) = in(y, x, c)``; with ``out_pix_stride = s * chans`` it writes every s-th
-pixel (the transpose-conv sub-kernel shuffle), with a channel offset in ``out_addr`` and a wider
-``out_pix_stride`` it places a tensor inside a concatenation.
-
-Dependencies
-------------
-One token FIFO per ordered pair of unit types (A -> B, A != B), unbounded (the simulator sizes
-each FIFO by the number of DPBY pushes in the stream). An instruction of unit B whose DPON
-contains A pops a token from FIFO(A -> B) before it starts (waiting while it is empty); an
-instruction of unit A whose DPBY contains B pushes a token into FIFO(A -> B) when it completes.
-Units run their own instructions in program order, concurrently. A unit listed in its own
-DPON/DPBY is an error. At the END all FIFOs must be empty (else "unbalanced dependencies"); a
-state where no unit can progress is a deadlock naming each blocked unit, its instruction and the
-FIFO it waits on.
-
-The assembly syntax is described in :mod:`tvm_dpu.asm`.
+Memories, semantics and dependencies of the instructions: ``docs/dpu.md`` (ISA). The assembly syntax
+is described in :mod:`tvm_dpu.asm`.
 """
 
 from __future__ import annotations
@@ -199,7 +131,7 @@ class Load(_Deps):
     DDR strides ``ddr_pix_stride`` / ``ddr_row_stride``. FM: PE p reads its image at
     ``ddr_offset + p * img_stride`` and writes the block, surrounded by ``pad_*`` rows/columns of
     ``pad_value``, at ``dst_addr`` of memory ``fm_mem`` with FM strides; with ``fmt`` = F > 0 the
-    format unit writes pixels of F x chans channels (W-direction im2col, see module docstring).
+    format unit writes pixels of F x chans channels (W-direction im2col, see ``docs/dpu.md``).
     PM: one copy written contiguously at ``dst_addr``; FM-only fields must be 0.
     """
 
@@ -249,7 +181,7 @@ class Save(_Deps):
 
 @dataclass
 class Conv(_Deps):
-    """Convolution with fix-point requantize on every PE (semantics in the module docstring)."""
+    """Convolution with fix-point requantize on every PE (semantics in ``docs/dpu.md``)."""
 
     in_mem: int = 0
     in_addr: int = 0

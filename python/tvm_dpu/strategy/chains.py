@@ -225,7 +225,8 @@ def _chain_knob_space(layers: list, in_shape, cfg: DPUConfig) -> KnobSpace:
     """Knobs of an on-chip chain: ``tile_h`` (output rows of the last layer per step, multiples
     of ``CONV_ROW_PAR`` and the full height) and ``pipeline``. The bands are full width. When
     the PM holds the whole chain's parameters they stay resident; otherwise they stream (see
-    :meth:`_Planner.chain`). Default: the band with the fewest CONV row passes over the chain
+    :meth:`~tvm_dpu.strategy.emit_chain.ChainEmitter.chain`). Default: the band with the fewest CONV
+    row passes over the chain
     (lagging bands that straddle 8-row boundaries cost extra passes), the larger one on ties,
     at most about a quarter of the height; with streamed weights the largest band that fits
     (the weights are LOADed once per step)."""

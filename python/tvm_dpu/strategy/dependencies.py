@@ -93,8 +93,8 @@ class _Stream(list):
 def schedule(segments: list[tuple[list, list[_Tile]]], unit: str, pipeline: bool,
              pm_half: int = 1 << 30, fm_keys: dict[int, tuple[list, list]] | None = None
              ) -> list:
-    """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see the
-    module docstring); returns the instructions including the final END.
+    """Instruction stream for segments ``(pm_loads, tiles)`` with DPON/DPBY tokens (see
+    ``docs/dpu.md``, Software pipelining); returns the instructions including the final END.
 
     Dependencies are by buffer (FM memory + base address, PM slot): an instruction waits for
     the last writer of every buffer it reads (RAW) and for the last writer and the readers since

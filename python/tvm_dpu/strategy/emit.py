@@ -110,7 +110,8 @@ class Emitter:
                 b, name=name, shape=tuple(int(x) for x in graph.tensors[name].shape))
 
     def _schedule(self, *args, **kw) -> list:
-        """:func:`schedule`, remembering the dependency list of the last stream."""
+        """:func:`~tvm_dpu.strategy.dependencies.schedule`, remembering the dependency list of the
+        last stream."""
         insns = schedule(*args, **kw)
         self.last_items, self.last_sides = insns.items, None
         return insns

@@ -34,7 +34,8 @@ from tvm_dpu.xgraph import XGraphError, fold_add
 class ChainEmitter(Emitter):
     def chain(self, layers: list, user: dict | None) -> LayerProgram:
         """An on-chip chain (DPUV3INT8): convs each reading the previous one's output, optionally
-        closed by an add or a pool, run band by band (:func:`_chain_plan`). When the PM holds
+        closed by an add or a pool, run band by band (:func:`~tvm_dpu.strategy.chains._chain_plan`).
+        When the PM holds
         all the chain's weights they are LOADed once (the first conv's at the head, the others
         behind the first input band, so they overlap the first CONVs); otherwise (e.g. a
         ResNet-50 res4 / res5 bottleneck, 1.1 / 4.5 MB) they **stream**: every conv's weights

@@ -90,7 +90,7 @@ def _default_tile(ths: list[int], tws: list[int], ho: int, wo: int, pref: int, f
 
 
 def knob_space(layer, in_shape, cfg: DPUConfig) -> KnobSpace:
-    """Declared knobs of a layer with heuristic defaults (see the module docstring)."""
+    """Declared knobs of a layer with heuristic defaults (see ``docs/dpu.md``, Tiling)."""
     if isinstance(layer, ConvLayer):
         c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
         kts = _options(k, cfg.CONV_OC_PAR)
@@ -175,7 +175,8 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig,
     ``conv+add``: the conv's knobs (the other operand's tile is the size of the output tile).
     ``conv+pool``: the conv's ``oc_tile``/``format``, ``tile_h``/``tile_w`` in pool output
     rows/columns and ``halo``: ``keep`` (default when it fits: the conv and the pool as an
-    on-chip chain, :func:`_chain_plan`, whose full-width conv bands are aligned to the CONV's
+    on-chip chain, :func:`~tvm_dpu.strategy.chains._chain_plan`, whose full-width conv bands are
+    aligned to the CONV's
     8-row passes and whose pool-window halo rows are kept in FM by a MISC COPY) or
     ``recompute`` (each tile computes the conv rows its pool windows read, overlapping windows
     recompute a row band; W-split and weight tiling allowed; the default minimizes CONV row
@@ -184,7 +185,8 @@ def fused_knob_space(template: str, layers: list, in_shape, cfg: DPUConfig,
     (each tile pools the input window its conv window reads).
     ``horizontal``: ``tile_h``/``tile_w`` shared by the convs (all output channels of every
     conv stay in the PM).
-    ``chain``: ``tile_h`` in output rows of the chain's last layer (:func:`_chain_plan`)."""
+    ``chain``: ``tile_h`` in output rows of the chain's last layer
+    (:func:`~tvm_dpu.strategy.chains._chain_plan`)."""
     if template == "chain":
         return _chain_knob_space(layers, in_shape, cfg)
     if template == "pool+conv":

@@ -16,7 +16,8 @@ from tvm_dpu.strategy.list_schedule import insn_cycles, list_schedule, reorder
 from tvm_dpu.strategy.tiling import _cdiv
 
 # --- one stream per function: overlap across groups -------------------------------------------
-#: groups of the merged stream whose instructions :func:`list_schedule` may interleave on a unit
+#: groups of the merged stream whose instructions
+#: :func:`~tvm_dpu.strategy.list_schedule.list_schedule` may interleave on a unit
 #: beyond the oldest one with work left there (0: every group keeps its place)
 MERGE_WINDOW = 2
 _GRAIN = 64  # bytes per entry of the footprint maps (buffers and PM blocks are 64-byte aligned)
@@ -54,7 +55,8 @@ class _Footprints:
         """Earlier instructions an access of bytes ``[lo, hi)`` must wait for: the last writer
         of every byte (read after write, write after write) and, for a write, its last reader
         of every unit (write after read). Every one of them, not only the latest: once
-        :func:`list_schedule` interleaves the groups, an earlier writer of part of the range
+        :func:`~tvm_dpu.strategy.list_schedule.list_schedule` interleaves the groups, an earlier
+        writer of part of the range
         may end after a later one."""
         g = self._grains(lo, hi)
         out = set(np.unique(self.writer[g]).tolist())
@@ -66,7 +68,8 @@ class _Footprints:
     def last_reader(self, lo, hi, unit: int) -> list[int]:
         """The last reader of ``unit`` of bytes ``[lo, hi)``: a new read of that unit keeps
         its place after it, so the write-after-read dependencies (on the last reader per unit)
-        still cover every earlier reader once :func:`list_schedule` interleaves the groups."""
+        still cover every earlier reader once :func:`~tvm_dpu.strategy.list_schedule.list_schedule`
+        interleaves the groups."""
         r = int(self.reader[unit, self._grains(lo, hi)].max())
         return [r] if r >= 0 else []
 
@@ -255,17 +258,20 @@ def merge_streams(layers: list[LayerProgram], parts: list[list], cfg: DPUConfig,
                   ) -> None:
     """Compile the streams of consecutive layers / fused groups into **one** instruction stream
     (DPUV3INT8's whole-network schedule), in place: ``parts[i]`` is the ``(instruction,
-    dependencies)`` list of ``layers[i]`` (:func:`schedule`). Each group keeps its own
+    dependencies)`` list of ``layers[i]`` (:func:`~tvm_dpu.strategy.dependencies.schedule`). Each
+    group keeps its own
     dependencies; across groups an instruction also waits, by byte range, for the earlier
     groups' last writer of every FM / PM / DDR byte it reads or writes and for their last
     reader (per unit) of every byte it writes (:class:`_Footprints`, 64-byte grain), and
-    :func:`resolve_tokens` turns all of it into one set of DPON/DPBY tokens. So the next
+    :func:`~tvm_dpu.strategy.dependencies.resolve_tokens` turns all of it into one set of DPON/DPBY
+    tokens. So the next
     group's weight LOADs (into the PM half the current group does not use) and first input
     bands (into the FM buffer its last tiles do not use) are issued while the current group's
     tail (last CONVs, SAVEs) runs, and a group's first LOAD of a tensor waits only for the
     SAVE of the rows it reads (DDR ranges per pixel for channel slices, :func:`_ddr_ranges`).
     Each group is first placed in the FM memories and the PM where it starts earliest
-    (:func:`_place_next`); then :func:`list_schedule` reorders the units' queues on the cycle
+    (:func:`_place_next`); then :func:`~tvm_dpu.strategy.list_schedule.list_schedule` reorders the
+    units' queues on the cycle
     model (a band's LOAD before the next layer's weights, a parallel pair's two sides
     interleaved, the next ``MERGE_WINDOW`` groups' work in the idle gaps of the current one).
     Every dependency points backwards, so the merged stream cannot deadlock. Each layer gets

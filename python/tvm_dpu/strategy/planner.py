@@ -65,7 +65,8 @@ class Planner(ConvEmitter, MiscEmitter, ChainEmitter, FusedEmitter):
         """Two independent streams run concurrently (DPUV3INT8's parallel schedule of, e.g., an
         Inception max pool on MISC beside a convolution on CONV): each is planned for half of
         every FM memory and half the PM, ``b``'s addresses move to the upper halves, and the two
-        dependency lists are merged by :func:`list_schedule` and turned into one set of tokens."""
+        dependency lists are merged by :func:`~tvm_dpu.strategy.list_schedule.list_schedule` and
+        turned into one set of tokens."""
         cfg = self.cfg
         half_cfg = dataclasses.replace(cfg, FM_BANKS=cfg.FM_BANKS // 2, PM_BYTES=cfg.PM_BYTES // 2)
         self.cfg = half_cfg
@@ -96,7 +97,8 @@ class Planner(ConvEmitter, MiscEmitter, ChainEmitter, FusedEmitter):
 
     def streams(self, groups: list, knobs: dict) -> tuple[list[LayerProgram], list, list]:
         """The stream of every group in order, with its dependency list and, for a concurrent
-        pair, the side of each instruction (the inputs of :func:`merge_streams`)."""
+        pair, the side of each instruction (the inputs of
+        :func:`~tvm_dpu.strategy.merge.merge_streams`)."""
         layers, parts, sides = [], [], []
         for tpl, names in groups:
             if tpl == "parallel":
