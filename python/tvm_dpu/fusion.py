@@ -1,51 +1,8 @@
-"""DNNVM fusion search: template embeddings by subgraph isomorphism, then the cheapest execution
-strategy between barriers by shortest path over simulator-measured costs.
-
-Templates (DNNVM Fig. 4, kernel fusion; the intrinsic and point-wise fusions are done by
-canonicalization: bias, zero points and a following ReLU live inside the conv node as its bias
-and clip, so ``conv+relu`` is the conv node itself and ``conv+relu+pool`` is ``conv+pool`` on a
-conv whose clip is a ReLU):
-
-- ``conv+pool``  a conv whose only consumer is a max/avg pool: the pool runs on the CONV output
-  tile in FM (MISC), the conv output never goes to DDR; by default as a two-member on-chip chain
-  (halo keep: the pool windows' overlap rows are kept, not recomputed), else with recompute
-  (knob ``halo``);
-- ``conv+add``   a conv whose only consumer is an element-wise add: the other operand is loaded
-  next to the CONV output tile and ELTADD runs in place, the conv output never goes to DDR;
-- ``pool+conv``  a max/avg pool whose only consumer is a conv (an Inception pool-projection
-  branch): MISC pools the input tile into FM and the CONV reads it there;
-- ``horizontal`` two or more convs with the same kernel, stride and padding that read the same
-  tensor: one LOAD per input tile feeds every CONV (the input is read once);
-- ``chain``      DPUV3INT8's on-chip chains: ``MAX_CHAIN`` >= k >= 2 convs each reading only the
-  previous one's output (conv -> conv, conv -> conv -> conv), optionally closed by an element-wise
-  add that reads the last conv (a whole ResNet bottleneck block: 1x1 -> 3x3 -> 1x1 + add; with
-  a projection shortcut, a conv reading the chain's input, as the add's other operand) or by a
-  max / avg pool (VGG's conv -> conv -> pool, GoogLeNet's 1x1 -> 3x3 -> max pool). Row
-  bands of every layer stay in FM and line up across the chain (halo keep, see
-  ``strategy._chain_plan``); only the chain's input, the add's other operand and the last
-  output touch DDR.
-
-:func:`find_candidates` enumerates every embedding of every template (not greedily) with a
-VF2/Ullmann-style backtracking matcher (:func:`match`, DNNVM Algorithm 1: candidate filtering by
-node type, start at the rarest query vertex, breadth-first next query vertex, candidates refined
-by adjacency to the matched ones); the horizontal template is a star of k convs around a shared
-input for every k >= 2, and automorphic matches are reported once.
-
-:func:`choose` is DNNVM Algorithm 2. Links ``u -> v`` where ``u``'s output goes only to ``v`` and
-``v`` reads only ``u`` cut the graph into chains between barriers (nodes that depend on several
-nodes or that several nodes depend on). Inside a chain the best strategy is the shortest path
-over positions with an edge for every single node and every fused candidate it contains. The
-special cases at barriers are candidates that cross chains -- a ``conv+add`` takes the last node
-of one chain and the add that starts another (so the add's other branch edges into it are
-pruned: it runs once), a horizontal group takes the first nodes of several chains leaving a
-shared tensor, an on-chip ``chain`` closed by an add takes a suffix of one chain (e.g. a whole
-bottleneck branch) and the add; in general a crossing candidate takes a prefix or a suffix of
-every chain it touches. Crossing candidates that share a node or a chain are decided together:
-every node-disjoint subset of such a cluster is tried, each touched chain solved by its shortest
-path with the prefix / suffix the subset takes removed, and the cheapest kept. Costs are
-additive because the streams run one after another, so the result is optimal for the measured
-costs.
-"""
+"""DNNVM fusion: template embeddings by subgraph isomorphism (:func:`find_candidates`), the
+cheapest execution strategy between barriers by shortest path over measured costs
+(:func:`choose`), and the search that measures every candidate on the simulator
+(:func:`search`, :func:`parallel_pass`), given a planner of :mod:`tvm_dpu.strategy`. Templates
+and algorithms: ``docs/dpu.md`` (Fusion)."""
 
 from __future__ import annotations
 
