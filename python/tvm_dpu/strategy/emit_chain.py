@@ -27,11 +27,14 @@ from tvm_dpu.strategy.chains import (
 )
 from tvm_dpu.strategy.dependencies import _Tile
 from tvm_dpu.strategy.emit import Emitter, _pool_maker
+from tvm_dpu.strategy.emit_conv import ConvEmitter
 from tvm_dpu.strategy.tiling import _in_window
 from tvm_dpu.xgraph import XGraphError, fold_add
 
 
-class ChainEmitter(Emitter):
+class ChainEmitter(ConvEmitter):
+    """On-chip chains, built on the conv emitter's weight chunks."""
+
     def chain(self, layers: list, user: dict | None) -> LayerProgram:
         """An on-chip chain (DPUV3INT8): convs each reading the previous one's output, optionally
         closed by an add or a pool, run band by band (:func:`~tvm_dpu.strategy.chains._chain_plan`).

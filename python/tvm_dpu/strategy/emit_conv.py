@@ -22,6 +22,8 @@ from tvm_dpu.xgraph import XGraphError, fold_conv
 
 
 class ConvEmitter(Emitter):
+    """Convs, dense layers and transpose convs."""
+
     def conv(self, layer: ConvLayer, user: dict | None) -> LayerProgram:
         tin, tout = self.tensors[layer.input], self.tensors[layer.output]
         in_shape = (tin.shape[0], tin.hwc[2], tin.hwc[0], tin.hwc[1])

@@ -15,13 +15,16 @@ from tvm_accel.layers import (
 from tvm_dpu import codegen as cg
 from tvm_dpu.program import LayerProgram
 from tvm_dpu.strategy.dependencies import _Tile
-from tvm_dpu.strategy.emit import Emitter, _pool_maker
+from tvm_dpu.strategy.emit import _pool_maker
+from tvm_dpu.strategy.emit_chain import ChainEmitter
 from tvm_dpu.strategy.knobs import fused_knob_space
 from tvm_dpu.strategy.tiling import _conv_geometry, _in_window
 from tvm_dpu.xgraph import XGraphError, fold_add
 
 
-class FusedEmitter(Emitter):
+class FusedEmitter(ChainEmitter):
+    """Fused groups, built on the conv tiles and (conv+pool with halo keep) on chains."""
+
     def pool_conv(self, pool: PoolLayer, conv: ConvLayer, user: dict | None) -> LayerProgram:
         """pool+conv: per conv output tile, LOAD the input window the pool windows read, MISC
         pools it into FM 1, CONV reads it there (padding by the CONV's pad fields) into FM 2,

@@ -20,6 +20,8 @@ from tvm_dpu.xgraph import XGraphError, fold_add
 
 
 class MiscEmitter(Emitter):
+    """Element-wise add, pools, upsample and concat on the MISC unit."""
+
     def add(self, layer: AddLayer, user: dict | None) -> LayerProgram:
         cfg = self.cfg
         ta, tb = (self.tensors[x] for x in layer.inputs)

@@ -19,8 +19,6 @@ from tvm_dpu import codegen as cg
 from tvm_dpu.program import DPUProgram, LayerProgram
 from tvm_dpu.strategy.dependencies import resolve_tokens
 from tvm_dpu.strategy.emit import _relocate
-from tvm_dpu.strategy.emit_chain import ChainEmitter
-from tvm_dpu.strategy.emit_conv import ConvEmitter
 from tvm_dpu.strategy.emit_fused import FusedEmitter
 from tvm_dpu.strategy.emit_misc import MiscEmitter
 from tvm_dpu.strategy.knobs import fused_knob_space
@@ -28,7 +26,7 @@ from tvm_dpu.strategy.list_schedule import list_schedule, reorder
 from tvm_dpu.strategy.tiling import _cdiv
 
 
-class Planner(ConvEmitter, MiscEmitter, ChainEmitter, FusedEmitter):
+class Planner(FusedEmitter, MiscEmitter):
     """Every emitter of the DPU strategy, with the dispatch by layer type and fusion template."""
 
     def layer(self, layer, user: dict | None) -> LayerProgram:
