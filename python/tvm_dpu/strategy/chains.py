@@ -17,7 +17,6 @@ from tvm_dpu.hw_config import DPUConfig
 from tvm_dpu.strategy.tiling import _cdiv, _in_window, _options, _param_bytes, _pm_bytes
 
 
-# --- on-chip chains ------------------------------------------------------------------------------
 @dataclass
 class _Window:
     """An FM-resident tensor of a chain. At step ``j`` its buffer holds rows ``[a[j], e[j])``;

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from tvm_dpu import codegen as cg
 
 
-# --- dependency scheduling ---------------------------------------------------------------------
 @dataclass
 class _Tile:
     """One step of a stream: its LOADs, its computes (CONV / MISC, in order) and its SAVEs."""

@@ -62,8 +62,6 @@ def _relocate(insn, fm_off: int, pm_off: int) -> None:
             insn.b_addr += fm_off
 
 
-
-
 class Emitter:
     """Plans the streams of one function: tensor placements, PARAM image, region use."""
 

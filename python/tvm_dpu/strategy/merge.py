@@ -15,7 +15,6 @@ from tvm_dpu.strategy.dependencies import resolve_tokens
 from tvm_dpu.strategy.list_schedule import insn_cycles, list_schedule, reorder
 from tvm_dpu.strategy.tiling import _cdiv
 
-# --- one stream per function: overlap across groups -------------------------------------------
 #: groups of the merged stream whose instructions
 #: :func:`~tvm_dpu.strategy.list_schedule.list_schedule` may interleave on a unit
 #: beyond the oldest one with work left there (0: every group keeps its place)
