@@ -62,11 +62,12 @@ def cpu_reason(layer, in_shape) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__, "dpu_default", argv)
 
+    from tvm_accel.errors import MappingError
     from tvm_accel.profiler import bound_label
     from tvm_accel.report import format_table
     from tvm_dpu.hw_config import load_config
     from tvm_dpu.runtime import execute_program
-    from tvm_dpu.strategy import MappingError, plan
+    from tvm_dpu.strategy import plan
 
     cfg = load_config(args.config)
     rows = load_rows(args.csv, args.ids, args.limit)

@@ -35,7 +35,7 @@ from tvm_dpu.hw_config import DPUConfig, load_config
 class DPUTarget(AccelTarget):
     name = "dpu"
     package = "tvm_dpu"
-    global_knobs = frozenset({"@fusion"})  # tvm_dpu.strategy.FUSION_KNOB
+    global_knobs = frozenset({"@fusion"})  # tvm_dpu.fusion.FUSION_KNOB
 
     def load_config(self, path_or_name=None) -> DPUConfig:
         return hw_config.load_config(path_or_name)
@@ -89,7 +89,8 @@ class DPUTarget(AccelTarget):
         return tuning_tasks(graph, config)
 
     def disassemble(self, blob: bytes, layer: str | None = None, limit: int = 0) -> str:
-        from tvm_dpu.codegen import ISA, load_blob
+        from tvm_dpu.asm import ISA
+        from tvm_dpu.codegen import load_blob
 
         program, cfg, name = load_blob(blob)
         isa = ISA(cfg)

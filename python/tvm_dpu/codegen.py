@@ -1,4 +1,4 @@
-"""DPU ISA: instruction dataclasses, 256-bit encoder/decoder, assembly formatter and parser.
+"""DPU ISA and program blob: instruction dataclasses, 256-bit encoder/decoder, blob (de)serializer.
 
 Instructions are 256 bits (32 bytes, little-endian: bit b is bit b % 8 of byte b // 8). Every
 instruction starts with the same 12-bit header::
@@ -49,103 +49,17 @@ MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3
 
 END: the header only, with empty DPON/DPBY; it must be the last instruction of the stream.
 
-Memories and addresses
-----------------------
-A tensor in FM is (rows, cols, channels), channels innermost: element (r, w, c) of a tensor at
-``addr`` with strides ``(pix_stride, row_stride)`` is the byte ``(addr + r * row_stride + w *
-pix_stride + c) mod M`` of its memory, M = FM_BANKS x FM_BANK_BYTES (the FM memories are circular;
-the bank of an address is ``addr // FM_BANK_BYTES``, written ``FM<mem>:<bank>:<offset>`` in
-assembly). Base addresses must be < M; every FM tensor an instruction reads or writes must span at
-most M bytes and its pixels and rows must not overlap (``pix_stride >= pixel bytes`` when cols >
-1, ``row_stride >= (cols - 1) * pix_stride + pixel bytes`` when rows > 1; the stride of a single
-pixel or row is free). The PM is circular the same way (modulo PM_BYTES). DDR is not:
-``region + offset`` must lie in the region (register base/size) and in the DDR buffer; SAVE may
-only write the OUTPUT and SWAP regions. Every CONV/MISC runs on every PE with the same addresses
-(SIMD); a LOAD to FM reads PE p's image at ``ddr_offset + p * img_stride`` (SAVE writes it there).
-An instruction reads all its inputs before writing its output, so in-place operations are defined.
-An instruction whose size is empty (LOAD/SAVE rows, cols or chans 0; CONV out_h, out_w, oc or ic
-0; MISC out_h, out_w or chans 0) is the paper's No-Op bubble: it moves nothing, takes 1 cycle and
-still pops/pushes its tokens.
-
-Semantics
----------
-LOAD to FM: the block ``P`` of ``(pad_top + rows + pad_bottom) x (pad_left + cols + pad_right) x
-chans`` has the DDR data (byte (r, w, c) at ``ddr_offset + r * ddr_row_stride + w *
-ddr_pix_stride + c``) in its interior and ``pad_value`` on the border. With ``fmt`` = 0 it is
-written as is; with ``fmt`` = F >= 1 (format unit, ``chans <= FORMAT_MAX_CHANNELS``, ``F <=
-FORMAT_MAX_FACTOR``) every written pixel has F x chans channels, ``out(r, w, j * chans + c) =
-P(r, w + j, c)`` (``pad_value`` past the right edge): a W-direction im2col, so a kh x kw conv on
-a 3-channel image becomes a kh x 1 conv with the weights re-laid as ``[oc][kh][1][kw * ic]``.
-LOAD to PM: ``rows x cols x chans`` bytes written contiguously from ``dst_addr``.
-
-CONV (``D = depthwise``)::
-
-    Hw = (out_h - 1) * stride_h + kernel_h    H_in = Hw - pad_top - pad_bottom   (>= 1)
-    Ww = (out_w - 1) * stride_w + kernel_w    W_in = Ww - pad_left - pad_right   (>= 1)
-    X(r, w, c) = in(r - pad_top, w - pad_left, c) inside H_in x W_in, else pad_value
-    weights at param_addr: int8 W[oc][kernel_h][kernel_w][ic]  (D: W[oc][kh][kw], ic == oc)
-    bias right after them: int32 little-endian B[oc]
-    acc(y, x, o) = sum over ky, kx, c of X(y*sh + ky, x*sw + kx, c) * W[o][ky][kx][c]
-                   (int8 x int8 products, int32 accumulation wrapping modulo 2^32;
-                    D: only c = o, W[o][ky][kx])
-    s = acc + B[o] + (1 << (shift - 1) if shift > 0 else 0)      (exact, 64-bit)
-    out(y, x, o) = clip(s >> shift, clip_lo, clip_hi)            (arithmetic shift = floor)
-
-so ``shift`` rounds half up, ReLU is ``clip_lo = 0`` and ``clip_lo <= clip_hi`` is required.
-
-MAXPOOL: same window as CONV with ``chans`` channels; ``out = clip(max over the window of X,
-clip_lo, clip_hi)`` (padding = ``pad_value``, e.g. -128 to ignore it).
-AVGPOOL: ``s = sum over the window of X`` (padding counts as ``pad_value``), ``out = clip((s *
-mult + (1 << (shift - 1) if shift > 0 else 0)) >> shift, clip_lo, clip_hi)`` in 64 bits; a
-power-of-two window uses ``mult = 1, shift = log2(kh * kw)``, others approximate 1/(kh * kw) by
-``mult / 2^shift``.
-ELTADD: ``al(v, s) = v << s if s >= 0 else v >> -s`` (floor); ``t = al(A, shift_a) + al(B,
-shift_b)``; ``out = clip((t + (1 << (shift - 1) if shift > 0 else 0)) >> shift, clip_lo,
-clip_hi)``, 64-bit intermediates; ReLU is ``clip_lo = 0``. A, B and out are out_h x out_w x chans.
-UPSAMPLE: ``out(y, x, c) = in(y // factor_h, x // factor_w, c)`` (nearest, factors >= 1).
-COPY: ``out(y, x, c) = in(y, x, c)``; with ``out_pix_stride = s * chans`` it writes every s-th
-pixel (the transpose-conv sub-kernel shuffle), with a channel offset in ``out_addr`` and a wider
-``out_pix_stride`` it places a tensor inside a concatenation.
-
-Dependencies
-------------
-One token FIFO per ordered pair of unit types (A -> B, A != B), unbounded (the simulator sizes
-each FIFO by the number of DPBY pushes in the stream). An instruction of unit B whose DPON
-contains A pops a token from FIFO(A -> B) before it starts (waiting while it is empty); an
-instruction of unit A whose DPBY contains B pushes a token into FIFO(A -> B) when it completes.
-Units run their own instructions in program order, concurrently. A unit listed in its own
-DPON/DPBY is an error. At the END all FIFOs must be empty (else "unbalanced dependencies"); a
-state where no unit can progress is a deadlock naming each blocked unit, its instruction and the
-FIFO it waits on.
-
-Assembly
---------
-One instruction per line, mnemonic then DPON and DPBY (like Fig. 3 of the DPUV3INT8 paper), then
-``key=value`` operands; MISC instructions use their op as mnemonic::
-
-    LOAD DPON=- DPBY=CONV dst=FM0:0:0x0000 src=INPUT+0x0 size=8x56x64 src_stride=64,3584 \
-        dst_stride=64,3584 img_stride=0x31000
-    LOAD DPON=- DPBY=CONV dst=PM:0x000000 src=PARAM+0x0 size=9x64x64 src_stride=64,4096
-    CONV DPON=LOAD DPBY=MISC in=FM0:0:0x0000 in_stride=64,3584 ic=64 out=FM1:0:0x0000 \
-        out_stride=64,3584 out_size=8x56x64 kernel=3x3 stride=1x1 pad=1,1,1,1 \
-        params=PM:0x000000 shift=7 clip=0,127
-    MAXPOOL DPON=CONV DPBY=SAVE in=FM1:0:0x0000 in_stride=64,3584 out=FM2:0:0x0000 \
-        out_stride=64,1792 out_size=4x28x64 kernel=2x2 stride=2x2 pad=0,0,0,0 clip=-128,127
-    SAVE DPON=MISC DPBY=- src=FM2:0:0x0000 dst=OUTPUT+0x0 size=4x28x64 src_stride=64,1792 \
-        dst_stride=64,1792 img_stride=0xc400
-    END
-
-(each instruction on one line). Fields not shown by a group and different from their default are
-printed as ``name=value``, so disassembling any decodable word and parsing it back gives the same
-bits. ``;`` and ``#`` start comments; ``N:`` listing prefixes are ignored.
+Memories, semantics and dependencies of the instructions: ``docs/dpu.md`` (ISA). The assembly syntax
+is described in :mod:`tvm_dpu.asm`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 
-from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
+from tvm_accel.errors import EncodeError
+from tvm_dpu.hw_config import DPUConfig
+from tvm_dpu.program import DPUProgram, LayerProgram, TensorPlacement
 
 INSN_BYTES = 32
 INSN_BITS = 8 * INSN_BYTES
@@ -162,14 +76,6 @@ MISC_NAMES = {MISC_MAXPOOL: "MAXPOOL", MISC_AVGPOOL: "AVGPOOL", MISC_ELTADD: "EL
               MISC_UPSAMPLE: "UPSAMPLE", MISC_COPY: "COPY"}
 
 REGION_INPUT, REGION_OUTPUT, REGION_PARAM, REGION_INSN, REGION_SWAP = range(5)
-
-
-class EncodeError(ValueError):
-    """A field does not fit its width or a word is not an instruction: a compiler bug."""
-
-
-class AsmError(ValueError):
-    """A line of assembly cannot be parsed; the message names the line and the token."""
 
 
 # --- dependency masks ------------------------------------------------------------------------
@@ -198,7 +104,7 @@ def units_of(mask: int) -> frozenset[str]:
     return frozenset(UNITS[i] for i in range(4) if mask >> i & 1)
 
 
-def _deps_text(units: frozenset[str]) -> str:
+def deps_text(units: frozenset[str]) -> str:
     names = [u for u in UNITS if u in units]
     return "|".join(names) if names else "-"
 
@@ -225,7 +131,7 @@ class Load(_Deps):
     DDR strides ``ddr_pix_stride`` / ``ddr_row_stride``. FM: PE p reads its image at
     ``ddr_offset + p * img_stride`` and writes the block, surrounded by ``pad_*`` rows/columns of
     ``pad_value``, at ``dst_addr`` of memory ``fm_mem`` with FM strides; with ``fmt`` = F > 0 the
-    format unit writes pixels of F x chans channels (W-direction im2col, see module docstring).
+    format unit writes pixels of F x chans channels (W-direction im2col, see ``docs/dpu.md``).
     PM: one copy written contiguously at ``dst_addr``; FM-only fields must be 0.
     """
 
@@ -275,7 +181,7 @@ class Save(_Deps):
 
 @dataclass
 class Conv(_Deps):
-    """Convolution with fix-point requantize on every PE (semantics in the module docstring)."""
+    """Convolution with fix-point requantize on every PE (semantics in ``docs/dpu.md``)."""
 
     in_mem: int = 0
     in_addr: int = 0
@@ -526,7 +432,7 @@ def encode_stream(insns: list[Insn]) -> bytes:
     return b"".join(encode(i) for i in insns)
 
 
-_CLASS_OF = {"LOAD": Load, "SAVE": Save, "CONV": Conv, "MAXPOOL": Pool, "AVGPOOL": Pool,
+CLASS_OF = {"LOAD": Load, "SAVE": Save, "CONV": Conv, "MAXPOOL": Pool, "AVGPOOL": Pool,
              "ELTADD": EltAdd, "UPSAMPLE": Upsample, "COPY": Copy, "END": End}
 
 
@@ -557,7 +463,7 @@ def decode(data: bytes) -> Insn:
         lo += w
     if word >> lo:
         raise EncodeError(f"{kind}: reserved bits [{lo}, {INSN_BITS}) are not zero")
-    cls = _CLASS_OF[kind]
+    cls = CLASS_OF[kind]
     if cls is End:
         if dpon or dpby:
             raise EncodeError("END: fields DPON/DPBY must be empty")
@@ -577,277 +483,6 @@ def decode_stream(data: bytes) -> list[Insn]:
     return [decode(data[i:i + INSN_BYTES]) for i in range(0, len(data), INSN_BYTES)]
 
 
-# --- assembly ----------------------------------------------------------------------------------
-
-def _hex(v: int) -> str:
-    return f"0x{v:x}"
-
-
-class ISA:
-    """Encoder, decoder and assembler of one config (the config gives FM banks for display)."""
-
-    def __init__(self, cfg: DPUConfig):
-        self.cfg = cfg
-        self.bank_bytes = cfg.FM_BANK_BYTES
-
-    encode = staticmethod(encode)
-    encode_stream = staticmethod(encode_stream)
-    decode = staticmethod(decode)
-    decode_stream = staticmethod(decode_stream)
-
-    # formatting ------------------------------------------------------------------------------
-    def fm(self, mem: int, addr: int) -> str:
-        bank, off = divmod(addr, self.bank_bytes)
-        return f"FM{mem}:{bank}:0x{off:04x}"
-
-    def format(self, insn: Insn) -> str:
-        """One line: mnemonic, DPON, DPBY, then the operands (``key=value``)."""
-        if isinstance(insn, End):
-            return "END"
-        parts = [mnemonic(insn), f"DPON={_deps_text(insn.dpon)}",
-                 f"DPBY={_deps_text(insn.dpby)}"]
-        shown: set[str] = set()
-
-        def put(key: str, text: str, *names: str) -> None:
-            parts.append(f"{key}={text}")
-            shown.update(names)
-
-        i = insn
-        if isinstance(i, Load):
-            if i.to_pm:
-                put("dst", f"PM:0x{i.dst_addr:06x}", "to_pm", "dst_addr")
-            else:
-                put("dst", self.fm(i.fm_mem, i.dst_addr), "to_pm", "fm_mem", "dst_addr")
-            put("src", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
-            put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
-            put("src_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
-                "ddr_row_stride")
-            if not i.to_pm:
-                put("dst_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
-                    "fm_row_stride")
-                if i.img_stride:
-                    put("img_stride", _hex(i.img_stride), "img_stride")
-        elif isinstance(i, Save):
-            put("src", self.fm(i.fm_mem, i.src_addr), "fm_mem", "src_addr")
-            put("dst", self._ddr(i.region, i.ddr_offset), "region", "ddr_offset")
-            put("size", f"{i.rows}x{i.cols}x{i.chans}", "rows", "cols", "chans")
-            put("src_stride", f"{i.fm_pix_stride},{i.fm_row_stride}", "fm_pix_stride",
-                "fm_row_stride")
-            put("dst_stride", f"{i.ddr_pix_stride},{i.ddr_row_stride}", "ddr_pix_stride",
-                "ddr_row_stride")
-            if i.img_stride:
-                put("img_stride", _hex(i.img_stride), "img_stride")
-        else:
-            a = "a" if isinstance(i, EltAdd) else "in"
-            put(a, self.fm(i.in_mem, i.in_addr), "in_mem", "in_addr")
-            put(f"{a}_stride", f"{i.in_pix_stride},{i.in_row_stride}", "in_pix_stride",
-                "in_row_stride")
-            if isinstance(i, Conv):
-                put("ic", str(i.ic), "ic")
-            if isinstance(i, EltAdd):
-                put("b", self.fm(i.b_mem, i.b_addr), "b_mem", "b_addr")
-                put("b_stride", f"{i.b_pix_stride},{i.b_row_stride}", "b_pix_stride",
-                    "b_row_stride")
-            put("out", self.fm(i.out_mem, i.out_addr), "out_mem", "out_addr")
-            put("out_stride", f"{i.out_pix_stride},{i.out_row_stride}", "out_pix_stride",
-                "out_row_stride")
-            c = i.oc if isinstance(i, Conv) else i.chans
-            put("out_size", f"{i.out_h}x{i.out_w}x{c}", "out_h", "out_w",
-                "oc" if isinstance(i, Conv) else "chans")
-            if isinstance(i, (Conv, Pool)):
-                put("kernel", f"{i.kernel_h}x{i.kernel_w}", "kernel_h", "kernel_w")
-                put("stride", f"{i.stride_h}x{i.stride_w}", "stride_h", "stride_w")
-                put("pad", f"{i.pad_top},{i.pad_bottom},{i.pad_left},{i.pad_right}",
-                    "pad_top", "pad_bottom", "pad_left", "pad_right")
-            if isinstance(i, Conv):
-                put("params", f"PM:0x{i.param_addr:06x}", "param_addr")
-                put("shift", str(i.shift), "shift")
-            if isinstance(i, Pool) and i.op == MISC_AVGPOOL:
-                put("mult", str(i.mult), "mult")
-                put("shift", str(i.shift), "shift")
-            if isinstance(i, EltAdd):
-                put("shift_a", str(i.shift_a), "shift_a")
-                put("shift_b", str(i.shift_b), "shift_b")
-                put("shift", str(i.shift), "shift")
-            if isinstance(i, Upsample):
-                put("factor", f"{i.factor_h}x{i.factor_w}", "factor_h", "factor_w")
-            if isinstance(i, (Conv, Pool, EltAdd)):
-                put("clip", f"{i.clip_lo},{i.clip_hi}", "clip_lo", "clip_hi")
-        # every other field that differs from its default, so any decoded word round-trips
-        kind = mnemonic(i)
-        layout_names = [n for n, _, _ in LAYOUTS.get(kind, ())]
-        defaults = type(i)()
-        for name in layout_names:
-            if name in shown or name == "op":
-                continue
-            v = getattr(i, name)
-            if v != getattr(defaults, name):
-                if isinstance(v, bool):
-                    parts.append(name)
-                else:
-                    parts.append(f"{name}={v}")
-        return " ".join(parts)
-
-    @staticmethod
-    def _ddr(region: int, offset: int) -> str:
-        r = REGION_NAMES[region] if region < len(REGION_NAMES) else f"REGION{region}"
-        return f"{r}+{_hex(offset)}"
-
-    def disassemble(self, data: bytes) -> list[str]:
-        """Numbered listing of a stream; undecodable words are shown as ``.word``, not raised."""
-        lines = []
-        n = len(data) // INSN_BYTES
-        for k in range(n):
-            chunk = data[k * INSN_BYTES:(k + 1) * INSN_BYTES]
-            try:
-                text = self.format(decode(chunk))
-            except EncodeError as e:
-                text = f".word 0x{int.from_bytes(chunk, 'little'):064x}  ; {e}"
-            lines.append(f"{k:6d}: {text}")
-        return lines
-
-    # parsing ---------------------------------------------------------------------------------
-    def parse(self, text: str) -> list[Insn]:
-        """Parse assembly (one instruction per line; ``;`` / ``#`` comments, blank lines and
-        ``N:`` listing prefixes are ignored) into instructions."""
-        return [insn for _, insn in self._parse_lines(text, encode_too=False)]
-
-    def assemble(self, text: str) -> bytes:
-        """Parse and encode; errors (also fields too wide for their bits) name the line."""
-        return b"".join(data for data, _ in self._parse_lines(text, encode_too=True))
-
-    def _parse_lines(self, text: str, encode_too: bool):
-        out = []
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            line = re.split(r"[;#]", raw, maxsplit=1)[0].strip()
-            line = re.sub(r"^\d+:\s*", "", line)
-            if not line:
-                continue
-            try:
-                insn = self.parse_line(line)
-                out.append((encode(insn) if encode_too else None, insn))
-            except (AsmError, EncodeError, ValueError) as e:
-                raise AsmError(f"line {lineno}: {e} in {raw.strip()!r}") from None
-        return out
-
-    def parse_line(self, line: str) -> Insn:
-        toks = line.split()
-        mn = toks[0].upper()
-        if mn == "END":
-            if len(toks) > 1:
-                raise AsmError("END takes no operands")
-            return End()
-        if mn not in _CLASS_OF:
-            raise AsmError(f"unknown mnemonic {toks[0]!r} (known: {', '.join(_CLASS_OF)})")
-        cls = _CLASS_OF[mn]
-        kw: dict = {}
-        if cls is Pool:
-            kw["op"] = MISC_MAXPOOL if mn == "MAXPOOL" else MISC_AVGPOOL
-        names = {f.name: f for f in fields(cls)}
-        for tok in toks[1:]:
-            key, eq, val = tok.partition("=")
-            k = key.lower()
-            if not eq:
-                if k in names and names[k].type == "bool":
-                    kw[k] = True
-                    continue
-                raise AsmError(f"token {tok!r} is not key=value")
-            self._operand(cls, mn, k, val, kw, names)
-        return cls(**kw)
-
-    def _operand(self, cls, mn: str, k: str, val: str, kw: dict, names: dict) -> None:
-        def ints(n: int, sep: str) -> list[int]:
-            items = val.lower().split(sep)
-            if len(items) != n:
-                raise AsmError(f"{k}={val}: expected {n} values separated by {sep!r}")
-            return [_int(x) for x in items]
-
-        a = "a" if cls is EltAdd else "in"
-        if k == "dpon" or k == "dpby":
-            kw[k] = units_mask(val)
-        elif cls is Load and k == "dst":
-            if val.upper().startswith("PM:"):
-                kw["to_pm"], kw["dst_addr"] = True, _int(val[3:])
-            else:
-                kw["to_pm"] = False
-                kw["fm_mem"], kw["dst_addr"] = self._parse_fm(val)
-        elif cls is Save and k == "src":
-            kw["fm_mem"], kw["src_addr"] = self._parse_fm(val)
-        elif (cls is Load and k == "src") or (cls is Save and k == "dst"):
-            kw["region"], kw["ddr_offset"] = _parse_ddr(val)
-        elif cls in (Load, Save) and k == "size":
-            kw["rows"], kw["cols"], kw["chans"] = ints(3, "x")
-        elif cls is Load and k == "src_stride" or cls is Save and k == "dst_stride":
-            kw["ddr_pix_stride"], kw["ddr_row_stride"] = ints(2, ",")
-        elif cls is Load and k == "dst_stride" or cls is Save and k == "src_stride":
-            kw["fm_pix_stride"], kw["fm_row_stride"] = ints(2, ",")
-        elif k == a and cls not in (Load, Save):
-            kw["in_mem"], kw["in_addr"] = self._parse_fm(val)
-        elif k == f"{a}_stride" and cls not in (Load, Save):
-            kw["in_pix_stride"], kw["in_row_stride"] = ints(2, ",")
-        elif k == "b" and cls is EltAdd:
-            kw["b_mem"], kw["b_addr"] = self._parse_fm(val)
-        elif k == "b_stride" and cls is EltAdd:
-            kw["b_pix_stride"], kw["b_row_stride"] = ints(2, ",")
-        elif k == "out" and cls not in (Load, Save):
-            kw["out_mem"], kw["out_addr"] = self._parse_fm(val)
-        elif k == "out_stride" and cls not in (Load, Save):
-            kw["out_pix_stride"], kw["out_row_stride"] = ints(2, ",")
-        elif k == "out_size" and cls not in (Load, Save):
-            kw["out_h"], kw["out_w"], kw["oc" if cls is Conv else "chans"] = ints(3, "x")
-        elif k == "kernel" and cls in (Conv, Pool):
-            kw["kernel_h"], kw["kernel_w"] = ints(2, "x")
-        elif k == "stride" and cls in (Conv, Pool):
-            kw["stride_h"], kw["stride_w"] = ints(2, "x")
-        elif k == "pad" and cls in (Conv, Pool):
-            kw["pad_top"], kw["pad_bottom"], kw["pad_left"], kw["pad_right"] = ints(4, ",")
-        elif k == "pad" and cls is Load:
-            kw["pad_top"], kw["pad_bottom"], kw["pad_left"], kw["pad_right"] = ints(4, ",")
-        elif k == "clip" and cls in (Conv, Pool, EltAdd):
-            kw["clip_lo"], kw["clip_hi"] = ints(2, ",")
-        elif k == "params" and cls is Conv:
-            if not val.upper().startswith("PM:"):
-                raise AsmError(f"params={val}: expected PM:<address>")
-            kw["param_addr"] = _int(val[3:])
-        elif k == "factor" and cls is Upsample:
-            kw["factor_h"], kw["factor_w"] = ints(2, "x")
-        elif k in names and k not in ("op",):
-            kw[k] = bool(_int(val)) if names[k].type == "bool" else _int(val)
-        else:
-            raise AsmError(f"unknown operand {k!r} for {mn}")
-
-    def _parse_fm(self, val: str) -> tuple[int, int]:
-        m = re.fullmatch(r"FM(\d+):([0-9a-fA-Fx]+)(?::([0-9a-fA-Fx]+))?", val.strip(),
-                         flags=re.IGNORECASE)
-        if not m:
-            raise AsmError(f"{val!r} is not an FM address (FM<mem>:<bank>:<offset> or "
-                           "FM<mem>:<address>)")
-        mem = int(m.group(1))
-        if m.group(3) is None:
-            return mem, _int(m.group(2))
-        return mem, _int(m.group(2)) * self.bank_bytes + _int(m.group(3))
-
-
-def _int(text: str) -> int:
-    t = text.strip().lower()
-    try:
-        return int(t, 0)
-    except ValueError:
-        raise AsmError(f"{text!r} is not an integer") from None
-
-
-def _parse_ddr(val: str) -> tuple[int, int]:
-    name, plus, off = val.partition("+")
-    name = name.strip().upper()
-    if name in REGION_NAMES:
-        region = REGION_NAMES.index(name)
-    elif name.startswith("REGION") and name[6:].isdigit():
-        region = int(name[6:])
-    else:
-        raise AsmError(f"{val!r}: unknown DDR region (regions: {', '.join(REGION_NAMES)})")
-    return region, _int(off) if plus else 0
-
-
 # --- program blob ------------------------------------------------------------------------------
 BLOB_TARGET = "dpu"
 #: DDR offsets are 32-bit fields
@@ -855,7 +490,7 @@ MAX_REGION_BYTES = 1 << 32
 
 
 def build_blob(program, cfg: DPUConfig, name: str = "") -> bytes:
-    """Serialize a planned :class:`~tvm_dpu.strategy.DPUProgram` into a program blob.
+    """Serialize a planned :class:`~tvm_dpu.program.DPUProgram` into a program blob.
 
     Sections: ``HWCF`` (config JSON), ``META`` (DDR map, layer table), ``INSN`` (every layer's
     instructions back to back; a layer with ``stream`` null is a stream ending in END, the
@@ -893,7 +528,6 @@ def load_blob(data: bytes, expect_config: DPUConfig | None = None):
     from tvm_accel.blob import unpack_blob
     from tvm_accel.errors import BlobError, ConfigError
     from tvm_dpu.hw_config import config_from_dict
-    from tvm_dpu.strategy import DPUProgram, LayerProgram, TensorPlacement
 
     blob = unpack_blob(data, expect_target=BLOB_TARGET,
                        expect_fingerprint=expect_config.fingerprint if expect_config else None)

@@ -1,59 +1,24 @@
-"""DNNVM fusion search: template embeddings by subgraph isomorphism, then the cheapest execution
-strategy between barriers by shortest path over simulator-measured costs.
-
-Templates (DNNVM Fig. 4, kernel fusion; the intrinsic and point-wise fusions are done by
-canonicalization: bias, zero points and a following ReLU live inside the conv node as its bias
-and clip, so ``conv+relu`` is the conv node itself and ``conv+relu+pool`` is ``conv+pool`` on a
-conv whose clip is a ReLU):
-
-- ``conv+pool``  a conv whose only consumer is a max/avg pool: the pool runs on the CONV output
-  tile in FM (MISC), the conv output never goes to DDR; by default as a two-member on-chip chain
-  (halo keep: the pool windows' overlap rows are kept, not recomputed), else with recompute
-  (knob ``halo``);
-- ``conv+add``   a conv whose only consumer is an element-wise add: the other operand is loaded
-  next to the CONV output tile and ELTADD runs in place, the conv output never goes to DDR;
-- ``pool+conv``  a max/avg pool whose only consumer is a conv (an Inception pool-projection
-  branch): MISC pools the input tile into FM and the CONV reads it there;
-- ``horizontal`` two or more convs with the same kernel, stride and padding that read the same
-  tensor: one LOAD per input tile feeds every CONV (the input is read once);
-- ``chain``      DPUV3INT8's on-chip chains: ``MAX_CHAIN`` >= k >= 2 convs each reading only the
-  previous one's output (conv -> conv, conv -> conv -> conv), optionally closed by an element-wise
-  add that reads the last conv (a whole ResNet bottleneck block: 1x1 -> 3x3 -> 1x1 + add; with
-  a projection shortcut, a conv reading the chain's input, as the add's other operand) or by a
-  max / avg pool (VGG's conv -> conv -> pool, GoogLeNet's 1x1 -> 3x3 -> max pool). Row
-  bands of every layer stay in FM and line up across the chain (halo keep, see
-  ``strategy._chain_plan``); only the chain's input, the add's other operand and the last
-  output touch DDR.
-
-:func:`find_candidates` enumerates every embedding of every template (not greedily) with a
-VF2/Ullmann-style backtracking matcher (:func:`match`, DNNVM Algorithm 1: candidate filtering by
-node type, start at the rarest query vertex, breadth-first next query vertex, candidates refined
-by adjacency to the matched ones); the horizontal template is a star of k convs around a shared
-input for every k >= 2, and automorphic matches are reported once.
-
-:func:`choose` is DNNVM Algorithm 2. Links ``u -> v`` where ``u``'s output goes only to ``v`` and
-``v`` reads only ``u`` cut the graph into chains between barriers (nodes that depend on several
-nodes or that several nodes depend on). Inside a chain the best strategy is the shortest path
-over positions with an edge for every single node and every fused candidate it contains. The
-special cases at barriers are candidates that cross chains -- a ``conv+add`` takes the last node
-of one chain and the add that starts another (so the add's other branch edges into it are
-pruned: it runs once), a horizontal group takes the first nodes of several chains leaving a
-shared tensor, an on-chip ``chain`` closed by an add takes a suffix of one chain (e.g. a whole
-bottleneck branch) and the add; in general a crossing candidate takes a prefix or a suffix of
-every chain it touches. Crossing candidates that share a node or a chain are decided together:
-every node-disjoint subset of such a cluster is tried, each touched chain solved by its shortest
-path with the prefix / suffix the subset takes removed, and the cheapest kept. Costs are
-additive because the streams run one after another, so the result is optimal for the measured
-costs.
-"""
+"""DNNVM fusion: template embeddings by subgraph isomorphism (:func:`find_candidates`), the
+cheapest execution strategy between barriers by shortest path over measured costs
+(:func:`choose`), and the search that measures every candidate on the simulator
+(:func:`search`, :func:`parallel_pass`), given a planner of :mod:`tvm_dpu.strategy`. Templates
+and algorithms: ``docs/dpu.md`` (Fusion)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
-from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
+import numpy as np
+
+from tvm_accel.errors import MappingError
+from tvm_accel.layers import AddLayer, ConcatLayer, ConvLayer, LayerGraph, PoolLayer
+from tvm_dpu import codegen as cg
+from tvm_dpu.hw_config import DPUConfig
+from tvm_dpu.program import LayerProgram
+from tvm_dpu.simulator import simulate
 
 MAX_CLUSTER = 12  # crossing candidates decided jointly; a larger cluster keeps its most beneficial
 MAX_CHAIN = 3  # convs in an on-chip chain candidate (a bottleneck branch is 3)
@@ -366,3 +331,252 @@ def order_groups(graph: LayerGraph, groups: list[tuple[str, ...]]) -> list[tuple
         done.add(i)
         out.append(groups[i])
     return out
+
+
+# --- the search: candidates measured on the simulator --------------------------------------------
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+FUSION_KNOB = "@fusion"
+
+
+@dataclass
+class FusionReport:
+    """What the fusion search saw: every candidate with its measured cycles and the summed
+    cycles of its layers alone, and the chosen groups."""
+
+    candidates: list[tuple[str, str, int, int]]  # (name, template, fused, unfused) cycles
+    chosen: list[str]
+    search_cycles: int  # total measured cycles of the chosen strategy over the measured layers
+    parallel: list = field(default_factory=list)  # (pair, sequential, parallel) cycles
+
+
+#: hill-climbing moves over ``tile_h`` per fusion candidate in the search (0: default knobs only)
+LOCAL_SEARCH_MOVES = 3
+
+
+def search(p: Any, graph: LayerGraph, cfg: DPUConfig, knobs: dict, forced: dict[str, bool]
+           ) -> tuple[list[tuple[str | None, tuple[str, ...]]], FusionReport, dict]:
+    """DNNVM's search (``tvm_dpu.fusion``): candidates by subgraph isomorphism, each planned and
+    simulated (cycles on a zeroed DDR image; the timing does not depend on the data) together
+    with its layers alone, then the cheapest strategy between barriers. Each candidate without
+    user knobs is measured in a good version, not only with the heuristic defaults: a small
+    local search (hill climbing over the ``tile_h`` options, ``LOCAL_SEARCH_MOVES`` moves from
+    the default, each point simulated) keeps its fastest knobs, which the chosen groups then
+    compile with (returned as the third value). ``p`` is a fresh planner of ``graph``
+    (:class:`tvm_dpu.strategy.planner.Planner`)."""
+    by = {ly.name: ly for ly in p.g.layers}
+    progs: dict = {}
+
+    def accept(c) -> bool:
+        try:
+            progs[c] = p.group(c.template, [by[n] for n in c.layers], knobs.get(c.name))
+            return True
+        except MappingError:
+            if c.name in knobs:  # the user's knobs for this group are wrong: say so
+                raise
+            return False  # the group does not fit the hardware: not a candidate
+    cands = find_candidates(p.g, accept)  # an alias input has no producer to fuse
+    unknown = sorted(set(forced) - {c.name for c in cands})
+    if unknown:
+        raise MappingError(f"{FUSION_KNOB}: no fusion candidate named {unknown[0]} (candidates: "
+                           f"{', '.join(c.name for c in cands) or 'none'})")
+    if not cands:
+        return [(None, (ly.name,)) for ly in graph.layers], FusionReport([], [], 0), {}
+    names = sorted({n for c in cands for n in c.layers}, key=[ly.name for ly in graph.layers].index)
+    singles = {n: p.layer(by[n], knobs.get(n)) for n in names}
+    # the search's variants re-plan a candidate's parameters at the end of the PARAM image and
+    # drop them after the run: room for the largest candidate's parameters
+    room = max(_cdiv(sum(ld.rows * ld.cols * ld.chans for ld in cg.decode_stream(pr.insns)
+                         if isinstance(ld, cg.Load) and ld.to_pm), 64) * 64
+               for pr in progs.values())
+    sizes = {r: max(64, v) for r, v in p.region_use.items()}
+    sizes.update(PARAM=max(64, len(p.params) + room), INSN=64)
+    layout = cfg.region_layout(sizes)
+    ddr = np.zeros(cfg.ddr_bytes(layout), dtype=np.uint8)
+
+    def cycles(prog: LayerProgram) -> int:
+        return simulate(cfg, prog.insns, ddr, regions=layout).cycles
+    single = {n: cycles(pr) for n, pr in singles.items()}
+    fused, tuned = {}, {}
+    for c in cands:
+        fused[c], kn = _local_search(p, c, [by[n] for n in c.layers], cycles(progs[c]), cycles)
+        if kn is not None and c.name not in knobs:
+            tuned[c.name] = kn
+    try:
+        groups, total = choose(graph, cands, single, fused, forced)
+    except ValueError as e:
+        raise MappingError(f"{FUSION_KNOB}: {e}") from None
+    template = {c.layers: c.template for c in cands}
+    ordered = order_groups(graph, groups)
+    report = FusionReport(
+        [(c.name, c.template, fused[c], sum(single[n] for n in c.layers)) for c in cands],
+        ["+".join(g) for g in ordered if len(g) > 1], int(total))
+    chosen = {"+".join(g) for g in ordered}
+    return ([(template.get(g) if len(g) > 1 else None, g) for g in ordered], report,
+            {k: v for k, v in tuned.items() if k in chosen})
+
+
+def _local_search(p: Any, c: Candidate, layers: list, base: int, cycles) -> tuple[int, dict | None]:
+    """Hill climbing over ``tile_h`` for fusion candidate ``c`` from its default knobs
+    (measured at ``base`` cycles): try the neighbouring options, move to the fastest while it
+    improves, at most ``LOCAL_SEARCH_MOVES`` moves. A conv+pool candidate first measures its
+    other ``halo`` form (keep / recompute) at that form's default and climbs from the faster
+    one (keep: over bands that are multiples of the CONV's row passes). Returns the best cycles
+    and the knobs that gave them (None: the default is best or the space has no ``tile_h``)."""
+    try:
+        space = p.group_knob_space(c.template, layers)
+    except (MappingError, ValueError, KeyError):
+        return base, None
+    if "tile_h" not in space or LOCAL_SEARCH_MOVES <= 0:
+        return base, None
+
+    def measure(kn: dict) -> int | None:
+        mark = len(p.params)
+        try:
+            return cycles(p.group(c.template, layers, kn))
+        except MappingError:
+            return None
+        finally:
+            del p.params[mark:]
+
+    opts = space["tile_h"].options
+    best_kn, best = space.default(), base
+    found = None
+    if "halo" in space:  # conv+pool: also measure the other halo form at its default tile
+        kn = p.group_knob_space(c.template, layers, halo="recompute").default()
+        cyc = measure(kn)
+        if cyc is not None and cyc < best:
+            best, best_kn, found = cyc, kn, kn
+    if best_kn.get("halo") == "keep":  # bands aligned to the CONV's row passes
+        opts = [t for t in opts if t % p.cfg.CONV_ROW_PAR == 0 or t in (opts[-1],
+                                                                        best_kn["tile_h"])]
+    i, tried = opts.index(best_kn["tile_h"]), {opts.index(best_kn["tile_h"])}
+    for _ in range(LOCAL_SEARCH_MOVES):
+        step = None
+        for k in (i - 1, i + 1):
+            if k in tried or not 0 <= k < len(opts):
+                continue
+            tried.add(k)
+            kn = {**best_kn, "tile_h": opts[k]}
+            cyc = measure(kn)
+            if cyc is not None and cyc < best:
+                best, step = cyc, (k, kn)
+        if step is None:
+            break
+        i, best_kn = step
+        found = best_kn
+    return best, found
+
+
+PARALLEL_WINDOW = 8  # partners of a pool stream are looked for this many streams around it
+
+
+def parallel_pass(new_planner: Callable[[], Any], graph: LayerGraph, cfg: DPUConfig, knobs: dict,
+                  specs: list) -> tuple[list, list[tuple[str, int, int]]]:
+    """Pair a stream holding a pool (MISC-bound: an Inception max pool, alone or fused) with an
+    independent stream holding a conv when running them concurrently (the planner's ``parallel``)
+    measures faster than one after the other; greedy, most expensive pool stream first, partners
+    within ``PARALLEL_WINDOW`` streams. Returns the new specs (a pair is ``("parallel", (a,
+    b))``) and the accepted pairs ``(name, sequential cycles, parallel cycles)``; the pairs are
+    planned by ``new_planner()``."""
+
+    by = {ly.name: ly for ly in graph.layers}
+    n = len(specs)
+    owner = {name: i for i, (_, g) in enumerate(specs) for name in g}
+    producer = {ly.output: ly.name for ly in graph.layers}
+    succ: list[set[int]] = [set() for _ in specs]
+    for i, (_, g) in enumerate(specs):
+        for name in g:
+            for t in inputs_of(by[name]):
+                if t in producer and owner[producer[t]] != i:
+                    succ[owner[producer[t]]].add(i)
+    reach = [set() for _ in specs]
+    for i in reversed(range(n)):  # specs are in topological order
+        for j in succ[i]:
+            reach[i] |= {j} | reach[j]
+
+    def has(i: int, kind) -> bool:
+        return any(isinstance(by[name], kind) for name in specs[i][1])
+    pools = [i for i in range(n) if has(i, PoolLayer)]
+    pairs = [(i, j) for i in pools for j in range(max(0, i - PARALLEL_WINDOW),
+                                                  min(n, i + PARALLEL_WINDOW + 1))
+             if j != i and has(j, ConvLayer) and not has(j, PoolLayer)
+             and j not in reach[i] and i not in reach[j]]
+    if not pairs:
+        return specs, []
+    p = new_planner()
+    progs = {i: p.spec(specs[i], knobs) for i in {x for pr in pairs for x in pr}}
+    merged = {}
+    for i, j in pairs:
+        try:
+            merged[(i, j)] = p.parallel(specs[i], specs[j], knobs)
+        except MappingError:
+            continue
+    sizes = {r: max(64, v) for r, v in p.region_use.items()}
+    sizes.update(PARAM=max(64, len(p.params)), INSN=64)
+    layout = cfg.region_layout(sizes)
+    ddr = np.zeros(cfg.ddr_bytes(layout), dtype=np.uint8)
+
+    def cycles(prog: LayerProgram) -> int:
+        return simulate(cfg, prog.insns, ddr, regions=layout).cycles
+    alone = {i: cycles(pr) for i, pr in progs.items()}
+    both = {k: cycles(pr) for k, pr in merged.items()}
+    used: set[int] = set()
+    chosen = []
+    for i in sorted(pools, key=lambda x: -alone.get(x, 0)):
+        if i in used:
+            continue
+        best = None
+        for (a, b), c in both.items():
+            if a == i and b not in used and c < alone[a] + alone[b]:
+                if best is None or alone[a] + alone[b] - c > best[0]:
+                    best = (alone[a] + alone[b] - c, b, c)
+        if best:
+            used |= {i, best[1]}
+            chosen.append((i, best[1], best[2]))
+    if not chosen:
+        return specs, []
+    partner = {i: j for i, j, _ in chosen} | {j: i for i, j, _ in chosen}
+    units = [[k] if k not in partner else sorted((k, partner[k])) for k in range(n)
+             if k not in partner or k < partner[k]]
+    flat = order_groups(graph, [tuple(x for k in u for x in specs[k][1]) for u in units])
+    by_names = {tuple(x for k in u for x in specs[k][1]): u for u in units}
+    out = []
+    for names in flat:
+        u = by_names[names]
+        out.append(specs[u[0]] if len(u) == 1 else
+                   ("parallel", (specs[u[0]], specs[u[1]]) if u[0] in pools
+                    else (specs[u[1]], specs[u[0]])))
+    report = [(merged[(i, j)].name, alone[i] + alone[j], c) for i, j, c in chosen]
+    return out, report
+
+
+def concat_in_place(graph: LayerGraph, groups: list, on_chip: set[str]
+                     ) -> dict[str, tuple[str, int]]:
+    """Concats whose inputs their producers can write straight into the concat's output (DNNVM:
+    reorganization fused into the SAVE of the previous operator): channel concat of identically
+    quantized inputs, each input made by a DPU layer here (not a concat), read by nothing else,
+    not a function input or output. Returns the input -> (output, first channel) placements."""
+    single = {g[0] for t, g in groups if t is None}
+    producer = {ly.output: ly for ly in graph.layers}
+    readers: dict[str, int] = {}
+    for ly in graph.layers:
+        for t in getattr(ly, "inputs", None) or [ly.input]:
+            readers[t] = readers.get(t, 0) + 1
+    views: dict[str, tuple[str, int]] = {}
+    for ly in graph.layers:
+        if not isinstance(ly, ConcatLayer) or ly.name not in single:
+            continue
+        ins = list(ly.inputs)
+        if (ly.axis != 1 or any(rq is not None for rq in ly.requants) or len(set(ins)) != len(ins)
+                or len(graph.tensors[ly.output].shape) != 4):
+            continue
+        if all(t in producer and not isinstance(producer[t], ConcatLayer) and readers[t] == 1
+               and t not in graph.outputs and t not in on_chip for t in ins):
+            ch0 = 0
+            for t in ins:
+                views[t] = (ly.output, ch0)
+                ch0 += int(graph.tensors[t].shape[1])
+    return views

@@ -21,7 +21,7 @@ of DNNVM:
   image uses the input-channel parallelism of the CONV engine.
 - Four units run in parallel: LOAD (DDR -> FM/PM), SAVE (FM -> DDR), CONV (systolic convolution
   engine) and MISC (pooling, element-wise add, up-sample, copy), synchronised by type only with
-  DPON/DPBY (see ``codegen`` and ``sim/dpu/dpu_sim.h``).
+  DPON/DPBY (see ``docs/dpu.md`` and ``sim/dpu/dpu_sim.h``).
 
 Default parallelism (``dpu_default``): the CONV engine of a PE computes ``CONV_IC_PAR`` = 16 input
 channels x ``CONV_OC_PAR`` = 16 output channels x ``CONV_ROW_PAR`` = 8 output rows per cycle
@@ -63,7 +63,7 @@ WRITABLE_REGIONS = ("OUTPUT", "SWAP")
 #: default alignment of region bases in :meth:`DPUConfig.region_layout`
 REGION_ALIGN = 4096
 
-# ISA field limits the config must respect (see codegen's module docstring).
+# ISA field limits the config must respect (see ``docs/dpu.md``, ISA).
 FM_ADDR_BITS = 20
 PM_ADDR_BITS = 24
 FORMAT_FACTOR_BITS = 4

@@ -74,7 +74,7 @@ def conv_groups_supported(m: dict) -> bool:
 
 def kernel_fits(m: dict) -> bool:
     """kernel larger than 15 (4-bit kernel fields) and no W space-to-depth brings it within"""
-    from tvm_dpu.strategy import w_space_to_depth_factor
+    from tvm_dpu.strategy.space_to_depth import w_space_to_depth_factor
 
     w = const_value(m["weight"])
     if w.shape[2] <= 15 and w.shape[3] <= 15:

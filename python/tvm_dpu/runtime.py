@@ -1,8 +1,8 @@
-"""DPU runtime: run a planned :class:`~tvm_dpu.strategy.DPUProgram` on the C simulator.
+"""DPU runtime: run a planned :class:`~tvm_dpu.program.DPUProgram` on the C simulator.
 
-:func:`execute_program` is the device-side half (DDR image with the five regions, NCHW <->
-per-image HWC packing, batch split over the PEs, one simulation per stream); it needs neither TVM
-nor a blob. ``tvm_dpu.run`` is the packed function behind ``call_dps_packed``.
+:func:`execute_program` is the device-side half (DDR image with the five regions, tensors
+packed by :mod:`tvm_dpu.layout`, batch split over the PEs, one simulation per stream); it
+needs neither TVM nor a blob. ``tvm_dpu.run`` is the packed function behind ``call_dps_packed``.
 """
 
 from __future__ import annotations
@@ -11,22 +11,7 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
-
-
-def pack_tensor(x: np.ndarray, p) -> np.ndarray:
-    """NCHW / NC int8 -> ``n_alloc`` images of H x W x C bytes (extra images zero)."""
-    h, w, c = p.hwc
-    x4 = x.reshape(x.shape[0], c, h, w) if x.ndim == 4 else x.reshape(x.shape[0], c, 1, 1)
-    out = np.zeros((p.n_alloc, h, w, c), dtype=np.int8)
-    out[: x.shape[0]] = np.transpose(x4, (0, 2, 3, 1))
-    return out.reshape(-1).view(np.uint8)
-
-
-def unpack_tensor(raw: np.ndarray, p) -> np.ndarray:
-    h, w, c = p.hwc
-    n = p.shape[0]
-    y = raw[: n * h * w * c].view(np.int8).reshape(n, h, w, c)
-    return np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)).reshape(p.shape))
+from tvm_dpu.layout import pack_tensor, unpack_tensor
 
 
 def streams(layers: list) -> list[list]:

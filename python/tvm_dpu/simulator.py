@@ -8,7 +8,7 @@ the others keep the config's default layout (:meth:`DPUConfig.region_layout`). A
 program (bad field, out-of-range address, deadlock, unbalanced dependencies, cycle budget) raises
 :class:`tvm_accel.errors.SimulatorError` with a one-line message naming the instruction and field.
 
-Instruction semantics: ``tvm_dpu.codegen`` module docstring; timing model: ``sim/dpu/dpu_sim.h``.
+Instruction semantics: ``docs/dpu.md`` (ISA); timing model: ``sim/dpu/dpu_sim.h``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Tuning tasks of the DPU target.
 
 - One task per distinct layer workload with a declared knob space
-  (:func:`tvm_dpu.strategy.knob_space`: output-channel tile, H/W tile, format, pipeline),
+  (:func:`tvm_dpu.strategy.knobs.knob_space`: output-channel tile, H/W tile, format, pipeline),
   measured as that one layer on the simulator (:mod:`tvm_accel.tuning.layer_tasks`).
 - One task per fusion candidate (DNNVM's templates, :mod:`tvm_dpu.fusion`) that fits the
-  hardware, over the group's own knobs (:func:`tvm_dpu.strategy.fused_knob_space`), measured as
-  the group's layers alone with the fusion forced on. Its best configuration is applied under
-  the group's name (``"conv1+pool1"``), so the fusion search of a compile with records compares
-  tuned versions of each candidate with tuned layers.
+  hardware, over the group's own knobs (:func:`tvm_dpu.strategy.knobs.fused_knob_space`),
+  measured as the group's layers alone with the fusion forced on. Its best configuration is
+  applied under the group's name (``"conv1+pool1"``), so the fusion search of a compile with
+  records compares tuned versions of each candidate with tuned layers.
 
 Not tasks: the fusion and parallel-stream choices themselves (the fusion search measures every
 candidate against its layers alone and keeps the cheapest strategy, an exhaustive search of
@@ -34,7 +34,7 @@ __all__ = ["group_graph", "measure_group", "tuning_tasks"]
 def tuning_tasks(graph: LayerGraph, cfg: DPUConfig) -> list[Task]:
     """One task per layer of ``graph`` whose knob space has a choice (layer order), then one
     per fusion candidate whose group knob space has a choice."""
-    from tvm_dpu.strategy import knob_space
+    from tvm_dpu.strategy.knobs import knob_space
 
     spaces = {}
     for layer in graph.layers:
@@ -67,8 +67,9 @@ def measure_group(context: tuple[LayerGraph, DPUConfig, str], config: dict
     """Simulated cycles and seconds of a fused group (``context``: its graph, the config, the
     group's name) under ``config``, the fusion forced on (seeded random inputs; the timing does
     not depend on the data)."""
+    from tvm_dpu.fusion import FUSION_KNOB
     from tvm_dpu.runtime import execute_program
-    from tvm_dpu.strategy import FUSION_KNOB, plan
+    from tvm_dpu.strategy import plan
 
     graph, cfg, name = context
     prog = plan(graph, cfg, {name: dict(config), FUSION_KNOB: {name: True, "parallel": False}})
@@ -79,7 +80,8 @@ def measure_group(context: tuple[LayerGraph, DPUConfig, str], config: dict
 
 
 def _group_tasks(graph: LayerGraph, cfg: DPUConfig) -> list[Task]:
-    from tvm_dpu.strategy import fused_knob_space, fusion_candidates
+    from tvm_dpu.strategy.fuse import fusion_candidates
+    from tvm_dpu.strategy.knobs import fused_knob_space
 
     graph, found = fusion_candidates(graph, cfg)
     tasks = []

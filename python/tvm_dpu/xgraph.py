@@ -11,7 +11,7 @@ sees exactly what the hardware consumes):
 - add: ``shift_a``/``shift_b`` (log2 of the power-of-two multipliers), ``shift``, ``clip``;
 - pool / upsample / concat: their attributes (see ``strategy``).
 
-:func:`build_xgraph` raises :class:`~tvm_dpu.strategy.MappingError` for anything the pattern
+:func:`build_xgraph` raises :class:`~tvm_accel.errors.MappingError` for anything the pattern
 checks should have kept on the CPU.
 """
 

@@ -8,7 +8,8 @@ import pytest
 from tvm_accel.layers import AddLayer, conv_output_shape
 from tvm_dpu import codegen as cg
 from tvm_dpu import fusion
-from tvm_dpu.strategy import _chain_knob_space, plan
+from tvm_dpu.strategy import plan
+from tvm_dpu.strategy.chains import _chain_knob_space
 
 from .test_dpu_strategy import _conv, _graph, _rq, _run
 
@@ -123,7 +124,7 @@ def test_bottleneck_is_a_crossing_candidate_the_search_can_forbid(cfg):
 
 
 def test_chain_bands_must_fit_the_fm(cfg):
-    from tvm_dpu.strategy import MappingError
+    from tvm_accel.errors import MappingError
 
     g = _chain([(64, 3, 1, 1, False), (64, 3, 1, 1, False)], batch=8, hw=64, c0=64)
     with pytest.raises(MappingError, match="tile_h 64: the chain's ping-pong band buffers"):
@@ -150,7 +151,7 @@ def test_chain_streams_weights_that_exceed_the_pm(cfg):
 
 
 def test_fusion_search_measures_candidates_with_tiles_from_a_local_search(cfg, monkeypatch):
-    from tvm_dpu import strategy
+    from tvm_dpu import fusion as strategy
 
     g = _chain([(32, 3, 1, 1, False), (24, 3, 1, 1, False)], batch=4, hw=40, c0=16)
     default = _chain_knob_space(g.layers, g.tensors["x"].shape, cfg).default()["tile_h"]

@@ -7,18 +7,11 @@ import numpy as np
 from tvm_accel.layers import reference_execute
 from tvm_dpu import codegen as cg
 from tvm_dpu.runtime import execute_program
-from tvm_dpu.strategy import (
-    _footprint,
-    _Footprints,
-    _param_bytes,
-    _pm_bytes,
-    _shift,
-    insn_cycles,
-    knob_space,
-    list_schedule,
-    plan,
-    reorder,
-)
+from tvm_dpu.strategy import plan
+from tvm_dpu.strategy.knobs import knob_space
+from tvm_dpu.strategy.list_schedule import insn_cycles, list_schedule, reorder
+from tvm_dpu.strategy.merge import _footprint, _Footprints, _shift
+from tvm_dpu.strategy.tiling import _param_bytes, _pm_bytes
 
 from .test_dpu_strategy import _conv, _graph, _single
 

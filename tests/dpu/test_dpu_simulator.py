@@ -18,9 +18,9 @@ import pytest
 
 from helpers import fuzz
 from tvm_accel.errors import SimulatorError
+from tvm_dpu.asm import ISA
 from tvm_dpu.codegen import (
     INSN_BYTES,
-    ISA,
     LAYOUTS,
     MISC_AVGPOOL,
     MISC_MAXPOOL,

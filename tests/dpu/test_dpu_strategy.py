@@ -6,11 +6,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tvm_accel.errors import MappingError
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, Requant, Tensor, reference_execute
 from tvm_dpu import codegen as cg
 from tvm_dpu.hw_config import config_from_dict, load_config
 from tvm_dpu.runtime import execute_program
-from tvm_dpu.strategy import MappingError, _param_bytes, _pm_bytes, knob_space, plan
+from tvm_dpu.strategy import plan
+from tvm_dpu.strategy.knobs import knob_space
+from tvm_dpu.strategy.tiling import _param_bytes, _pm_bytes
 
 
 def _rq(k, shift, zp=0, lo=-128, hi=127):
@@ -57,17 +60,6 @@ def _small_cfg(**fields):
     return config_from_dict(d, name="small")
 
 
-def test_default_knobs_split_h_by_the_preferred_conv_height(cfg):
-    g = _single(hw=40)
-    sp = knob_space(g.layers[0], (1, 16, 40, 40), cfg)
-    d = sp.default()
-    assert d["tile_h"] % cfg.CONV_ROW_PAR == 0 and d["tile_h"] < 40
-    assert d["tile_w"] == 40 and d["oc_tile"] == 24 and d["pipeline"] is True
-    prog, _ = _run(g, cfg)
-    n_conv = sum(isinstance(i, cg.Conv) for i in cg.decode_stream(prog.layers[0].insns))
-    assert n_conv == -(-40 // d["tile_h"])
-
-
 @pytest.mark.parametrize("kn", [{"tile_h": 8}, {"tile_h": 16, "tile_w": 7},
                                 {"tile_h": 20, "tile_w": 1}, {"pipeline": False}])
 def test_every_tiling_is_bit_exact_with_input_and_output_zero_points(cfg, kn):
@@ -77,33 +69,6 @@ def test_every_tiling_is_bit_exact_with_input_and_output_zero_points(cfg, kn):
 def test_strided_odd_kernel_with_overlapping_windows_is_bit_exact(cfg):
     _run(_single(c=5, k=7, hw=23, ksz=5, stride=2, pad=2), cfg, {"conv": {"tile_h": 8,
                                                                            "tile_w": 3}})
-
-
-def test_w_split_when_a_row_band_does_not_fit_the_fm():
-    small = _small_cfg(FM_BANK_BYTES=512)  # 4 KiB memories: 2 KiB ping-pong halves
-    g = _single(c=32, k=16, hw=24)
-    d = knob_space(g.layers[0], (1, 32, 24, 24), small).default()
-    assert d["tile_w"] < 24
-    _run(g, small)
-
-
-def test_weight_tiling_over_output_channels_when_parameters_exceed_the_pm():
-    small = _small_cfg(PM_BYTES=8192)
-    g = _single(c=32, k=64, hw=8)  # 64 x 3 x 3 x 32 = 18 KiB of weights
-    d = knob_space(g.layers[0], (1, 32, 8, 8), small).default()
-    assert d["oc_tile"] < 64 and d["oc_tile"] % small.CONV_OC_PAR == 0
-    prog, _ = _run(g, small)
-    pm_loads = [i for i in cg.decode_stream(prog.layers[0].insns)
-                if isinstance(i, cg.Load) and i.to_pm]
-    assert len(pm_loads) == -(-64 // d["oc_tile"])
-    with pytest.raises(MappingError, match="oc_tile"):
-        plan(g, small, {"conv": {"oc_tile": 64}})
-
-
-def test_knobs_that_do_not_fit_are_rejected_naming_the_knob():
-    small = _small_cfg(FM_BANK_BYTES=512)
-    with pytest.raises(MappingError, match="tile_h"):
-        plan(_single(c=32, k=16, hw=24), small, {"conv": {"tile_h": 24, "tile_w": 24}})
 
 
 def test_depthwise_with_weight_tiling_is_bit_exact():
@@ -136,77 +101,6 @@ def test_resnet_block_with_eltwise_add_is_bit_exact(cfg):
     fused, _ = _run(_block(), cfg, {"@fusion": {"conv1+conv2+add": True}})
     assert [ly.op for ly in fused.layers] == ["conv2d+conv2d+add (on-chip chain)"]
     assert "t1" not in fused.tensors and "t2" not in fused.tensors
-
-
-def test_software_pipelining_overlaps_units_and_cuts_cycles(cfg):
-    g = _block(c=64, hw=32, batch=4)
-    off = {"@fusion": {"enabled": False}}
-    serial = {**off, **{n: {"pipeline": False} for n in ("conv1", "conv2", "add")}}
-    _, st_pipe = _run(g, cfg, off)
-    _, st_ser = _run(g, cfg, serial)
-    for (name, p), (_, s) in zip(st_pipe, st_ser, strict=True):
-        assert p.cycles < s.cycles, name
-    total_p = sum(s.cycles for _, s in st_pipe)
-    total_s = sum(s.cycles for _, s in st_ser)
-    assert total_p < 0.85 * total_s
-    conv = dict(st_pipe)["conv1"]
-    assert conv.utilization(cfg) > 0.3
-
-
-def test_pipelined_stream_is_head_steady_tail_with_balanced_tokens(cfg):
-    prog = plan(_single(hw=40), cfg, {"conv": {"tile_h": 8}})
-    insns = cg.decode_stream(prog.layers[0].insns)
-    loads = [i for i in insns if isinstance(i, cg.Load) and not i.to_pm]
-    convs = [i for i in insns if isinstance(i, cg.Conv)]
-    saves = [i for i in insns if isinstance(i, cg.Save)]
-    n = len(convs)
-    assert n == 5
-    assert [i.dpon for i in loads[:2]] == [frozenset()] * 2  # head: no waits
-    assert all(i.dpon == frozenset({"CONV"}) for i in loads[2:])
-    assert convs[2].dpon == frozenset({"LOAD", "SAVE"}) and convs[0].dpon == {"LOAD"}
-    assert convs[-1].dpby == frozenset({"SAVE"}) and saves[-1].dpby == frozenset()  # tail
-    # tokens: pushes == pops per FIFO
-    for a in cg.UNITS:
-        for b in cg.UNITS:
-            if a == b:
-                continue
-            push = sum(1 for i in insns if not isinstance(i, cg.End)
-                       and cg.UNITS[cg.unit_of(i)] == a and b in i.dpby)
-            pop = sum(1 for i in insns if not isinstance(i, cg.End)
-                      and cg.UNITS[cg.unit_of(i)] == b and a in i.dpon)
-            assert push == pop, (a, b)
-
-
-def test_blob_round_trip_and_validation(cfg):
-    from tvm_accel.errors import BlobError
-
-    prog = plan(_block(c=16, hw=8, batch=1), cfg)
-    blob = cg.build_blob(prog, cfg, "f")
-    back, cfg2, name = cg.load_blob(blob)
-    assert name == "f" and cfg2.fingerprint == cfg.fingerprint
-    assert [ly.insns for ly in back.layers] == [ly.insns for ly in prog.layers]
-    assert back.params == prog.params
-    with pytest.raises(BlobError):
-        cg.load_blob(blob[:-3])
-    import json
-
-    from tvm_accel.blob import Blob, pack_blob, unpack_blob
-
-    b = unpack_blob(blob)
-    meta = json.loads(b.sections["META"])
-    meta["tensors"]["x"]["offset"] = 1 << 40
-    b.sections["META"] = json.dumps(meta).encode()
-    with pytest.raises(BlobError, match="outside"):
-        cg.load_blob(pack_blob(Blob(b.target, b.fingerprint, b.sections)))
-
-
-def test_disassembly_prints_dpu_assembly(cfg):
-    import tvm_dpu
-
-    prog = plan(_single(hw=16), cfg)
-    text = tvm_dpu.TARGET.disassemble(cg.build_blob(prog, cfg, "f"))
-    assert "CONV DPON=LOAD DPBY=" in text and "LOAD DPON=- DPBY=CONV" in text
-    assert text.strip().splitlines()[-1].strip().endswith("END")
 
 
 def test_unsupported_layers_raise_mapping_errors(cfg):
@@ -307,154 +201,6 @@ def test_weight_chunks_double_buffer_in_the_pm_halves():
     pm = [i for i in insns if isinstance(i, cg.Load) and i.to_pm]
     assert len(pm) >= 4 and {i.dst_addr for i in pm} == {0, 8192}
     assert {i.param_addr for i in insns if isinstance(i, cg.Conv)} == {0, 8192}
-
-
-# --- fusion: templates, search, fused streams ----------------------------------------------------
-import itertools  # noqa: E402
-
-from tvm_dpu import fusion  # noqa: E402
-
-
-def _fusable(batch=2, hw=12, c=16):
-    """x -> a (3x3) -> pool; x -> b, c (1x1) and d (3x3): horizontal {b, c} and {a, d} (a is
-    also in conv+pool); b -> e -> add(e, c2), c -> c2: two conv+add embeddings share the add."""
-    rng = np.random.default_rng(5)
-    s = (batch, c, hw, hw)
-    a = _conv(rng, "a", "x", "ta", c, c, relu=True, shift=10)
-    pool = PoolLayer("pool", "ta", "tp", "max", (3, 3), (2, 2), (1,) * 4, 0, None)
-    b = _conv(rng, "b", "x", "tb", c, c, ksz=1, pad=0, shift=9)
-    cc = _conv(rng, "c", "x", "tc", c, c, ksz=1, pad=0, shift=9)
-    d = _conv(rng, "d", "x", "td", c, c, shift=10)
-    e = _conv(rng, "e", "tb", "te", c, c, shift=10)
-    c2 = _conv(rng, "c2", "tc", "tc2", c, c, shift=10)
-    add = AddLayer("add", ("te", "tc2"), "y", 0, 0, 1, 2, _rq(1, 1))
-    ho = (hw + 2 - 3) // 2 + 1
-    shapes = {n: s for n in ("x", "ta", "tb", "tc", "td", "te", "tc2", "y")}
-    shapes["tp"] = (batch, c, ho, ho)
-    return _graph([a, pool, b, cc, d, e, c2, add], shapes, ["x"], ["tp", "td", "y"])
-
-
-def test_subgraph_isomorphism_finds_every_embedding_not_a_greedy_subset():
-    cands = {(c.template, c.layers) for c in fusion.find_candidates(_fusable())}
-    assert cands == {("conv+relu+pool", ("a", "pool")), ("conv+add", ("e", "add")),
-                     ("conv+add", ("c2", "add")), ("horizontal", ("b", "c")),
-                     ("horizontal", ("a", "d")), ("chain", ("b", "e")), ("chain", ("c", "c2")),
-                     ("chain", ("b", "e", "add")), ("chain", ("c", "c2", "add"))}
-
-
-def test_shortest_path_search_matches_brute_force_over_all_strategies():
-    g = _fusable()
-    cands = fusion.find_candidates(g)
-    rng = np.random.default_rng(0)
-    for _ in range(30):
-        single = {ly.name: float(rng.integers(50, 150)) for ly in g.layers}
-        fused = {c: float(rng.integers(60, 300)) for c in cands}
-        groups, total = fusion.choose(g, cands, single, fused)
-        best = float("inf")
-        for r in range(len(cands) + 1):
-            for sub in itertools.combinations(cands, r):
-                names = [n for c in sub for n in c.layers]
-                if len(names) == len(set(names)):
-                    best = min(best, sum(fused[c] for c in sub)
-                               + sum(v for n, v in single.items() if n not in names))
-        assert total == best
-        assert sorted(n for grp in groups for n in grp) == sorted(single)
-
-
-@pytest.mark.parametrize("knobs", [{}, {"a+pool": {"oc_tile": 16, "tile_h": 2, "tile_w": 3},
-                                        "b+c": {"tile_h": 8, "tile_w": 5, "pipeline": False}}])
-def test_every_fusion_template_runs_bit_exact(cfg, knobs):
-    g = _fusable(batch=3)
-    forced = {"a+pool": True, "b+c": True, "c2+add": True, "parallel": False}
-    prog, _ = _run(g, cfg, {"@fusion": forced, **knobs})
-    ops = sorted(ly.op for ly in prog.layers)
-    assert ops == ["2xconv2d (horizontal)", "conv2d", "conv2d", "conv2d+add",
-                   "conv2d+max_pool2d"]
-    assert "ta" not in prog.tensors and "tc2" not in prog.tensors  # kept in FM
-
-
-def test_conv_add_with_the_conv_as_second_operand_and_weight_tiling_is_bit_exact(cfg):
-    g = _fusable(batch=4, hw=10, c=40)
-    prog, _ = _run(g, cfg, {"@fusion": {"e+add": True}, "e+add": {"oc_tile": 16}})
-    assert any("e+add" in ly.name.split("||") for ly in prog.layers)
-
-
-def test_search_never_loses_to_layer_by_layer_and_honours_forbidden_candidates(cfg):
-    g = _fusable(batch=4, hw=24, c=32)
-    fused, st_f = _run(g, cfg)
-    _, st_u = _run(g, cfg, {"@fusion": {"enabled": False}})
-    assert sum(s.cycles for _, s in st_f) <= sum(s.cycles for _, s in st_u)
-    rep = fused.fusion
-    assert {c[0] for c in rep.candidates} == {"a+pool", "e+add", "c2+add", "b+c", "a+d", "b+e",
-                                              "c+c2", "b+e+add", "c+c2+add"}
-    no, _ = _run(g, cfg, {"@fusion": dict.fromkeys(rep.chosen, False)})
-    assert not set(rep.chosen) & {n for ly in no.layers for n in ly.name.split("||")}
-
-
-def test_unknown_fusion_candidate_is_a_clear_error(cfg):
-    with pytest.raises(MappingError, match="no fusion candidate named a\\+b.*candidates: "):
-        plan(_fusable(), cfg, {"@fusion": {"a+b": True}})
-
-
-def test_concat_inputs_are_saved_in_place_by_their_producers(cfg):
-    from tvm_dpu.codegen import build_blob, load_blob
-
-    rng = np.random.default_rng(7)
-    s = (4, 16, 10, 10)
-    a = _conv(rng, "a", "x", "ta", 16, 24, shift=10)
-    b = _conv(rng, "b", "x", "tb", 16, 8, ksz=1, pad=0, shift=9)
-    up = PoolLayer("p", "x", "tp", "max", (3, 3), (1, 1), (1,) * 4, 0, None)
-    cat = ConcatLayer("cat", ("ta", "tp", "tb"), "tc", (0, 0, 0), (None,) * 3)
-    d = _conv(rng, "d", "tc", "y", 48, 16, shift=11)
-    shapes = {"x": s, "ta": (4, 24, 10, 10), "tb": (4, 8, 10, 10), "tp": s,
-              "tc": (4, 48, 10, 10), "y": s}
-    g = _graph([a, up, b, cat, d], shapes, ["x"], ["y"])
-    prog, _ = _run(g, cfg)
-    assert "concat" not in {ly.op for ly in prog.layers}
-    assert [prog.tensors[t].pix_stride for t in ("ta", "tp", "tb")] == [48, 48, 48]
-    assert prog.tensors["tb"].offset == prog.tensors["tc"].offset + 40
-    again, _, _ = load_blob(build_blob(prog, cfg, "f"))
-    assert again.tensors["tp"].pix_stride == 48
-    off, _ = _run(g, cfg, {"@fusion": {"enabled": False}})
-    assert "concat" in {ly.op for ly in off.layers}
-
-
-@pytest.mark.parametrize("kind, k, s, pad, ksz, cpad, knobs", [
-    ("max", 3, 1, 1, 1, 0, {}),
-    ("max", 3, 2, 1, 3, 1, {"tile_h": 7, "tile_w": 2, "oc_tile": 16}),
-    ("avg", 2, 2, 0, 3, 1, {"pipeline": False}),
-])
-def test_pool_then_conv_fuses_bit_exact(cfg, kind, k, s, pad, ksz, cpad, knobs):
-    rng = np.random.default_rng(11)
-    rq = None if kind == "max" else _rq(1, 2)
-    pool = PoolLayer("p", "x", "tp", kind, (k, k), (s, s), (pad,) * 4, 0, rq)
-    hp = (13 + 2 * pad - k) // s + 1
-    conv = _conv(rng, "q", "tp", "y", 24, 40, ksz=ksz, pad=cpad, shift=10, relu=True)
-    g = _graph([pool, conv], {"x": (3, 24, 13, 13), "tp": (3, 24, hp, hp),
-                              "y": (3, 40, hp, hp)}, ["x"], ["y"])
-    assert [c.template for c in fusion.find_candidates(g)] == ["pool+conv"]
-    prog, _ = _run(g, cfg, {"@fusion": {"p+q": True}, "p+q": knobs})
-    assert [ly.op for ly in prog.layers] == [f"{kind}_pool2d+conv2d"]
-    assert "tp" not in prog.tensors
-
-
-def test_pool_stream_runs_beside_an_independent_conv_stream_bit_exact(cfg):
-    rng = np.random.default_rng(13)
-    s = (4, 64, 16, 16)
-    pool = PoolLayer("p", "x", "tp", "max", (3, 3), (1, 1), (1,) * 4, 0, None)
-    a = _conv(rng, "a", "x", "ta", 64, 96, shift=11, relu=True)
-    b = _conv(rng, "b", "ta", "tb", 96, 64, shift=11)
-    cat = ConcatLayer("cat", ("tp", "tb"), "y", (0, 0), (None, None))
-    g = _graph([pool, a, b, cat], {"x": s, "tp": s, "ta": (4, 96, 16, 16), "tb": s,
-                                   "y": (4, 128, 16, 16)}, ["x"], ["y"])
-    prog, st = _run(g, cfg)
-    pair = [ly for ly in prog.layers if "||" in ly.name]
-    assert pair and pair[0].op.startswith("max_pool2d || conv2d")
-    assert prog.fusion.parallel and prog.fusion.parallel[0][2] < prog.fusion.parallel[0][1]
-    off, st_off = _run(g, cfg, {"@fusion": {"parallel": False}})
-    assert not any("||" in ly.name for ly in off.layers)
-    # without the pair, the merged stream's list scheduling overlaps the two groups as well
-    assert sum(x.cycles for _, x in st) <= sum(x.cycles for _, x in st_off)
 
 
 def test_padding_wider_than_the_kernel_is_bit_exact():

@@ -4,7 +4,8 @@ from helpers import models
 from tvm_accel.frontend import load_onnx
 from tvm_accel.target import get_target
 from tvm_accel.tuning.extract import extract_tasks
-from tvm_dpu.strategy import FUSION_KNOB, plan
+from tvm_dpu.fusion import FUSION_KNOB
+from tvm_dpu.strategy import plan
 from tvm_dpu.tuning import measure_group
 
 
