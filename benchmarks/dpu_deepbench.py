@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vta_deepbench import LayerRuns, geomean, load_rows, make_layer, parse_args  # noqa: E402
-
-from tvm_accel.layers import Requant  # noqa: E402
+from tvm_accel.deepbench import LayerRuns, geomean, load_rows, make_layer, parse_args
+from tvm_accel.layers import Requant
 
 
 def dpu_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:

@@ -64,7 +64,8 @@ class MappingError(AccelError):
 
 class KnobError(MappingError, ValueError):
     """A knob value set by the user (``knobs=``, tuning records) that the layer's knob space
-    does not allow: one line naming the layer, the knob and the allowed values. Unlike other
+    does not allow (alone or with the defaults of the other knobs): one line naming the layer,
+    the knob and the allowed values. Unlike other
     mapping errors it fails the compile instead of moving the layer to the CPU, since the user
     asked for that value and a silent fallback would hide the typo. Raised by
     :func:`tvm_accel.knobs.validate_knobs`; a subclass of ``MappingError`` so a strategy's

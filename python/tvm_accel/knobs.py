@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_accel.errors import KnobError
+from tvm_accel.errors import KnobError, MappingError
 
 
 @dataclass(frozen=True)
@@ -203,13 +203,20 @@ class KnobSpace:
                           for k in self._knobs.values()]}
 
 
-def validate_knobs(space: KnobSpace, user: Mapping[str, Any] | None, layer: str) -> dict:
+def validate_knobs(space: KnobSpace, user: Mapping[str, Any] | None, layer: str,
+                   user_set: bool = True) -> dict:
     """A layer's knobs: ``user`` (partial) completed with ``space``'s defaults and checked.
 
-    The one rule of every target: an unknown knob, a value outside its options or a combination
-    the space's feasibility check rejects raises :class:`~tvm_accel.errors.KnobError`, one line
-    naming the layer, the knob and its allowed values; the compile stops there."""
+    The one rule of every target: a value the user set (``knobs=``, tuning records) that is an
+    unknown knob, outside its options, or in a combination the space's feasibility check
+    rejects raises :class:`~tvm_accel.errors.KnobError`, one line naming the layer, the knob
+    and its allowed values, and the compile stops there. When the knobs are the compiler's own
+    (no user knobs, or ``user_set=False`` for values a strategy derives itself) a failure means
+    the layer does not fit the hardware: :class:`~tvm_accel.errors.MappingError`, and the
+    layer falls back to the CPU."""
     try:
         return space.validate(user or {})
     except ValueError as e:
-        raise KnobError(f"layer {layer}: {e}") from None
+        if user and user_set:
+            raise KnobError(f"layer {layer}: {e}") from None
+        raise MappingError(f"layer {layer}: {e}") from None

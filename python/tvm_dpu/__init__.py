@@ -3,13 +3,16 @@ named ``dpu``.
 
 Hardware side, one module each: ``hw_config`` (JSON config: DDR regions, PM, per-PE FM, unit
 parallelism and timing), ``codegen`` (256-bit ISA with DPON/DPBY dependency fields: encoder,
-decoder, assembly formatter and parser; program blob), ``simulator`` (binding of the C simulator
-in ``sim/dpu``), ``timeline`` (Chrome trace -> PNG timeline).
+decoder, program blob), ``asm`` (assembly formatter and parser), ``layout`` (host <-> device
+packing), ``simulator`` (binding of the C simulator in ``sim/dpu``), ``timeline`` (Chrome trace
+-> PNG timeline).
 
 Compiler side: ``numerics`` (power-of-two requantize recipe), ``patterns`` (pattern table with
-named checks), ``xgraph`` (XGraph-style view of a layer graph), ``strategy`` (tiling, FM/PM
-allocation, DPON/DPBY software pipelining, knobs), ``runtime`` (``tvm_dpu.run`` on the
-simulator, profiler records).
+named checks), ``xgraph`` (XGraph-style view of a layer graph), ``program`` (what the strategy
+hands codegen), ``strategy/`` (tiling, FM/PM allocation, chains, DPON/DPBY dependencies, list
+scheduling, stream merging, emitters), ``fusion`` (DNNVM's fusion templates and search),
+``tuning``, ``runtime`` (``tvm_dpu.run`` on the simulator, profiler records). Design notes:
+``docs/dpu.md``.
 
 Importing this package registers the target, its runtime function and the ``dpu`` Relax
 pipeline, so ``tvm.compile(mod, target="llvm", relax_pipeline="dpu")`` works.

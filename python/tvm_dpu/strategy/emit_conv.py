@@ -174,7 +174,7 @@ class ConvEmitter(Emitter):
         segments, macs = [], 0
         for sc in subs:
             kn = validate_knobs(knob_space(sc.conv, in_shape, self.cfg), {"pipeline": pipe},
-                                 layer.name)
+                                 layer.name, user_set=False)
             (qh, qw), (nh_t, nw_t), (oy, ox) = sc.crop, sc.count, sc.offset
 
             def tail(buf, g, y0, nh, x0, nw, k0, kk, qh=qh, qw=qw, oy=oy, ox=ox):
@@ -242,7 +242,8 @@ class ConvEmitter(Emitter):
                          bias=layer.bias, input_zero_point=zx, strides=(1, 1),
                          padding=(ptc, plc, pbc, prc), requant=layer.requant)
         u_shape = (n, c, hu, wu)
-        kn = validate_knobs(knob_space(conv, u_shape, self.cfg), {"pipeline": pipe}, layer.name)
+        kn = validate_knobs(knob_space(conv, u_shape, self.cfg), {"pipeline": pipe}, layer.name,
+                            user_set=False)
 
         def tail(buf, g, y0, nh, x0, nw, k0, kk):
             return [], [], [self._save(tout, buf, g, y0, nh, x0, nw, k0, kk)]
