@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from tvm_accel.errors import BlobError
+from tvm_accel.errors import BlobError, ConfigError
 
 MAGIC = b"ACCLBLOB"
 FORMAT_VERSION = 1
@@ -107,3 +109,27 @@ def unpack_blob(data: bytes, expect_target: str | None = None,
                             f"the blob ({len(data)} bytes)")
         sections[tag] = data[off : off + size]
     return Blob(target, fp, sections)
+
+
+def unpack_target_blob(data: bytes, target: str, config_from_dict: Callable[..., Any],
+                       expect_config: Any = None) -> tuple[Blob, Any, dict]:
+    """The checks every target's ``load_blob`` starts with: :func:`unpack_blob` for
+    ``target``, the hardware config rebuilt from the ``HWCF`` section with the target's
+    ``config_from_dict`` and matched against the fingerprint, and the ``META`` JSON section.
+    Returns ``(blob, config, meta)``; every problem is a :class:`BlobError`."""
+    blob = unpack_blob(data, expect_target=target,
+                       expect_fingerprint=expect_config.fingerprint if expect_config else None)
+    raw = blob.json_section("HWCF")
+    if not isinstance(raw, dict):
+        raise BlobError(f"{target} blob: HWCF section is not a JSON object; recompile the model")
+    try:
+        cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
+                               where="blob HWCF section", name=str(raw.get("name", "custom")))
+    except ConfigError as e:
+        raise BlobError(f"{target} blob carries an invalid hardware config: {e}") from None
+    if cfg.fingerprint != blob.fingerprint:
+        raise BlobError(f"{target} blob: embedded hardware config does not match its fingerprint")
+    meta = blob.json_section("META")
+    if not isinstance(meta, dict):
+        raise BlobError(f"{target} blob: META section is not a JSON object; recompile the model")
+    return blob, cfg, meta

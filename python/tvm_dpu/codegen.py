@@ -525,25 +525,11 @@ def build_blob(program, cfg: DPUConfig, name: str = "") -> bytes:
 def load_blob(data: bytes, expect_config: DPUConfig | None = None):
     """Validate a DPU blob and rebuild ``(DPUProgram, DPUConfig, name)``; errors are
     ``BlobError``."""
-    from tvm_accel.blob import unpack_blob
-    from tvm_accel.errors import BlobError, ConfigError
+    from tvm_accel.blob import unpack_target_blob
+    from tvm_accel.errors import BlobError
     from tvm_dpu.hw_config import config_from_dict
 
-    blob = unpack_blob(data, expect_target=BLOB_TARGET,
-                       expect_fingerprint=expect_config.fingerprint if expect_config else None)
-    raw = blob.json_section("HWCF")
-    if not isinstance(raw, dict):
-        raise BlobError("dpu blob: HWCF section is not a JSON object; recompile the model")
-    try:
-        cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
-                               where="blob HWCF section", name=str(raw.get("name", "custom")))
-    except ConfigError as e:
-        raise BlobError(f"dpu blob carries an invalid hardware config: {e}") from None
-    if cfg.fingerprint != blob.fingerprint:
-        raise BlobError("dpu blob: embedded hardware config does not match its fingerprint")
-    meta = blob.json_section("META")
-    if not isinstance(meta, dict):
-        raise BlobError("dpu blob: META section is not a JSON object; recompile the model")
+    blob, cfg, meta = unpack_target_blob(data, BLOB_TARGET, config_from_dict, expect_config)
     insn, params = blob.section("INSN"), blob.section("PARM")
     try:
         sizes = {str(k): int(v) for k, v in meta["region_sizes"].items()}

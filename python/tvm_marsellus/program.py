@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tvm_accel.blob import Blob, pack_blob, unpack_blob
-from tvm_accel.errors import BlobError, ConfigError, DecodeError
+from tvm_accel.blob import Blob, pack_blob, unpack_target_blob
+from tvm_accel.errors import BlobError, DecodeError
 from tvm_marsellus.codegen import Command, End, decode_stream, encode_stream
 from tvm_marsellus.hw_config import MarsellusConfig, config_from_dict
 from tvm_marsellus.layout import activation_bytes
@@ -127,21 +127,7 @@ def load_blob(data: bytes, expect_config: MarsellusConfig | None = None
               ) -> tuple[MarsProgram, MarsellusConfig, str]:
     """Validate a MARSELLUS blob and rebuild ``(MarsProgram, config, name)``; errors are
     :class:`BlobError`."""
-    blob = unpack_blob(data, expect_target=BLOB_TARGET,
-                       expect_fingerprint=expect_config.fingerprint if expect_config else None)
-    raw = blob.json_section("HWCF")
-    if not isinstance(raw, dict):
-        raise BlobError("marsellus blob: HWCF section is not a JSON object; recompile the model")
-    try:
-        cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
-                               where="blob HWCF section", name=str(raw.get("name", "custom")))
-    except ConfigError as e:
-        raise BlobError(f"marsellus blob carries an invalid hardware config: {e}") from None
-    if cfg.fingerprint != blob.fingerprint:
-        raise BlobError("marsellus blob: embedded hardware config does not match its fingerprint")
-    meta = blob.json_section("META")
-    if not isinstance(meta, dict):
-        raise BlobError("marsellus blob: META section is not a JSON object; recompile the model")
+    blob, cfg, meta = unpack_target_blob(data, BLOB_TARGET, config_from_dict, expect_config)
     try:
         cmds = decode_stream(blob.section("CMDS"))
     except DecodeError as e:
