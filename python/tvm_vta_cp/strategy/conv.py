@@ -80,12 +80,36 @@ def conv_macs(g: ConvGeom, cfg: VTAConfig) -> tuple[int, int]:
     return macs, g.NB * cfg.batch * cfg.block_out * nblocks * cfg.block_out * g.Ho * g.Wo * g.KK
 
 
+def _weight_image(weight: np.ndarray, g: ConvGeom, blk: int) -> tuple[bytes, list[int]]:
+    """OIHWoi weight bytes; grouped: only the non-zero blocks and the first WGT entry of each
+    output-channel block."""
+    if g.grouped:
+        return _grouped_weight_image(weight, g)
+    return pack_weight(weight, g.KB, g.CB, blk), []
+
+
 def _tile_order(order: str, b_s, co_s, h_s, w_s):
     if order == "h_inner":
         return [(b, co, h, w) for co in co_s for b in b_s for w in w_s for h in h_s]
     if order == "co_inner":
         return [(b, co, h, w) for b in b_s for h in h_s for w in w_s for co in co_s]
     return [(b, co, h, w) for co in co_s for b in b_s for h in h_s for w in w_s]
+
+
+def _tiles(g: ConvGeom, cfg: VTAConfig, kn: dict, nops: int, nvec: int) -> list[tuple]:
+    """Output tiles ``((b0, nb), (co0, nco), (h0, nh), (w0, nw))`` in emission order: the
+    virtual threads' axis innermost, else the cheaper of co-outer / co-inner (cost model)."""
+    tb, tco, tci, th, tw = conv_tile_extents(g, kn)
+    _, axis = threads(kn)
+    if axis == "co":
+        order = "co_inner"
+    elif axis == "h":
+        order = "h_inner"
+    else:
+        c_out = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, 1, "co_outer")
+        c_in = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, 1, "co_inner")
+        order = "co_inner" if c_in < c_out else "co_outer"
+    return _tile_order(order, segs(g.NB, tb), segs(g.KB, tco), segs(g.Ho, th), segs(g.Wo, tw))
 
 
 def conv(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None,
@@ -125,14 +149,10 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
     zxp, ops = conv_numerics(layer, pin.dtype, pout.dtype, cfg)
     space = knob_space(layer, pin.shape, cfg, _ctx=(g, ops))
     kn = layer_knobs(space, user_knobs, name)
-    nthr, axis = threads(kn)
+    nthr, _ = threads(kn)
     tb, tco, tci, th, tw = conv_tile_extents(g, kn)
-    BLK, KK = cfg.block_out, g.KK
-    # constants: OIHWoi weights (grouped: only the non-zero blocks), requantize vectors
-    if g.grouped:
-        wdata, woff = _grouped_weight_image(np.asarray(layer.weight), g)
-    else:
-        wdata, woff = pack_weight(np.asarray(layer.weight), g.KB, g.CB, BLK), []
+    KK = g.KK
+    wdata, woff = _weight_image(np.asarray(layer.weight), g, cfg.block_out)
     wbase_dram = ctx.dram.const(wdata) // cfg.wgt_entry_bytes
     vdata, vidx = vector_image(ops, g.K, cfg)
     nvec = n_vec(ops)
@@ -140,19 +160,9 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
     tin, tout = DramTensor(pin, cfg), DramTensor(pout, cfg)
     inp_h, wgt_h, acc_h = cfg.inp_depth // nthr, cfg.wgt_depth // nthr, cfg.acc_depth // nthr
     nmax = tb * tco * th * tw
-    b_s, co_s = segs(g.NB, tb), segs(g.KB, tco)
-    h_s, w_s = segs(g.Ho, th), segs(g.Wo, tw)
     # input-channel chunks (ci0, nci) of each output-channel tile
-    co_chunks = {co: g.chunks(co[0], co[1], tci) for co in co_s}
-    if axis == "co":
-        order = "co_inner"
-    elif axis == "h":
-        order = "h_inner"
-    else:
-        c_out = conv_cost(g, cfg, len(ops), nvec, tb, tco, tci, th, tw, 1, "co_outer")
-        c_in = conv_cost(g, cfg, len(ops), nvec, tb, tco, tci, th, tw, 1, "co_inner")
-        order = "co_inner" if c_in < c_out else "co_outer"
-    tiles = _tile_order(order, b_s, co_s, h_s, w_s)
+    co_chunks = {co: g.chunks(co[0], co[1], tci) for co in segs(g.KB, tco)}
+    tiles = _tiles(g, cfg, kn, len(ops), nvec)
     def body(em: Emitter):
         inp_key: dict[int, tuple] = {}
         wgt_key: dict[int, tuple] = {}
