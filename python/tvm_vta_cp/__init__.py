@@ -1,11 +1,13 @@
 """VTA target: a VTA-style GEMM accelerator as a TVM BYOC target named ``vta``.
 
 Stages, one module each: ``hw_config`` (JSON config), ``patterns`` (pattern table with named
-checks), ``strategy`` (TVM's static conv2d/dense template: NCHWnc packing, tiling, virtual
-threads), ``embedding`` + ``rewrite`` (the CP paper's strategy: GEMM embeddings found by
-constraint programming, turned into host-side layout rewrites), ``codegen`` (128-bit ISA
-encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C simulator), ``numerics`` (requantize
-recipe on the ALU).
+checks), ``numerics`` (requantize recipe on the ALU), ``program`` (what the strategy hands
+codegen), ``layout`` (NCHWnc / OIHWoi packing, uint8 shift, halo), ``strategy/`` (TVM's static
+conv2d/dense template: placement, geometry, ALU tail, knobs, emitter, one schedule per
+operator), ``embedding`` + ``rewrite`` + ``blocking`` (the CP paper's strategy: GEMM embeddings
+found by constraint programming, turned into host-side layout rewrites that also do the
+blocking), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
+simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta.md``.
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
 (TVM's template), ``cp`` (the best of the top-k CP candidates by simulated combined time:

@@ -345,27 +345,13 @@ def build_blob(program, cfg: VTAConfig, name: str = "") -> bytes:
 
 def load_blob(data: bytes, expect_config: VTAConfig | None = None):
     """Validate a VTA blob and rebuild ``(VTAProgram, VTAConfig)``; errors are ``BlobError``."""
-    from tvm_accel.blob import unpack_blob
-    from tvm_accel.errors import BlobError, ConfigError
+    from tvm_accel.blob import unpack_target_blob
+    from tvm_accel.errors import BlobError
     from tvm_vta_cp.hw_config import config_from_dict
     from tvm_vta_cp.layout import packed_shape
     from tvm_vta_cp.program import LayerProgram, TensorPlacement, VTAProgram
 
-    blob = unpack_blob(data, expect_target=BLOB_TARGET,
-                       expect_fingerprint=expect_config.fingerprint if expect_config else None)
-    raw = blob.json_section("HWCF")
-    if not isinstance(raw, dict):
-        raise BlobError("vta blob: HWCF section is not a JSON object; recompile the model")
-    try:
-        cfg = config_from_dict({k: v for k, v in raw.items() if k != "name"},
-                               where="blob HWCF section", name=str(raw.get("name", "custom")))
-    except ConfigError as e:
-        raise BlobError(f"vta blob carries an invalid hardware config: {e}") from None
-    if cfg.fingerprint != blob.fingerprint:
-        raise BlobError("vta blob: embedded hardware config does not match its fingerprint")
-    meta = blob.json_section("META")
-    if not isinstance(meta, dict):
-        raise BlobError("vta blob: META section is not a JSON object; recompile the model")
+    blob, cfg, meta = unpack_target_blob(data, BLOB_TARGET, config_from_dict, expect_config)
     insn, cnst = blob.section("INSN"), blob.section("CNST")
     try:
         dram_size = int(meta["dram_size"])
