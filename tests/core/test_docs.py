@@ -81,3 +81,39 @@ def test_no_source_cites_the_old_architecture_page():
                     cites.append(f"{path.relative_to(ROOT)}:{i}")
     assert not cites, (f"cite docs/architecture.md (by section) instead of {old}:\n"
                        + "\n".join(cites))
+
+
+#: dotted names in the docs that are not Python objects: the targets' entry point group
+_NOT_PYTHON = {"tvm_accel.targets"}
+_ROLE_REF = re.compile(r":(?:func|class|mod|data|meth|attr|exc):`~?(tvm_[A-Za-z0-9_.]+)`")
+_MD_REF = re.compile(r"`(tvm_(?:accel|vta_cp|dpu|marsellus)(?:\.[A-Za-z_]\w*)+)`")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module or an attribute path inside one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_cross_references_name_objects_that_exist():
+    """Every ``:func:`tvm_...``` of a docstring and every dotted `tvm_...` name in the docs
+    (the registered ``<package>.run`` functions aside) still names a module or object."""
+    refs = [(p, m[1]) for p in sorted((ROOT / "python").rglob("*.py"))
+            for m in _ROLE_REF.finditer(p.read_text())]
+    refs += [(p, m[1]) for p in _markdown_files() for m in _MD_REF.finditer(p.read_text())
+             if m[1] not in _NOT_PYTHON and not re.fullmatch(r"tvm_\w+\.run", m[1])]
+    assert len(refs) > 100
+    stale = [f"{p.relative_to(ROOT)}: {ref}" for p, ref in refs if not _resolves(ref)]
+    assert not stale, stale
