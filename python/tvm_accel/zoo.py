@@ -419,16 +419,17 @@ def mobilenet_tiny(seed: int = 0, batch: int = 1, width: float = 1.0) -> onnx.Mo
     return b.model("mobilenet_tiny", x, (batch, 3, 32, 32), [y])
 
 
+#: the networks by name, in the order ``tvmc zoo`` lists them
 MODELS = {
-    "mobilenet_tiny": mobilenet_tiny,
+    "tiny_cnn": tiny_cnn,
     "resnet20": resnet20,
     "resnet18": resnet18,
     "resnet50": resnet50,
+    "mobilenet_tiny": mobilenet_tiny,
     "vgg16": vgg16,
     "googlenet": googlenet,
     "yolov3_tiny": yolov3_tiny,
     "encoder_decoder": encoder_decoder,
-    "tiny_cnn": tiny_cnn,
 }
 
 

@@ -8,10 +8,6 @@ from tvm_accel import quantize
 from tvm_accel.cli.common import check_output_path
 from tvm_accel.errors import AccelError
 
-#: zoo models ``tvmc zoo`` writes (whole networks; the single-layer builders are for tests)
-ZOO_NETWORKS = ("tiny_cnn", "resnet20", "resnet18", "resnet50", "mobilenet_tiny", "vgg16",
-                "googlenet", "yolov3_tiny", "encoder_decoder")
-
 
 def cmd_zoo(args) -> int:
     """``tvmc zoo``: list the model zoo, or write one of its float networks as ONNX (seeded
@@ -21,18 +17,18 @@ def cmd_zoo(args) -> int:
     from tvm_accel import zoo
 
     if not args.model:
-        for name in ZOO_NETWORKS:
+        for name in zoo.MODELS:
             doc = " ".join((inspect.getdoc(zoo.MODELS[name]) or "").split("\n\n")[0].split())
             first = doc.split(". ")[0].rstrip(".")
             print(f"{name:16s} {first if len(first) <= 90 else first[:87] + '...'}")
         return 0
-    if args.model not in ZOO_NETWORKS:
+    if args.model not in zoo.MODELS:
         import difflib
 
-        near = difflib.get_close_matches(args.model, ZOO_NETWORKS, n=1)
+        near = difflib.get_close_matches(args.model, zoo.MODELS, n=1)
         raise AccelError(f"zoo: no model '{args.model}'"
                          + (f" (did you mean {near[0]}?)" if near else "")
-                         + f"; available: {', '.join(ZOO_NETWORKS)}")
+                         + f"; available: {', '.join(zoo.MODELS)}")
     out = args.output or f"{args.model}_fp32.onnx"
     check_output_path(out, f"{args.model}_fp32.onnx", "model")
     builder = zoo.MODELS[args.model]
