@@ -258,7 +258,7 @@ def test_plain_8bit_models_are_untouched_by_the_precision_machinery(conv8):
 # --- mixed-precision networks --------------------------------------------------------------------
 @pytest.mark.parametrize("build", ["resnet20_mixed", "mobilenet_tiny_mixed"])
 def test_mixed_precision_networks_compile_for_the_cpu_and_match_onnxruntime(build):
-    q = getattr(zoo, build)()
+    q = getattr(quantize, build)()
     mod, _ = load_onnx(q)
     _, report = canonicalize(mod)
     ws = {r.detail["bits"]["w"] for r in report if r.detail.get("bits", {}).get("w")}
