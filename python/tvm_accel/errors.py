@@ -9,6 +9,10 @@ cross TVM's FFI, which rebuilds a Python exception on the other side from a regi
 name and falls back to ``RuntimeError`` for unknown kinds. Every ``AccelError`` class is
 therefore registered with the FFI under its qualified name when it is defined, so it comes back
 as the same class with the same message and the CLI's one-line handler still recognises it.
+
+Every exception class of the project derives from ``AccelError``, except the control-flow
+signals that never leave their module (the CP solver's ``Fail`` / ``SearchLimit``, VTA's uop
+overflow while it grows a tile).
 """
 
 from __future__ import annotations

@@ -61,11 +61,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tvm_accel.errors import AccelError
 from tvm_accel.layers import DTYPE_RANGE, Requant
 
 
-class RecipeError(ValueError):
-    """No recipe satisfies the limits (scale out of range for the hardware)."""
+class RecipeError(AccelError, ValueError):
+    """No recipe satisfies the limits (scale out of range for the hardware); canonicalize
+    leaves the layer float, on the CPU, with this message as the reason."""
 
 
 @dataclass(frozen=True)

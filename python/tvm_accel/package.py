@@ -12,7 +12,6 @@ shape) only fails deep inside the VM. A damaged, truncated or foreign package is
 from __future__ import annotations
 
 import hashlib
-import importlib
 import io
 import json
 import os
@@ -196,10 +195,10 @@ def load_package(path: str) -> LoadedPackage:
                            f"'tvmc compile'); {RECOMPILE}")
     meta = _parse_metadata(path, members["metadata.json"])
     _check_files(path, meta, members)
-    if meta.target:
+    if meta.target:  # loading the target registers its runtime function
         from tvm_accel.target import get_target
 
-        importlib.import_module(get_target(meta.target).package)
+        get_target(meta.target)
     tmp = tempfile.TemporaryDirectory(prefix="tvm_accel_pkg_")
     lib = os.path.join(tmp.name, "mod.so")
     with open(lib, "wb") as f:
