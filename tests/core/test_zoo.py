@@ -124,7 +124,7 @@ def test_resnet18_quantizes_and_is_cached():
 
 def test_unknown_names_and_options_are_rejected():
     with pytest.raises(ValueError, match="unknown zoo model"):
-        models.quantized("no_such_model")
+        quantize.quantized("no_such_model")
     with pytest.raises(ValueError, match="activation_type"):
         quantize.ort_quantize(models.single_dense(), "int4")
     with pytest.raises(ValueError, match="pool kind"):
