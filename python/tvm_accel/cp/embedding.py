@@ -43,9 +43,9 @@ from tvm_accel.cp.constraints import (
     Parallel,
     ReductionStep,
 )
-from tvm_accel.cp.intrinsic import InstructionDFG
+from tvm_accel.cp.intrinsic import DFGNode, InstructionDFG
 from tvm_accel.cp.operator import TensorOp, conv2d_op, dense_op
-from tvm_accel.cp.solver import Dom, SearchLimit, Solver
+from tvm_accel.cp.solver import Dom, Engine, Propagator, SearchLimit, Solver
 
 __all__ = ["Embedding", "Options", "SearchResult", "enumerate_embeddings", "find_embedding",
            "pad_operator"]
@@ -205,7 +205,7 @@ class _Model:
         self.op, self.dfg, self.opts = op, dfg, opts
         X, Y, Z = dfg.x, dfg.y, dfg.z
         self.var: dict = {}
-        kinds = []
+        kinds: list[DFGNode] = []
         for node in dfg.nodes:  # R1 is the identity: mul[l] and add[l] share one variable
             if node.kind != "mul":
                 self.var[node.kind, node.index] = len(kinds)
@@ -235,7 +235,7 @@ class _Model:
         self.doms = doms
         sp = tuple(op.index(d) for d in op.spatial_dims)
         red = tuple(op.index(d) for d in op.reduction_dims)
-        props = []
+        props: list[Propagator] = []
         v = self.var
         for e in dfg.edges:
             s, t = v[e.src.kind, e.src.index], v[e.dst.kind, e.dst.index]
@@ -426,7 +426,8 @@ def find_embedding(op: TensorOp, dfg: InstructionDFG, opts: Options = Options())
     t0 = time.monotonic()
     model, padded = _prepare(op, dfg, opts)
     deadline = t0 + opts.time_limit
-    solvers, gens = [], []
+    solvers: list[Solver] = []
+    gens = []
     root = None
     for asset in model.assets():
         s = Solver(model.doms, model.props, model.branch, model.value_order(asset))
@@ -435,8 +436,9 @@ def find_embedding(op: TensorOp, dfg: InstructionDFG, opts: Options = Options())
         solvers.append(s)
         if root is None:
             break
-        gens.append((s, s.solutions(root.copy(), deadline, opts.max_nodes, tick=64)))
-    status, found = "none", None
+        gens.append((s, s.slices(root.copy(), deadline, opts.max_nodes, tick=64)))
+    status = "none"
+    found: Engine | None = None
     try:
         while gens and found is None:
             alive = []
