@@ -203,22 +203,47 @@ class _Model:
 
     def __init__(self, op: TensorOp, dfg: InstructionDFG, opts: Options):
         self.op, self.dfg, self.opts = op, dfg, opts
+        self.var, self.nodes = self._variables()
+        spatial_strides = self._out_strides()
+        self.doms = self._domains(spatial_strides)
+        props = self._edge_constraints()
+        self.rect = self._rectangles()
+        props += self._rectangle_constraints(spatial_strides)
+        props += self._lane_constraints()
+        self.props = props
+        self.fixed: list[tuple[int, tuple[int, ...], str]] = []
+        if opts.fixed_origin:
+            for kind, t in (("out", "out"), ("inp", "in"), ("wgt", "wgt")):
+                self.fixed.append((self.rect[kind][0], (0,) * len(op.shapes[t]), "fixed origin"))
         X, Y, Z = dfg.x, dfg.y, dfg.z
-        self.var: dict = {}
+        out_vars = self.rect["out"]
+        chains = [self.var["add", (bb, o, i)] for bb in range(X) for o in range(Y)
+                  for i in range(Z)]
+        self.branch = out_vars + chains + self.rect["inp"] + self.rect["wgt"]
+
+    def _variables(self) -> tuple[dict, list[DFGNode]]:
+        """One variable per DFG node (kind, index), except that R1 is the identity: mul[l] and
+        add[l] share one variable."""
+        dfg = self.dfg
+        var: dict = {}
         kinds: list[DFGNode] = []
-        for node in dfg.nodes:  # R1 is the identity: mul[l] and add[l] share one variable
+        for node in dfg.nodes:
             if node.kind != "mul":
-                self.var[node.kind, node.index] = len(kinds)
+                var[node.kind, node.index] = len(kinds)
                 kinds.append(node)
         for e in dfg.edges:  # the mul of an R1 ("same") edge is its add's variable
             if e.relation == "same":
-                self.var[e.src.kind, e.src.index] = self.var[e.dst.kind, e.dst.index]
-        self.nodes = kinds
-        b = opts.bound_b or max(X, Y, Z)
-        spatial_strides = self._out_strides()
+                var[e.src.kind, e.src.index] = var[e.dst.kind, e.dst.index]
+        return var, kinds
+
+    def _domains(self, spatial_strides: dict[str, tuple[int, ...]]) -> list[Dom]:
+        """A box per variable: the tensor's shape for data nodes, the loop extents for
+        operations (bounded by ``bound_b`` lanes when ``opts.bound``)."""
+        op, opts, dfg = self.op, self.opts, self.dfg
+        b = opts.bound_b or max(dfg.x, dfg.y, dfg.z)
         space = {"inp": "in", "wgt": "wgt", "out": "out"}
         doms = []
-        for node in kinds:
+        for node in self.nodes:
             if node.kind in space:
                 t = space[node.kind]
                 ext = list(op.shapes[t])
@@ -232,12 +257,15 @@ class _Model:
                     ext = [min(e, b * max(spatial_strides.get(op.dims[d], (1,)), default=1))
                            for d, e in enumerate(ext)]
                 doms.append(Dom.box(ext))
-        self.doms = doms
+        return doms
+
+    def _edge_constraints(self) -> list[Propagator]:
+        """The DFG edges' constraints (access, reduction order, parallel) and AllDiff."""
+        op, opts, v = self.op, self.opts, self.var
         sp = tuple(op.index(d) for d in op.spatial_dims)
         red = tuple(op.index(d) for d in op.reduction_dims)
         props: list[Propagator] = []
-        v = self.var
-        for e in dfg.edges:
+        for e in self.dfg.edges:
             s, t = v[e.src.kind, e.src.index], v[e.dst.kind, e.dst.index]
             if e.relation == "access:in":
                 props.append(AccessEdge(t, s, op.access["in"]))
@@ -249,15 +277,26 @@ class _Model:
                 props.append(AccessEdge(s, t, op.access["out"]))
             elif e.relation == "parallel":
                 props.append(Parallel(s, t, sp))
-        groups = {k: [v[n.kind, n.index] for n in kinds if n.kind == k]
+        groups = {k: [v[n.kind, n.index] for n in self.nodes if n.kind == k]
                   for k in ("out", "inp", "wgt", "add")}
         for gi, k in enumerate(("out", "inp", "wgt", "add")):
             props.append(AllDifferent(groups[k], gi))
-        self.rect = {
+        return props
+
+    def _rectangles(self) -> dict[str, list[int]]:
+        """The ordered variables of each tensor's points (the hyper-rectangle's ``V``)."""
+        v, X, Y, Z = self.var, self.dfg.x, self.dfg.y, self.dfg.z
+        return {
             "out": [v["out", (bb, o)] for bb in range(X) for o in range(Y)],
             "inp": [v["inp", (bb, i)] for bb in range(X) for i in range(Z)],
             "wgt": [v["wgt", (o, i)] for o in range(Y) for i in range(Z)],
         }
+
+    def _rectangle_constraints(self, spatial_strides: dict[str, tuple[int, ...]]
+                               ) -> list[Propagator]:
+        """Per tensor: the hyper-rectangle and the linear-access restriction."""
+        op, opts = self.op, self.opts
+        props: list[Propagator] = []
         for key, (kind, t) in enumerate((("out", "out"), ("inp", "in"), ("wgt", "wgt"))):
             acc = op.access[t]
             ndim = len(op.shapes[t])
@@ -274,6 +313,14 @@ class _Model:
                                             shared))
             if opts.linear_access and nonlinear:
                 props.append(FixedAxes(self.rect[kind], nonlinear, "linear memory access"))
+        return props
+
+    def _lane_constraints(self) -> list[Propagator]:
+        """Backend restrictions on the lanes: the operator dimensions each lane axis may walk,
+        and image-pack lanes."""
+        op, opts, v = self.op, self.opts, self.var
+        X, Y, Z = self.dfg.x, self.dfg.y, self.dfg.z
+        props: list[Propagator] = []
         lanes = {"x": [v["add", (bb, 0, 0)] for bb in range(X)],
                  "y": [v["add", (0, o, 0)] for o in range(Y)],
                  "z": [v["add", (0, 0, i)] for i in range(Z)]}
@@ -286,14 +333,7 @@ class _Model:
             image = {a: op.shapes["out"][a] for a in range(len(op.shapes["out"]))
                      if any(op.dims[d] in IMAGE_DIMS for d in acc.iterators(a))}
             props.append(ImagePackLanes([v["out", (bb, 0)] for bb in range(X)], image))
-        self.props = props
-        self.fixed = []
-        if opts.fixed_origin:
-            for kind, t in (("out", "out"), ("inp", "in"), ("wgt", "wgt")):
-                self.fixed.append((self.rect[kind][0], (0,) * len(op.shapes[t]), "fixed origin"))
-        out_vars = self.rect["out"]
-        chains = [v["add", (bb, o, i)] for bb in range(X) for o in range(Y) for i in range(Z)]
-        self.branch = out_vars + chains + self.rect["inp"] + self.rect["wgt"]
+        return props
 
     # strides allowed for a lane axis walking an output image dimension
     def _out_strides(self) -> dict[str, tuple[int, ...]]:
