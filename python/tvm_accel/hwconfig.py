@@ -82,7 +82,7 @@ class HardwareConfig:
 
     def to_json(self) -> dict:
         """Every parameter (not the name), as written in a config file."""
-        if not is_dataclass(self) or isinstance(self, type):
+        if not is_dataclass(self):
             raise TypeError("asdict() should be called on dataclass instances")
         d = asdict(self)
         d.pop("name")
