@@ -133,7 +133,7 @@ def _static_inputs(model: onnx.ModelProto, where: str, shapes: dict | None):
                     f"{where}: input '{vi.name}' has a dynamic shape {shown}; give a static "
                     f"shape: tvmc --input-shapes \"{vi.name}:[{example}]\" (Python: "
                     f"shapes={{'{vi.name}': [{example.replace(',', ', ')}]}})")
-            shape = tuple(dims)
+            shape = tuple(d for d in dims if isinstance(d, int))  # all are, checked above
         out[vi.name] = (shape, dtype)
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from tvm_accel.errors import ConfigError
@@ -82,6 +82,8 @@ class HardwareConfig:
 
     def to_json(self) -> dict:
         """Every parameter (not the name), as written in a config file."""
+        if not is_dataclass(self):
+            raise TypeError("asdict() should be called on dataclass instances")
         d = asdict(self)
         d.pop("name")
         return d

@@ -338,6 +338,8 @@ def pool_execute(x: np.ndarray, layer: PoolLayer, dtype: str | None = None) -> n
     win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
     win = win[:, :, : (ho - 1) * sh + 1 : sh, : (wo - 1) * sw + 1 : sw]
     if layer.kind == "avg":
+        if layer.requant is None:
+            raise AttributeError(f"layer {layer.name}: an average pool has no requant")
         return layer.requant.apply(win.sum(axis=(4, 5)))
     v = win.max(axis=(4, 5))
     return v if layer.requant is None else layer.requant.apply(v - layer.input_zero_point)

@@ -101,6 +101,25 @@ def _ints(a) -> tuple[int, ...]:
     return tuple(int(x) for x in a)
 
 
+def _pair(a) -> tuple[int, int]:
+    """A two-element attribute (strides, dilation, kernel) as Python ints."""
+    y, x = _ints(a)
+    return y, x
+
+
+def _quad(a) -> tuple[int, int, int, int]:
+    """A four-element padding attribute ``(top, left, bottom, right)`` as Python ints."""
+    t, lft, b, r = _ints(a)
+    return t, lft, b, r
+
+
+def _data_input(data: str | None, pat: OffloadPattern) -> str:
+    """The tensor feeding a single-input layer (its pattern's ``data`` annotation)."""
+    if data is None:
+        raise AccelError(f"composite {pat.name} has no 'data' annotation")
+    return data
+
+
 def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: list[str],
                           output: str):
     """Rebuild one layer from a composite function: dispatch on the pattern's core op (the
@@ -127,20 +146,22 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
             k = int(w.shape[1]) * g
             rq = _requant(ann, k, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], k))
             return DeconvLayer(name=name, input=inputs[0], output=output, weight=w, bias=bias,
-                               input_zero_point=zx, strides=_ints(a.strides),
-                               padding=_ints(a.padding), output_padding=_ints(a.output_padding),
-                               requant=rq, groups=g, dilation=_ints(a.dilation))
+                               input_zero_point=zx, strides=_pair(a.strides),
+                               padding=_quad(a.padding), output_padding=_pair(a.output_padding),
+                               requant=rq, groups=g, dilation=_pair(a.dilation))
         is_dense = op == "relax.matmul"
         groups, dilation = 1, (1, 1)
+        strides: tuple[int, int]
+        padding: tuple[int, int, int, int]
         if is_dense:
             w = w.T.reshape(w.shape[1], w.shape[0], 1, 1)
             strides, padding = (1, 1), (0, 0, 0, 0)
         else:
             a = core.attrs
-            strides = tuple(int(s) for s in a.strides)
-            padding = tuple(int(p) for p in a.padding)
+            strides = _pair(a.strides)
+            padding = _quad(a.padding)
             groups = int(a.groups)
-            dilation = _ints(a.dilation)
+            dilation = _pair(a.dilation)
         k = w.shape[0]
         rq = _requant(ann, k, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], k))
         return ConvLayer(name=name, input=inputs[0], output=output, weight=w, bias=bias,
@@ -160,24 +181,26 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
         if any(int(d) != 1 for d in a.dilation) or bool(a.ceil_mode):
             raise AccelError(f"layer {name}: dilated or ceil-mode pooling has no PoolLayer form")
         kind = "max" if op == "relax.nn.max_pool2d" else "avg"
-        rq = _tail_requant(ann) if kind == "max" else _requant(
+        pool_rq = _tail_requant(ann) if kind == "max" else _requant(
             ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
         if kind == "avg" and _scalar(ann["window"]) != int(np.prod(_ints(a.pool_size))):
             raise AccelError(f"layer {name}: avg pool window constant does not match its kernel")
-        return PoolLayer(name=name, input=data, output=output, kind=kind,
-                         kernel=_ints(a.pool_size), strides=_ints(a.strides),
-                         padding=_ints(a.padding),
+        return PoolLayer(name=name, input=_data_input(data, pat), output=output, kind=kind,
+                         kernel=_pair(a.pool_size), strides=_pair(a.strides),
+                         padding=_quad(a.padding),
                          input_zero_point=(_scalar(ann["input_zero_point"])
                                            if "input_zero_point" in ann else 0),
-                         requant=rq)
+                         requant=pool_rq)
     if op == "relax.sum":
         shape = static_shape(ann["data"])
+        if shape is None:
+            raise TypeError(f"layer {name}: the summed tensor has no static shape")
         axes = [int(x) % len(shape) for x in core.attrs.axis] if core.attrs.axis is not None \
             else list(range(len(shape)))
         if len(shape) != 4 or sorted(axes) != [2, 3] or not bool(core.attrs.keepdims):
             raise AccelError(f"layer {name}: a sum that is not a global average pool")
         rq = _requant(ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
-        return PoolLayer(name=name, input=data, output=output, kind="avg",
+        return PoolLayer(name=name, input=_data_input(data, pat), output=output, kind="avg",
                          kernel=(shape[2], shape[3]), strides=(1, 1), padding=(0, 0, 0, 0),
                          input_zero_point=_scalar(ann["input_zero_point"]), requant=rq,
                          op_name="global_avg_pool2d")
@@ -188,7 +211,7 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
                                        static_shape(core))
         if scale is None:
             raise AccelError(f"layer {name}: resize2d is not a nearest upsample by integers")
-        return UpsampleLayer(name=name, input=data, output=output, scale=scale,
+        return UpsampleLayer(name=name, input=_data_input(data, pat), output=output, scale=scale,
                              input_zero_point=(_scalar(ann["input_zero_point"])
                                                if "input_zero_point" in ann else 0),
                              requant=_tail_requant(ann))

@@ -169,7 +169,7 @@ def _not_pow2(x: float, limits: RecipeLimits) -> RecipeError:
 
 def _solve_pow2(s: np.ndarray, bounds: list[int], zero_point: int, qmin: int, qmax: int,
                 limits: RecipeLimits) -> Requant:
-    exps = []
+    exps: list[int | None] = []
     for x in s:
         if x == 0:
             exps.append(None)
@@ -288,9 +288,10 @@ def solve_add(scale_a: float, scale_b: float, zero_point: int, qmin: int, qmax: 
 def _solve_add_pow2(sa: float, sb: float, zero_point: int, qmin: int, qmax: int,
                     limits: RecipeLimits, operand_bound: int) -> tuple[int, int, Requant]:
     ea, eb = power_of_two_exponent(sa), power_of_two_exponent(sb)
-    for x, e in ((sa, ea), (sb, eb)):
-        if e is None:
-            raise _not_pow2(x, limits)
+    if ea is None:
+        raise _not_pow2(sa, limits)
+    if eb is None:
+        raise _not_pow2(sb, limits)
     sh = max(0, -ea, -eb)
     ma, mb = 1 << (sh + ea), 1 << (sh + eb)
     r = _round_add(sh)

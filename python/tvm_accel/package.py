@@ -113,6 +113,14 @@ class LoadedPackage:
         return relax.VirtualMachine(self.module, device or tvm.cpu())
 
 
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """The bytes of one regular file of an open archive."""
+    f = tar.extractfile(member)
+    if f is None:  # only regular files are read
+        raise AttributeError(f"{member.name} is not a regular file")
+    return f.read()
+
+
 def _read_members(path: str) -> dict[str, bytes]:
     """Every regular file of the package by archive name; a missing, unreadable, truncated or
     non-tar file is a :class:`PackageError`."""
@@ -123,7 +131,7 @@ def _read_members(path: str) -> dict[str, bytes]:
                            "'tvmc compile')")
     try:
         with tarfile.open(path, "r") as tar:
-            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+            return {m.name: _read_member(tar, m) for m in tar.getmembers() if m.isfile()}
     except (tarfile.TarError, EOFError) as e:
         truncated = isinstance(e, EOFError) or "unexpected end" in str(e)
         raise PackageError(f"{path}: not a compiled package ("

@@ -367,7 +367,7 @@ def layer_name(core_var_name: str) -> str:
 
 def _float_reasons(numerics) -> dict[str, Any]:
     """Relax var name -> canonicalize record of a layer left float (with its reason)."""
-    out = {}
+    out: dict[str, Any] = {}
     for rec in numerics or ():
         if getattr(rec, "integer", True):
             continue
@@ -417,6 +417,9 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                     continue
                 annotated = {k: m[p] for k, p in pat.annotations.items() if p in m}
                 core = annotated.get("core", annotated.get("root"))
+                if core is None:
+                    raise AttributeError(f"pattern {pat.name} annotates neither 'core' nor "
+                                         "'root'")
                 covered.add(core.__chandle__())
                 if "flatten" in annotated and not pat.failed_checks(annotated):
                     covered.add(annotated["flatten"].__chandle__())
@@ -471,12 +474,13 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         return records
     nodes = [(str(n[0]), str(n[1]), str(n[2])) for n in mod.attrs[ONNX_NODES_ATTR]]
     by_layer = {r.layer: r for r in records}
-    owner = {}  # var name of a fused node -> its layer's row
+    owner: dict[str, OffloadRecord] = {}  # var name of a fused node -> its layer's row
     integer = {r.onnx_name: r for r in numerics or () if getattr(r, "integer", False)}
     for rec in numerics or ():
         row = by_layer.get(rec.onnx_name)
-        for v in (rec.detail.get("absorbed", ()) if row is not None else ()):
-            owner.setdefault(v, row)
+        if row is not None:
+            for v in rec.detail.get("absorbed", ()):
+                owner.setdefault(v, row)
     bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
     order = {name: i for i, (name, _, _) in enumerate(nodes)}
     keyed, last = [], -1.0

@@ -146,7 +146,8 @@ class Profiler:
     def summary(self) -> dict:
         """Totals of the run: layers, MACs, cycles, time, bytes, energy (when modelled), the
         layers by bound and the host rewrites' modelled cycles."""
-        out = {"layers": len(self.records), "macs": sum(r.macs for r in self.records),
+        out: dict[str, int | float | dict[str, int]] = {
+               "layers": len(self.records), "macs": sum(r.macs for r in self.records),
                "cycles": sum(r.cycles for r in self.records),
                "time_us": round(sum(r.time_us for r in self.records), 3),
                "bytes_moved": sum(r.bytes_moved for r in self.records)}

@@ -27,7 +27,7 @@ class BlobCache:
         self._hits: dict[tuple[int, int], tuple] = {}
 
     def decode(self, data: np.ndarray) -> tuple:
-        key = (data.size, zlib.crc32(data))
+        key = (data.size, zlib.crc32(data))  # type: ignore[arg-type]  # numpy: a buffer
         hit = self._hits.get(key)
         if hit is None:
             hit = self._load(data.tobytes())

@@ -29,6 +29,7 @@ import numbers
 import os
 import queue
 import threading
+from _ctypes import CFuncPtr
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def get_lib() -> ctypes.CDLL:
         return lib
 
 
-def function(name: str, restype, argtypes: list) -> ctypes._CFuncPtr:
+def function(name: str, restype, argtypes: list) -> CFuncPtr:
     """A typed entry point of the library; a missing symbol is reported as a stale build."""
     lib = get_lib()
     try:
@@ -221,7 +222,7 @@ class _Worker:
     """One daemon thread that runs the main thread's simulator calls (a thread per call costs
     ~5x more than handing a call to a waiting thread)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name="accelsim-call", daemon=True)
         self.thread.start()

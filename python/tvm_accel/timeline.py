@@ -48,14 +48,15 @@ def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str]]:
         raise AccelError(f"{path}: no traceEvents list (not a Chrome trace)")
     names: dict[tuple, str] = {}
     xs = []
-    for e in events:
-        if not isinstance(e, dict):
+    for ev in events:
+        if not isinstance(ev, dict):
             continue
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            names[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", e.get("tid")))
-        elif e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)) \
-                and isinstance(e.get("dur"), (int, float)):
-            xs.append(e)
+        if ev.get("ph") == "M" and ev.get("name") == "thread_name":
+            names[(ev.get("pid"), ev.get("tid"))] = str(ev.get("args", {}).get("name",
+                                                                                ev.get("tid")))
+        elif ev.get("ph") == "X" and isinstance(ev.get("ts"), (int, float)) \
+                and isinstance(ev.get("dur"), (int, float)):
+            xs.append(ev)
     return xs, names
 
 
@@ -96,7 +97,8 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
         kinds.setdefault(str(e.get("name", "?")), {}).setdefault(
             lane[(e.get("pid"), e.get("tid"))], []).append((e["ts"], max(e["dur"], min_w)))
 
-    palette = plt.get_cmap("tab20").colors
+    # "tab20" is a ListedColormap; the registry lookup is typed as the base Colormap
+    palette = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
     extra = [k for k in sorted(kinds) if k not in KIND_COLORS]
     color = dict(KIND_COLORS)
     color.update({k: palette[i % len(palette)] for i, k in enumerate(extra)})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from typing import NoReturn
 
 from tvm_accel.errors import AccelError
 from tvm_accel.target import TargetOption, available_targets, get_target
@@ -145,7 +146,7 @@ def target_knobs(accel: str, args: argparse.Namespace) -> dict | None:
 class Parser(argparse.ArgumentParser):
     """argparse with the CLI's error convention: one line, exit 2 (no usage block)."""
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

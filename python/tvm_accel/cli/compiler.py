@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 from tvm_accel.cli.common import (
     add_input_shapes_option,
@@ -100,7 +101,7 @@ def cmd_compile(args) -> int:
     float_model = accel is not None and not quantized
     reasons = {}  # layer -> reason shown (a float model: "not quantized" for the CPU layers)
     for r in offloads:
-        if float_model and r["placement"] == "cpu" and \
+        if float_model and accel is not None and r["placement"] == "cpu" and \
                 r["reason"].startswith(f"no {accel} pattern for"):
             r["reason"] = reasons[r["layer"]] = _not_quantized(accel)
     blobs = {f.name: f.blob for f in report.functions} if report else {}
@@ -122,15 +123,15 @@ def cmd_compile(args) -> int:
               f"{version_line()}")
     if args.dump_offloads and report:
         err = {r.onnx_name: r for r in report.numerics} if report.numerics else {}
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for r in report.nodes:
             if r.kind in ("qdq", "const") and args.dump_offloads != "all":
                 continue
-            e = err.get(r.layer) if r.kind == "layer" else None
-            bits = (e.detail.get("bits") or {}) if e is not None else {}
+            rec = err.get(r.layer) if r.kind == "layer" else None
+            bits: dict[str, Any] = (rec.detail.get("bits") or {}) if rec is not None else {}
             wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
             rows.append((r.layer, r.op, r.shape, r.placement,
-                         f"{e.max_rel_error:.2e}" if e is not None else "-",
+                         f"{rec.max_rel_error:.2e}" if rec is not None else "-",
                          wio if bits else "-", reasons.get(r.layer, r.reason)))
         heads = ["layer", "op", "shape", "placement", "scale err", "W/I/O", "reason"]
         if getattr(args, "tuning_records", None):

@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
     names = [o.name for o in pkg.meta.outputs]
     names += [f"output_{i}" for i in range(len(names), len(outs))]
     if args.outputs:
-        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))
+        np.savez(args.outputs, **dict(zip(names, outs, strict=False)))  # type: ignore[arg-type]
         print(f"outputs written to {args.outputs}")
     else:
         for n, o in zip(names, outs, strict=False):

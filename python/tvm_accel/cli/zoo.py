@@ -49,7 +49,7 @@ def cmd_zoo(args) -> int:
         check_output_path(args.calibration_out, "inputs.npz", "calibration file")
         samples = quantize.random_calibration(model, seed=args.seed, n=args.samples)
         stacked = {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
-        np.savez(args.calibration_out, **stacked)
+        np.savez(args.calibration_out, **stacked)  # type: ignore[arg-type]
         print(f"wrote {args.samples} seeded random calibration sample(s) -> "
               f"{args.calibration_out} (use your own data for representative scales)")
     return 0

@@ -39,7 +39,7 @@ def preimage(dom: Dom, acc: Access, q: Point) -> Dom:
     if dom.pts is not None:
         fn = acc.fn
         return Dom(pts=frozenset(p for p in dom.pts if fn(p) == q))
-    vals = list(dom.vals)
+    vals: list[range | frozenset | tuple[int, ...]] = list(dom.value_sets())
     changed = True
     while changed:
         changed = False
@@ -100,17 +100,17 @@ class AccessEdge(Propagator):
         if dv is not None:
             eng.narrow(op, preimage(eng.dom[op], self.acc, dv), self.name)
             return
-        if v == data and eng.dom[data].pts is not None and len(eng.dom[data].pts) <= self.limit:
-            pts = []
-            for q in eng.dom[data].pts:
+        data_pts = eng.dom[data].pts
+        if v == data and data_pts is not None and len(data_pts) <= self.limit:
+            pts: list[Point] = []
+            for q in data_pts:
                 pre = preimage(eng.dom[op], self.acc, q)
                 if pre.size() > self.limit:
                     return
                 pts.extend(pre.iterate())
             eng.narrow(op, Dom.points(pts), self.name)
-        elif v == op and eng.dom[op].pts is not None:
-            eng.narrow(data, eng.dom[data].intersect(map(self.acc.fn, eng.dom[op].pts)),
-                       self.name)
+        elif v == op and (op_pts := eng.dom[op].pts) is not None:
+            eng.narrow(data, eng.dom[data].intersect(map(self.acc.fn, op_pts)), self.name)
 
 
 class ImagePackLanes(Propagator):
@@ -133,15 +133,19 @@ class ImagePackLanes(Propagator):
             return
         lanes, val = self.vars, eng.val
         i = lanes.index(v)
-        p = val[v]
-        if i and val[lanes[i - 1]] is not None and not val[lanes[i - 1]] < p:
-            raise Fail(self.name)
-        if i + 1 < len(lanes) and val[lanes[i + 1]] is not None and not p < val[lanes[i + 1]]:
-            raise Fail(self.name)
+        p = eng.point(v)
+        if i:
+            before = val[lanes[i - 1]]
+            if before is not None and not before < p:
+                raise Fail(self.name)
+        if i + 1 < len(lanes):
+            after = val[lanes[i + 1]]
+            if after is not None and not p < after:
+                raise Fail(self.name)
         if any(val[u] is None for u in lanes):
             return
         for a, extent in self.image_axes.items():
-            coords = sorted({val[u][a] for u in lanes})
+            coords = sorted({eng.point(u)[a] for u in lanes})
             if len(coords) > 1 and coords[-1] - coords[0] + coords[1] - coords[0] < extent:
                 raise Fail(self.name)
 
@@ -168,15 +172,16 @@ class ReductionStep(Propagator):
         prev, nxt = self.vars
         other = nxt if v == prev else prev
         if assigned:
-            p = eng.val[v]
+            p = eng.point(v)
             if self.strict:
                 q = self._step(p, 1 if v == prev else -1)
                 if q is None:
                     raise Fail(self.name)
                 eng.assign(other, q, self.name)
                 return
-            if eng.val[other] is not None:
-                if any(eng.val[other][d] != p[d] for d in self.spatial):
+            o = eng.val[other]
+            if o is not None:
+                if any(o[d] != p[d] for d in self.spatial):
                     raise Fail(self.name)
                 return
             dom = eng.dom[other]
@@ -188,9 +193,10 @@ class ReductionStep(Propagator):
         if src.pts is not None or eng.val[other] is not None:
             return
         dom = eng.dom[other]
+        src_vals = src.value_sets()
         for d in self.spatial:
-            if len(src.vals[d]) == 1 and len(dom.vals[d] if dom.pts is None else ()) != 1:
-                dom = dom.restrict(d, src.vals[d])
+            if len(src_vals[d]) == 1 and len(dom.value_sets()[d] if dom.pts is None else ()) != 1:
+                dom = dom.restrict(d, src_vals[d])
         eng.narrow(other, dom, self.name)
 
 
@@ -238,10 +244,11 @@ class FixedAxes(Propagator):
     def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
         if not assigned or not self.axes:
             return
-        p = eng.val[v]
+        p = eng.point(v)
         for u in self.vars:
-            if eng.val[u] is not None:
-                if any(eng.val[u][a] != p[a] for a in self.axes):
+            pu = eng.val[u]
+            if pu is not None:
+                if any(pu[a] != p[a] for a in self.axes):
                     raise Fail(self.name)
                 continue
             dom = eng.dom[u]
@@ -279,7 +286,7 @@ class HyperRectangle(Propagator):
         if self.split is not None and s > 1 and s != -(-self.split[a] // size):
             raise Fail("image pack split")
 
-    def _vector(self, p: Point, v0: Point, used: set) -> tuple[int, int]:
+    def _vector(self, p: Point, v0: Point, used: list[int]) -> tuple[int, int]:
         diff = [(a, x - y) for a, (x, y) in enumerate(zip(p, v0, strict=True)) if x != y]
         if len(diff) != 1 or diff[0][1] <= 0:
             raise Fail(self.name)
@@ -298,7 +305,7 @@ class HyperRectangle(Propagator):
         closed ones, from a prefix of assigned points; raises Fail when they break the shape."""
         v0, n = pts[0], self.n
         dims: list[list] = []
-        used: list = []
+        used: list[int] = []
         inner = 1
         for j in range(1, len(pts)):
             p = pts[j]
@@ -342,7 +349,7 @@ class HyperRectangle(Propagator):
         if eng.memo.get(self.key) == m:
             return
         eng.memo[self.key] = m
-        pts = [eng.val[V[j]] for j in range(m + 1)]
+        pts = [eng.point(V[j]) for j in range(m + 1)]
         dims, inner = self.infer(pts)
         if m + 1 == n:
             if dims and (dims[-1][2] is None):
@@ -352,7 +359,8 @@ class HyperRectangle(Propagator):
             return
         j = m + 1
         used = [d[0] for d in dims]
-        cands: list[Point] | None = []
+        cands: list[Point] = []
+        any_stride = False  # a jump along an axis of unconstrained stride: no candidate list
         if not dims:
             q, rem = 1, 0
         else:
@@ -374,13 +382,13 @@ class HyperRectangle(Propagator):
                         continue
                     allowed = self.strides.get(a)
                     if allowed is None:
-                        cands = None
+                        any_stride = True
                         break
                     for s in allowed:
                         c = list(v0)
                         c[a] += s
                         cands.append(tuple(c))
-        if cands is not None:
+        if not any_stride:
             dom = eng.dom[V[j]]
             eng.narrow(V[j], dom.intersect(cands) if dom.pts is None or len(cands) < 64
                        else dom, self.name)
@@ -389,22 +397,20 @@ class HyperRectangle(Propagator):
     def _bound(self, eng: Engine, v0: Point, dims: list, inner: int, count: int, start: int):
         """Formula (10): a box for the points not yet assigned."""
         n = self.n
-        hi: dict[int, int | None] = {}
+        spanned: dict[int, int] = {}  # axis -> extent covered by the inferred dimensions
         for k, (a, s, size) in enumerate(dims):
             if size is not None:
-                hi[a] = hi.get(a, 0) + (size - 1) * s
+                spanned[a] = spanned.get(a, 0) + (size - 1) * s
             elif k == len(dims) - 1:
-                hi[a] = hi.get(a, 0) + (n // inner - 1) * s
+                spanned[a] = spanned.get(a, 0) + (n // inner - 1) * s
         rest = n // (inner * max(count, 2)) if dims else n
-        for a in self.axes:
-            if a in hi and sum(d[0] == a for d in dims) >= self.shared.get(a, 1):
-                continue
-            if a in hi:
-                allowed = self.strides.get(a)
-                hi[a] = None if allowed is None else hi[a] + (rest - 1) * max(allowed, default=1)
+        hi: dict[int, int | None] = dict(spanned)
+        for a in self.axes:  # distinct axes
+            if a in spanned and sum(d[0] == a for d in dims) >= self.shared.get(a, 1):
                 continue
             allowed = self.strides.get(a)
-            hi[a] = None if allowed is None else (rest - 1) * max(allowed, default=1)
+            hi[a] = (None if allowed is None
+                     else spanned.get(a, 0) + (rest - 1) * max(allowed, default=1))
         sig = (v0, tuple(sorted(hi.items())))
         if eng.memo.get((self.key, "box")) == sig:  # same box as the last call on this path
             return
@@ -416,6 +422,6 @@ class HyperRectangle(Propagator):
             for a in range(len(v0)):
                 if a not in hi:
                     dom = dom.restrict(a, (v0[a],))
-                elif hi[a] is not None:
-                    dom = dom.restrict(a, range(v0[a], v0[a] + hi[a] + 1))
+                elif (top := hi[a]) is not None:
+                    dom = dom.restrict(a, range(v0[a], v0[a] + top + 1))
             eng.narrow(u, dom, self.name)

@@ -43,9 +43,9 @@ from tvm_accel.cp.constraints import (
     Parallel,
     ReductionStep,
 )
-from tvm_accel.cp.intrinsic import InstructionDFG
+from tvm_accel.cp.intrinsic import DFGNode, InstructionDFG
 from tvm_accel.cp.operator import TensorOp, conv2d_op, dense_op
-from tvm_accel.cp.solver import Dom, SearchLimit, Solver
+from tvm_accel.cp.solver import Dom, Engine, Propagator, SearchLimit, Solver
 
 __all__ = ["Embedding", "Options", "SearchResult", "enumerate_embeddings", "find_embedding",
            "pad_operator"]
@@ -206,41 +206,41 @@ class _Model:
         self.var, self.nodes = self._variables()
         spatial_strides = self._out_strides()
         self.doms = self._domains(spatial_strides)
-        X, Y, Z = dfg.x, dfg.y, dfg.z
-        v = self.var
-        self.rect = {
-            "out": [v["out", (bb, o)] for bb in range(X) for o in range(Y)],
-            "inp": [v["inp", (bb, i)] for bb in range(X) for i in range(Z)],
-            "wgt": [v["wgt", (o, i)] for o in range(Y) for i in range(Z)],
-        }
-        self.props = (self._edge_propagators() + self._rectangle_propagators(spatial_strides)
-                      + self._lane_propagators())
-        self.fixed = []
+        props = self._edge_constraints()
+        self.rect = self._rectangles()
+        props += self._rectangle_constraints(spatial_strides)
+        props += self._lane_constraints()
+        self.props = props
+        self.fixed: list[tuple[int, tuple[int, ...], str]] = []
         if opts.fixed_origin:
             for kind, t in (("out", "out"), ("inp", "in"), ("wgt", "wgt")):
                 self.fixed.append((self.rect[kind][0], (0,) * len(op.shapes[t]), "fixed origin"))
-        chains = [v["add", (bb, o, i)] for bb in range(X) for o in range(Y) for i in range(Z)]
-        self.branch = self.rect["out"] + chains + self.rect["inp"] + self.rect["wgt"]
+        X, Y, Z = dfg.x, dfg.y, dfg.z
+        out_vars = self.rect["out"]
+        chains = [self.var["add", (bb, o, i)] for bb in range(X) for o in range(Y)
+                  for i in range(Z)]
+        self.branch = out_vars + chains + self.rect["inp"] + self.rect["wgt"]
 
-    def _variables(self) -> tuple[dict, list]:
-        """One variable per DFG node, except that R1 (the identity) makes mul[l] and add[l]
-        share one, and the mul of a "same" edge is its add's variable."""
+    def _variables(self) -> tuple[dict, list[DFGNode]]:
+        """One variable per DFG node (kind, index), except that R1 is the identity: mul[l] and
+        add[l] share one variable."""
+        dfg = self.dfg
         var: dict = {}
-        kinds = []
-        for node in self.dfg.nodes:
+        kinds: list[DFGNode] = []
+        for node in dfg.nodes:
             if node.kind != "mul":
                 var[node.kind, node.index] = len(kinds)
                 kinds.append(node)
-        for e in self.dfg.edges:
+        for e in dfg.edges:  # the mul of an R1 ("same") edge is its add's variable
             if e.relation == "same":
                 var[e.src.kind, e.src.index] = var[e.dst.kind, e.dst.index]
         return var, kinds
 
-    def _domains(self, spatial_strides: dict) -> list:
-        """Each variable's box: its tensor's extent (data nodes) or the iteration space
-        (operations), cut to ``bound_b`` lane strides when ``opts.bound``."""
-        op, opts = self.op, self.opts
-        b = opts.bound_b or max(self.dfg.x, self.dfg.y, self.dfg.z)
+    def _domains(self, spatial_strides: dict[str, tuple[int, ...]]) -> list[Dom]:
+        """A box per variable: the tensor's shape for data nodes, the loop extents for
+        operations (bounded by ``bound_b`` lanes when ``opts.bound``)."""
+        op, opts, dfg = self.op, self.opts, self.dfg
+        b = opts.bound_b or max(dfg.x, dfg.y, dfg.z)
         space = {"inp": "in", "wgt": "wgt", "out": "out"}
         doms = []
         for node in self.nodes:
@@ -250,20 +250,21 @@ class _Model:
                 if opts.bound:
                     ext = [min(e, b * self._tensor_max_stride(t, a, spatial_strides))
                            for a, e in enumerate(ext)]
+                doms.append(Dom.box(ext))
             else:
                 ext = list(op.extents)
                 if opts.bound:
                     ext = [min(e, b * max(spatial_strides.get(op.dims[d], (1,)), default=1))
                            for d, e in enumerate(ext)]
-            doms.append(Dom.box(ext))
+                doms.append(Dom.box(ext))
         return doms
 
-    def _edge_propagators(self) -> list:
-        """Access, reduction, output and parallel edges of the DFG, and all-different groups."""
+    def _edge_constraints(self) -> list[Propagator]:
+        """The DFG edges' constraints (access, reduction order, parallel) and AllDiff."""
         op, opts, v = self.op, self.opts, self.var
         sp = tuple(op.index(d) for d in op.spatial_dims)
         red = tuple(op.index(d) for d in op.reduction_dims)
-        props: list = []
+        props: list[Propagator] = []
         for e in self.dfg.edges:
             s, t = v[e.src.kind, e.src.index], v[e.dst.kind, e.dst.index]
             if e.relation == "access:in":
@@ -282,11 +283,20 @@ class _Model:
             props.append(AllDifferent(groups[k], gi))
         return props
 
-    def _rectangle_propagators(self, spatial_strides: dict) -> list:
-        """The hyper-rectangle rule of each tensor's lanes (and fixed axes where memory access
-        must stay linear)."""
+    def _rectangles(self) -> dict[str, list[int]]:
+        """The ordered variables of each tensor's points (the hyper-rectangle's ``V``)."""
+        v, X, Y, Z = self.var, self.dfg.x, self.dfg.y, self.dfg.z
+        return {
+            "out": [v["out", (bb, o)] for bb in range(X) for o in range(Y)],
+            "inp": [v["inp", (bb, i)] for bb in range(X) for i in range(Z)],
+            "wgt": [v["wgt", (o, i)] for o in range(Y) for i in range(Z)],
+        }
+
+    def _rectangle_constraints(self, spatial_strides: dict[str, tuple[int, ...]]
+                               ) -> list[Propagator]:
+        """Per tensor: the hyper-rectangle and the linear-access restriction."""
         op, opts = self.op, self.opts
-        props: list = []
+        props: list[Propagator] = []
         for key, (kind, t) in enumerate((("out", "out"), ("inp", "in"), ("wgt", "wgt"))):
             acc = op.access[t]
             ndim = len(op.shapes[t])
@@ -305,12 +315,12 @@ class _Model:
                 props.append(FixedAxes(self.rect[kind], nonlinear, "linear memory access"))
         return props
 
-    def _lane_propagators(self) -> list:
-        """Lanes of the x/y/z GEMM axes fixed to the user's dimensions, and output image
-        pixels packed in adjacent lanes unless ``adjacent_pixels``."""
+    def _lane_constraints(self) -> list[Propagator]:
+        """Backend restrictions on the lanes: the operator dimensions each lane axis may walk,
+        and image-pack lanes."""
         op, opts, v = self.op, self.opts, self.var
         X, Y, Z = self.dfg.x, self.dfg.y, self.dfg.z
-        props: list = []
+        props: list[Propagator] = []
         lanes = {"x": [v["add", (bb, 0, 0)] for bb in range(X)],
                  "y": [v["add", (0, o, 0)] for o in range(Y)],
                  "z": [v["add", (0, 0, i)] for i in range(Z)]}
@@ -456,7 +466,8 @@ def find_embedding(op: TensorOp, dfg: InstructionDFG, opts: Options = Options())
     t0 = time.monotonic()
     model, padded = _prepare(op, dfg, opts)
     deadline = t0 + opts.time_limit
-    solvers, gens = [], []
+    solvers: list[Solver] = []
+    gens = []
     root = None
     for asset in model.assets():
         s = Solver(model.doms, model.props, model.branch, model.value_order(asset))
@@ -465,8 +476,9 @@ def find_embedding(op: TensorOp, dfg: InstructionDFG, opts: Options = Options())
         solvers.append(s)
         if root is None:
             break
-        gens.append((s, s.solutions(root.copy(), deadline, opts.max_nodes, tick=64)))
-    status, found = "none", None
+        gens.append((s, s.slices(root.copy(), deadline, opts.max_nodes, tick=64)))
+    status = "none"
+    found: Engine | None = None
     try:
         while gens and found is None:
             alive = []

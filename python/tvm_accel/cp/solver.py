@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 __all__ = ["Dom", "Engine", "Fail", "Propagator", "SearchLimit", "Solver"]
 
 Point = tuple[int, ...]
+#: the allowed values of one dimension of a box domain
+ValueSet = range | frozenset
 
 
 class Fail(Exception):
@@ -36,7 +38,7 @@ class SearchLimit(Exception):
     """The node or time budget of a search ran out."""
 
 
-def _vset(values) -> range | frozenset:
+def _vset(values) -> ValueSet:
     """A dimension's value set: a ``range`` when contiguous, else a ``frozenset`` (O(1)
     membership either way; iteration sorts)."""
     if isinstance(values, range) and values.step == 1:
@@ -61,10 +63,17 @@ class Dom:
     __slots__ = ("vals", "pts", "excl")
 
     def __init__(self, vals: Sequence | None = None, pts=None, excl: frozenset = frozenset()):
-        self.vals = None if vals is None else tuple(_vset(v) for v in vals)
-        self.pts = None if pts is None else (pts if isinstance(pts, frozenset)
-                                             else frozenset(pts))
+        self.vals: tuple[ValueSet, ...] | None = (None if vals is None
+                                                  else tuple(_vset(v) for v in vals))
+        self.pts: frozenset | None = (None if pts is None else
+                                      (pts if isinstance(pts, frozenset) else frozenset(pts)))
         self.excl = excl
+
+    def value_sets(self) -> tuple[ValueSet, ...]:
+        """The per-dimension value sets of a box domain (a point-set domain has none)."""
+        if self.vals is None:
+            raise TypeError("a point-set domain has no per-dimension value sets")
+        return self.vals
 
     @staticmethod
     def box(extents: Sequence[int]) -> Dom:
@@ -77,19 +86,20 @@ class Dom:
     def size(self) -> int:
         if self.pts is not None:
             return len(self.pts)
-        return math.prod(len(v) for v in self.vals) - len(self.excl)
+        return math.prod(len(v) for v in self.value_sets()) - len(self.excl)
 
     def contains(self, p: Point) -> bool:
         if self.pts is not None:
             return p in self.pts
-        return p not in self.excl and all(x in v for x, v in zip(p, self.vals, strict=True))
+        return p not in self.excl and all(x in v for x, v in
+                                          zip(p, self.value_sets(), strict=True))
 
     def only(self) -> Point:
         if self.pts is not None:
             for p in self.pts:
                 return p
         else:
-            for p in itertools.product(*self.vals):
+            for p in itertools.product(*self.value_sets()):
                 if p not in self.excl:
                     return p
         raise Fail("empty domain")
@@ -105,7 +115,9 @@ class Dom:
         """Keep points whose coordinate ``d`` is in ``allowed`` (a set, range or tuple)."""
         if self.pts is not None:
             return Dom(pts=frozenset(p for p in self.pts if p[d] in allowed))
-        cur = self.vals[d]
+        box = self.value_sets()
+        cur = box[d]
+        new: ValueSet
         if isinstance(allowed, range) and isinstance(cur, range) and allowed.step == 1:
             new = range(max(cur.start, allowed.start), min(cur.stop, allowed.stop))
         else:
@@ -113,7 +125,7 @@ class Dom:
                 else frozenset(v for v in cur if v in allowed)
         if len(new) == len(cur):
             return self
-        vals = list(self.vals)
+        vals = list(box)
         vals[d] = new
         excl = frozenset(q for q in self.excl if q[d] in allowed) if self.excl else self.excl
         return Dom(vals, excl=excl)
@@ -127,8 +139,8 @@ class Dom:
             return self.intersect(other.pts)
         if self.pts is not None:
             return other.intersect(self.pts)
-        vals = []
-        for a, b in zip(self.vals, other.vals, strict=True):
+        vals: list[ValueSet] = []
+        for a, b in zip(self.value_sets(), other.value_sets(), strict=True):
             if isinstance(a, range) and isinstance(b, range):
                 vals.append(range(max(a.start, b.start), min(a.stop, b.stop)))
             else:
@@ -146,13 +158,14 @@ class Dom:
                 return
             n = len(next(iter(self.pts)))
         else:
-            n = len(self.vals)
+            n = len(self.value_sets())
         order = list(range(n)) if order is None else list(order)
         if self.pts is not None:
             yield from sorted(self.pts, key=lambda p: tuple(p[d] for d in order))
             return
         inv = [order.index(d) for d in range(n)]
-        for q in itertools.product(*(_sorted(self.vals[d]) for d in order)):
+        box = self.value_sets()
+        for q in itertools.product(*(_sorted(box[d]) for d in order)):
             p = tuple(q[i] for i in inv)
             if p not in self.excl:
                 yield p
@@ -201,9 +214,17 @@ class Engine:
         self.dom[v] = Dom(pts=frozenset((p,)))
         self._queue.append((v, True))
 
+    def point(self, v: int) -> Point:
+        """The value of an assigned variable."""
+        p = self.val[v]
+        if p is None:
+            raise TypeError(f"variable {v} is not assigned")
+        return p
+
     def narrow(self, v: int, dom: Dom, cause: str) -> None:
-        if self.val[v] is not None:
-            if not dom.contains(self.val[v]):
+        cur = self.val[v]
+        if cur is not None:
+            if not dom.contains(cur):
                 raise Fail(cause)
             return
         if dom is self.dom[v]:
@@ -255,9 +276,9 @@ class Solver:
         try:
             for v, p, cause in fixed:
                 eng.assign(v, p, cause)
-            for p in self.props:  # first pass over every constraint (domain bounds etc.)
-                for v in p.vars[:1]:
-                    p.propagate(eng, v, eng.val[v] is not None)
+            for prop in self.props:  # first pass over every constraint (domain bounds etc.)
+                for v in prop.vars[:1]:
+                    prop.propagate(eng, v, eng.val[v] is not None)
             eng.propagate()
         except Fail as f:
             self.root_failure = f.cause
@@ -265,8 +286,14 @@ class Solver:
             return None
         return eng
 
-    def solutions(self, eng: Engine, deadline: float, max_nodes: int, tick: int = 0
-                  ) -> Iterator[Engine | None]:
+    def solutions(self, eng: Engine, deadline: float, max_nodes: int) -> Iterator[Engine]:
+        """All solutions below ``eng``, depth first."""
+        for node in self.slices(eng, deadline, max_nodes):
+            if node is not None:
+                yield node
+
+    def slices(self, eng: Engine, deadline: float, max_nodes: int, tick: int = 0
+               ) -> Iterator[Engine | None]:
         """All solutions below ``eng``, depth first (a generator: the caller can interleave
         several searches, which is how the portfolio runs its assets concurrently). With
         ``tick`` > 0 it also yields ``None`` every ``tick`` search nodes, so a caller can

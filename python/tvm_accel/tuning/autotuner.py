@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from tvm_accel.errors import AccelError
-from tvm_accel.tuning.task import Task
+from tvm_accel.tuning.task import MeasureInput, MeasureResult, Task
 
 __all__ = ["TUNERS", "TaskOutcome", "TuneOptions", "make_tuner", "tune_model"]
 
@@ -153,7 +153,8 @@ def tune_model(mod, target, cfg, knobs: dict | None, host: str, output: str,
         return []
     print(f"tuning {len(tasks)} task(s) for {target.name} ({cfg.name}) with {options.tuner}, "
           f"{options.trials} trials each -> {output}")
-    outcomes, earlier = [], []
+    outcomes: list[TaskOutcome] = []
+    earlier: list[tuple[MeasureInput, MeasureResult]] = []
     option = measure_option(timeout=options.timeout, n_parallel=options.parallel)
     with Measurer(option) as measurer:
         for i, task in enumerate(tasks, 1):

@@ -13,6 +13,8 @@ starting margin and the new trees learn the correction from the task's own data.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["XGBCostModel", "relative_speed"]
@@ -52,7 +54,7 @@ class XGBCostModel:
             self.params["lambdarank_pair_method"] = "mean"
             self.params["lambdarank_num_pair_per_sample"] = 8
         self.base: XGBCostModel | None = None
-        self._booster = None
+        self._booster: Any = None  # an xgboost Booster once fitted
 
     def fit(self, features: np.ndarray, costs: np.ndarray, groups: np.ndarray | None = None,
             base: XGBCostModel | None = None) -> XGBCostModel:

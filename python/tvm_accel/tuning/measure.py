@@ -109,7 +109,8 @@ def _worker_main(conn: Connection) -> None:
     ``("result", job, token, error, cycles, seconds, energy, message)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    loaded_token, measure, context = None, None, None
+    loaded_token, context = None, None
+    measure: Any = None  # the task's measure function once a task blob is loaded
     conn.send(("ready",))
     while True:
         try:

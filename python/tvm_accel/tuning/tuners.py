@@ -210,7 +210,7 @@ class Tuner(ABC):
         Each callback is called as ``cb(tuner, inputs, results)`` after every batch.
         """
         own = measurer is None
-        if own:
+        if measurer is None:
             measurer = _measure.Measurer(measure_option or _measure.measure_option())
         try:
             start = self.trials
