@@ -72,7 +72,7 @@ class LayerRuns:
 
     plan: Callable
     execute: Callable
-    error: type
+    error: type[Exception]
     check: bool = False
     t_plan: float = 0.0
     t_sim: float = 0.0

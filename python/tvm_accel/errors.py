@@ -20,7 +20,7 @@ from __future__ import annotations
 try:
     import tvm_ffi
 except ImportError:  # the error types stay usable without TVM (e.g. reading configs)
-    tvm_ffi = None
+    tvm_ffi = None  # type: ignore[assignment]
 
 
 def _register_with_ffi(cls: type) -> None:
@@ -58,6 +58,10 @@ class BlobError(AccelError):
 
 class SimulatorError(AccelError):
     """The C simulator rejected a program (bad field, out-of-range address, deadlock, budget)."""
+
+    #: the status code and its kind (docs/architecture.md section 6), set by ``simlib.check``
+    code: int
+    kind: str
 
 
 class MappingError(AccelError):

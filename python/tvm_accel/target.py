@@ -75,8 +75,9 @@ class AccelTarget(ABC):
         return None
 
     @abstractmethod
-    def pattern_table(self) -> list[tuple]:
-        """Pattern entries ``(name, pattern, annotations, check)``, highest priority first."""
+    def pattern_table(self) -> list:
+        """The target's :class:`~tvm_accel.partition.OffloadPattern` s, highest priority
+        first."""
 
     #: knob keys that are options of the whole compile, not layer names
     global_knobs: frozenset[str] = frozenset()

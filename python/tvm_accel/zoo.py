@@ -12,6 +12,9 @@ mix and quantization statistics are those of the real networks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -90,7 +93,7 @@ class Builder:
         """MaxPool / AveragePool (``kind`` max / avg) with a square kernel; ``pad`` is one value
         or the 4 ONNX pads (top, left, bottom, right)."""
         pads = list(pad) if isinstance(pad, (list, tuple)) else [pad] * 4
-        attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=pads)
+        attrs: dict[str, Any] = dict(kernel_shape=[k, k], strides=[stride, stride], pads=pads)
         if kind == "avg":
             attrs["count_include_pad"] = int(count_include_pad)
             return self.node("AveragePool", [x], name or "avgpool", **attrs)
@@ -127,7 +130,8 @@ class Builder:
             inputs.append(self.init(f"{name}.bias",
                                     self.rng.normal(0.0, 0.1, cout).astype(np.float32)))
         out = f"{name}_out"
-        attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=groups)
+        attrs: dict[str, Any] = dict(kernel_shape=[k, k], strides=[stride, stride],
+                                     pads=[pad] * 4, group=groups)
         if output_padding:
             attrs["output_padding"] = [output_padding] * 2
         self.nodes.append(helper.make_node("ConvTranspose", inputs, [out], name=name, **attrs))
@@ -266,8 +270,9 @@ def resnet50(seed: int = 0, batch: int = 1, hw: int = 224) -> onnx.ModelProto:
     return b.model("resnet50", x, (batch, 3, hw, hw), [y])
 
 
-VGG16_CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-             512, 512, 512, "M")
+#: VGG-16 conv widths; "M" = maxpool
+VGG16_CFG: tuple[Any, ...] = (
+    64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
 
 def vgg16(seed: int = 0, batch: int = 1, hw: int = 224, width: float = 1.0,
@@ -297,11 +302,12 @@ def vgg16(seed: int = 0, batch: int = 1, hw: int = 224, width: float = 1.0,
 
 
 #: Inception-v1 modules: (name, 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj); "M" = maxpool
-GOOGLENET_CFG = (("3a", 64, 96, 128, 16, 32, 32), ("3b", 128, 128, 192, 32, 96, 64), "M",
-                 ("4a", 192, 96, 208, 16, 48, 64), ("4b", 160, 112, 224, 24, 64, 64),
-                 ("4c", 128, 128, 256, 24, 64, 64), ("4d", 112, 144, 288, 32, 64, 64),
-                 ("4e", 256, 160, 320, 32, 128, 128), "M",
-                 ("5a", 256, 160, 320, 32, 128, 128), ("5b", 384, 192, 384, 48, 128, 128))
+GOOGLENET_CFG: tuple[Any, ...] = (
+    ("3a", 64, 96, 128, 16, 32, 32), ("3b", 128, 128, 192, 32, 96, 64), "M",
+    ("4a", 192, 96, 208, 16, 48, 64), ("4b", 160, 112, 224, 24, 64, 64),
+    ("4c", 128, 128, 256, 24, 64, 64), ("4d", 112, 144, 288, 32, 64, 64),
+    ("4e", 256, 160, 320, 32, 128, 128), "M",
+    ("5a", 256, 160, 320, 32, 128, 128), ("5b", 384, 192, 384, 48, 128, 128))
 
 
 def googlenet(seed: int = 0, batch: int = 1, hw: int = 224, width: float = 1.0,
@@ -357,7 +363,7 @@ def yolov3_tiny(seed: int = 0, batch: int = 1, hw: int = 416, width: float = 1.0
         return b.relu(y, f"{name}_relu")
 
     y, cin = x, 3
-    route = None
+    route = ""
     for i, v in enumerate((16, 32, 64, 128, 256)):
         y = conv(y, cin, c(v), 3, f"conv{i}")
         cin = c(v)
@@ -420,7 +426,7 @@ def mobilenet_tiny(seed: int = 0, batch: int = 1, width: float = 1.0) -> onnx.Mo
 
 
 #: the networks by name, in the order ``tvmc zoo`` lists them
-MODELS = {
+MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "tiny_cnn": tiny_cnn,
     "resnet20": resnet20,
     "resnet18": resnet18,

@@ -146,7 +146,8 @@ class _Graph:
                     self.bind[b.var] = b.value
                     self.order.append(b)
                     if b.var.name in qranges:
-                        self.ranges[b.var] = tuple(qranges[b.var.name])
+                        lo, hi = qranges[b.var.name]
+                        self.ranges[b.var] = (lo, hi)
         self.wbits = dict(wbits or {})
         self.names = names
         self.used: set[str] = set()

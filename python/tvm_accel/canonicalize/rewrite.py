@@ -99,6 +99,11 @@ class _Canonicalizer:
             raise ConfigError(f"{cfg.source}: layers.{missing[0]}: no quantized layer of that "
                               f"name in the model (e.g. {', '.join(known[:5])})")
 
+    @property
+    def _config_source(self) -> str:
+        """Where the precision config came from, for its error messages."""
+        return self.config.source if self.config is not None else "precision config"
+
     def _constrain(self, var: relax.Var, bits: int, dtype: str, zp: int, field: str) -> None:
         """Clip ``var`` to ``bits``; refused when the b-bit range excludes the zero point
         (real 0.0 unrepresentable: an asymmetric int8 activation, zero point -128, clipped
@@ -106,7 +111,7 @@ class _Canonicalizer:
         lo, hi = precision.bits_range(bits, dtype)
         if not lo <= zp <= hi:
             raise ConfigError(
-                f"{self.config.source}: {field}: the {bits}-bit {dtype} range [{lo}, {hi}] "
+                f"{self._config_source}: {field}: the {bits}-bit {dtype} range [{lo}, {hi}] "
                 f"excludes the tensor's zero point {zp}, so clipping would destroy it; "
                 "narrow only tensors whose zero point the range holds (symmetric int8, or "
                 "uint8 ReLU outputs: zero point 0), or keep this tensor at 8 bits")
@@ -191,7 +196,7 @@ class _Canonicalizer:
 
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
-        anchor = _WEIGHTED_OPS.get(self.g.op(op_e) if op_e is not None else None)
+        anchor = _WEIGHTED_OPS.get(self.g.op(op_e) or "") if op_e is not None else None
         op = anchor or (self.g.op(core) or "?").removeprefix("relax.")
         op = _FLOAT_OP_NAMES.get(op, op)
         name, onnx_name = self.g.layer_name([core], op.replace("nn.", ""))
@@ -392,7 +397,7 @@ class _Canonicalizer:
         if bias is None:
             return None
         if onnx_name in self.cfg_w and g != 1:
-            raise ConfigError(f"{self.config.source}: layers.{onnx_name}.w: re-quantizing the "
+            raise ConfigError(f"{self._config_source}: layers.{onnx_name}.w: re-quantizing the "
                               "weights of a grouped transpose conv is not supported")
         wz, sw_k, bias, wbits = self._weights_for_bits(onnx_name, dc.args[1], wz, sw_k, bias, 1)
         strides, dil = _ints(a.strides), _ints(a.dilation)
@@ -712,8 +717,9 @@ class _Canonicalizer:
         tup = self.g.value(c.args[0])
         if not isinstance(tup, relax.Tuple):
             return None
-        xs = [self.g.dq_act(f) for f in tup.fields]
-        if any(x is None for x in xs):
+        acts = [self.g.dq_act(f) for f in tup.fields]
+        xs = [x for x in acts if x is not None]
+        if len(xs) != len(acts):
             return None
         axis = int(c.attrs.axis)
         name, onnx_name = self.g.layer_name([core], "concat")

@@ -190,7 +190,7 @@ def _random_shapes(model: onnx.ModelProto, where: str) -> dict[str, list[int]]:
         if any(d is None for d in dims[1:]):
             raise CalibrationError(f"{where}: input '{vi.name}' has dynamic dimensions "
                                    f"{_show(dims)}; give --calibration inputs.npz")
-        shapes[vi.name] = [dims[0] or 1, *dims[1:]] if dims else []
+        shapes[vi.name] = [dims[0] or 1, *(d for d in dims[1:] if d is not None)] if dims else []
     return shapes
 
 

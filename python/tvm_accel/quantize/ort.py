@@ -81,7 +81,7 @@ def ort_quantize(model: onnx.ModelProto, activation_type: str = "int8",
     if power_of_two:
         symmetric_weights = symmetric_activations = True
     key = hashlib.sha256(model.SerializeToString(deterministic=True))
-    opts = (activation_type, per_channel, calib_samples, seed, symmetric_weights,
+    opts: tuple = (activation_type, per_channel, calib_samples, seed, symmetric_weights,
             symmetric_activations, onnxruntime.__version__)
     if power_of_two:
         opts += (f"power_of_two-v{_POW2_VERSION}",)

@@ -42,7 +42,7 @@ def _fuse_activations(g: onnx.GraphProto) -> int:
             continue
         dq = prod.get(n.input[0])
         q = prod.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is None or q.op_type != "QuantizeLinear":
+        if dq is None or q is None or q.op_type != "QuantizeLinear":
             continue
         src = prod.get(q.input[0])
         if src is None or src.op_type not in _FUSE_INTO:
@@ -140,7 +140,8 @@ def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | No
     def axis_of(n) -> int:
         return next((a.i for a in n.attribute if a.name == "axis"), 1)
 
-    def float_value(dq, qv: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
+    def float_value(dq, qv: np.ndarray, scale: np.ndarray, zp: np.ndarray | float
+                    ) -> np.ndarray:
         for cand in (dq.input[0].removesuffix("_quantized"), dq.output[0]):
             f = floats.get(cand)
             if f is not None and f.shape == qv.shape:
