@@ -40,7 +40,7 @@ def dpu_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
 def cpu_reason(layer, in_shape) -> str:
     """The pattern table's reason to keep a conv on the CPU, or "" when it may be offloaded."""
     from tvm_dpu.patterns import MAX_CHANNELS, MAX_PAD
-    from tvm_dpu.strategy import w_space_to_depth_factor
+    from tvm_dpu.strategy.space_to_depth import w_space_to_depth_factor
 
     (kh, kw), (sh, sw), (pt, pl, pb, pr) = layer.kernel, layer.strides, layer.padding
     if (kh > 15 or kw > 15) and w_space_to_depth_factor(
