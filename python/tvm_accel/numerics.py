@@ -1,58 +1,14 @@
 """Fixed-point requantize recipes: solver, Relax emitter and error report.
 
-A recipe is a :class:`tvm_accel.layers.Requant`::
-
-    t = acc >> pre_shift                      # arithmetic (floor) shift, scalar
-    t = t * multiplier[c] + round_add[c]      # per output channel
-    t = (t >> shift) + zero_point             # scalar shift and zero point
-    y = clip(t, qmin, qmax)
-
-approximating ``round(acc * scale[c]) + zero_point``. Hardware differs in how wide the
-multiplier may be, how wide the lanes that hold every intermediate are, and whether a pre-shift
-exists; :class:`RecipeLimits` captures that and :func:`solve_requant` / :func:`solve_add` pick the
-best integers under those limits. A target's ``requant_recipe`` is normally a one-line call with
-its own limits (see ``tvm_vta_cp.numerics``); ``target=None`` in canonicalize uses
-:data:`CPU_LIMITS` (int64 lanes, 31-bit multipliers).
-
-How "best" is measured (:func:`recipe_error`). The recipe's output differs from the exact
-``acc * scale`` by two terms, both expressed in output LSBs:
-
-- the multiplier's relative error ``|m / 2^(p+s) - scale| / scale`` times the largest output that
-  is not saturated anyway, ``R = max(qmax - zp, zp - qmin) + 1`` (or ``acc_bound * scale`` if
-  smaller): beyond ``R`` the clip hides any scale error;
-- the pre-shift's floor, which drops up to ``2^p - 1`` accumulator units, i.e. up to
-  ``eff_scale * (2^p - 1)`` LSBs.
-
-The solver minimises the worst channel's sum of the two, subject to "no intermediate exceeds
-the lane width for any ``|acc| <= acc_bound``" (checked exactly, in Python integers). For a fixed
-pre-shift every constraint is monotone in ``shift``, so the best shift is the largest feasible
-one; the pre-shift is searched exhaustively. The final rounding (``round_add = 2^(shift-1)``,
-round half up) is common to all recipes and not counted.
-
-Per-channel shifts are not part of the shared form (``Requant.shift`` and the canonical graph's
-``right_shift`` constant are scalars), so the solver has no such option: a hardware with
-per-channel shifts can run every recipe returned here.
-
-Power-of-two (fix-point) hardware (``RecipeLimits(power_of_two=True)``, e.g. a DPU) requantizes
-by shifting only: no multiplier, no pre-shift. Its recipe is exact or does not exist:
-
-- ``scale == 2^-s`` (``s >= 0``, a right shift): ``pre_shift 0, multiplier 1, shift s,
-  round_add 2^(s-1)`` (round half up; 0 when ``s == 0``), i.e. ``(acc + 2^(s-1)) >> s``;
-- ``scale == 2^k`` with ``k > 0`` (a left shift, e.g. aligning a finer input to a coarser
-  output in an element-wise add or a concat): ``multiplier 2^k, shift 0`` -- the form has no
-  negative shift, so a left shift is written as the multiplication by ``2^k`` it is;
-- any other scale raises :class:`RecipeError` ("scale ratio 0.0123 is not a power of two (the
-  DPU requantizes by shifting); quantize with power-of-two scales"), so canonicalize leaves the
-  layer float, on the CPU, with that reason.
-
-Per-channel scales must share one exponent unless ``per_channel_shift`` is set; then the
-channels get power-of-two multipliers ``2^(S - s_c)`` under the common shift ``S = max s_c``,
-which is bit-identical to shifting channel ``c`` by ``s_c`` with its own round-half-up
-(``(acc * 2^(S-s_c) + 2^(S-1)) >> S == (acc + 2^(s_c-1)) >> s_c``). The add form
-(:func:`solve_add`) gets ``ma = 2^(S + ea)``, ``mb = 2^(S + eb)`` with the smallest shift
-``S = max(0, -ea, -eb)`` that makes both integers: the finer operand is left-shifted into
-the coarser one's grid, exactly. A scale counts as a power of two when it is within
-:data:`POW2_RTOL` of one (scales are float32 in ONNX).
+A recipe is a :class:`tvm_accel.layers.Requant` (``((acc >> pre) * m[c] + round) >> shift``,
+plus the zero point and the clip) approximating ``round(acc * scale[c]) + zero_point``.
+Hardware differs in how wide the multiplier may be, how wide the lanes that hold every
+intermediate are, and whether a pre-shift exists; :class:`RecipeLimits` captures that and
+:func:`solve_requant` / :func:`solve_add` pick the best integers under those limits. A target's
+``requant_recipe`` is normally a one-line call with its own limits (see
+``tvm_vta_cp.numerics``); ``target=None`` in canonicalize uses :data:`CPU_LIMITS` (int64 lanes,
+31-bit multipliers). How "best" is measured and the power-of-two (fix-point) case:
+docs/architecture.md section 4.2.
 """
 
 from __future__ import annotations
