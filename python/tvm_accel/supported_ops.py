@@ -23,7 +23,7 @@ from tvm_accel.target import available_targets, get_target
 COMMAND = "python -m tvm_accel.supported_ops -o docs/supported-operators.md"
 
 #: canonical operator of a pattern (``OffloadPattern.op``) -> the ONNX operators it comes from
-#: (see the forms in :mod:`tvm_accel.canonicalize`)
+#: (the canonical forms: docs/architecture.md section 4.1)
 ONNX_OPERATORS = {
     "conv2d": "Conv (grouped and depthwise too)",
     "dense": "Gemm, MatMul with a constant 2-D weight",
