@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -379,7 +379,8 @@ def _float_reasons(numerics) -> dict[str, Any]:
 def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             partitioned: tvm.IRModule | None = None,
             numerics: list | None = None,
-            excluded: Mapping[str, str] | None = None) -> list[OffloadRecord]:
+            excluded: Mapping[str, str] | None = None,
+            lowered: Mapping[str, str] | None = None) -> list[OffloadRecord]:
     """Every layer of ``main`` in model order, with placement and reason, named by its ONNX
     node.
 
@@ -389,7 +390,9 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     canonicalize report, :class:`tvm_accel.canonicalize.LayerRecord` list) names the layers that
     canonicalize left float and gives its reason (e.g. a scale the target's recipe cannot
     represent) instead of "no pattern". ``excluded`` gives the reason of each layer lowering
-    could not map (it stayed on the CPU).
+    could not map (it stayed on the CPU). ``lowered`` (layer -> the offloaded function whose
+    blob holds it) makes what lowering did the last word on a layer's placement, so the report
+    never contradicts the package's blobs.
 
     Every other operator node of the ONNX model gets a row too (module attribute
     :data:`~tvm_accel.frontend.ONNX_NODES_ATTR`): a ReLU or bias add fused into a layer has the
@@ -411,6 +414,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             value = binding.value
             if not isinstance(value, relax.Call):
                 continue
+            first_failure = None
             for pat in patterns:
                 m = pat.pattern.extract_matched_expr(value, var2val)
                 if m is None:
@@ -430,17 +434,23 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                     annotated["precision"] = bits.get(var_name, {})
                 failed = pat.failed_checks(annotated)
                 shape = _shape_str(binding.var)
-                if failed:
-                    rec = OffloadRecord(name, pat.op, shape, "cpu", "; ".join(failed))
-                elif excluded and name in excluded:
+                if failed:  # the partitioner tries the next pattern: so does the report
+                    first_failure = first_failure or OffloadRecord(name, pat.op, shape, "cpu",
+                                                                   "; ".join(failed))
+                    continue
+                if excluded and name in excluded:
                     rec = OffloadRecord(name, pat.op, shape, "cpu", excluded[name])
                 elif host is not None and core_name in host:
                     rec = OffloadRecord(name, pat.op, shape, "cpu",
                                         "an intermediate value is used outside the layer")
                 else:
                     rec = OffloadRecord(name, pat.op, shape, target_name, f"matched {pat.name}")
-                matches.append((binding.var.name, rec))
+                matches.append((binding.var.name, _as_lowered(rec, lowered, target_name)))
                 break
+            else:
+                if first_failure is not None:
+                    matches.append((binding.var.name,
+                                    _as_lowered(first_failure, lowered, target_name)))
     records = []
     match_by_root = dict(matches)
     for block in func.body.blocks:
@@ -462,6 +472,19 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                              _shape_str(binding.var), "cpu",
                                              f"no {target_name} pattern for {_ANCHORS[op]}"))
     return _with_node_rows(mod, records, numerics, target_name, host)
+
+
+def _as_lowered(rec: OffloadRecord, lowered: Mapping[str, str] | None,
+                target_name: str) -> OffloadRecord:
+    """``rec`` with the placement lowering gave its layer: on the target when a blob holds
+    it, on the CPU otherwise (``lowered`` None: as matched)."""
+    if lowered is None:
+        return rec
+    if rec.layer in lowered and rec.placement != target_name:
+        return replace(rec, placement=target_name, reason=f"offloaded in {lowered[rec.layer]}")
+    if rec.layer not in lowered and rec.placement == target_name:
+        return replace(rec, placement="cpu", reason="in no offloaded function")
+    return rec
 
 
 def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
