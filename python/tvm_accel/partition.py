@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -379,8 +379,7 @@ def _float_reasons(numerics) -> dict[str, Any]:
 def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             partitioned: tvm.IRModule | None = None,
             numerics: list | None = None,
-            excluded: Mapping[str, str] | None = None,
-            lowered: Mapping[str, str] | None = None) -> list[OffloadRecord]:
+            excluded: Mapping[str, str] | None = None) -> list[OffloadRecord]:
     """Every layer of ``main`` in model order, with placement and reason, named by its ONNX
     node.
 
@@ -390,9 +389,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     canonicalize report, :class:`tvm_accel.canonicalize.LayerRecord` list) names the layers that
     canonicalize left float and gives its reason (e.g. a scale the target's recipe cannot
     represent) instead of "no pattern". ``excluded`` gives the reason of each layer lowering
-    could not map (it stayed on the CPU). ``lowered`` (layer -> the offloaded function whose
-    blob holds it) makes what lowering did the last word on a layer's placement, so the report
-    never contradicts the package's blobs.
+    could not map (it stayed on the CPU).
 
     Every other operator node of the ONNX model gets a row too (module attribute
     :data:`~tvm_accel.frontend.ONNX_NODES_ATTR`): a ReLU or bias add fused into a layer has the
@@ -445,12 +442,11 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                         "an intermediate value is used outside the layer")
                 else:
                     rec = OffloadRecord(name, pat.op, shape, target_name, f"matched {pat.name}")
-                matches.append((binding.var.name, _as_lowered(rec, lowered, target_name)))
+                matches.append((binding.var.name, rec))
                 break
             else:
                 if first_failure is not None:
-                    matches.append((binding.var.name,
-                                    _as_lowered(first_failure, lowered, target_name)))
+                    matches.append((binding.var.name, first_failure))
     records = []
     match_by_root = dict(matches)
     for block in func.body.blocks:
@@ -472,19 +468,6 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                              _shape_str(binding.var), "cpu",
                                              f"no {target_name} pattern for {_ANCHORS[op]}"))
     return _with_node_rows(mod, records, numerics, target_name, host)
-
-
-def _as_lowered(rec: OffloadRecord, lowered: Mapping[str, str] | None,
-                target_name: str) -> OffloadRecord:
-    """``rec`` with the placement lowering gave its layer: on the target when a blob holds
-    it, on the CPU otherwise (``lowered`` None: as matched)."""
-    if lowered is None:
-        return rec
-    if rec.layer in lowered and rec.placement != target_name:
-        return replace(rec, placement=target_name, reason=f"offloaded in {lowered[rec.layer]}")
-    if rec.layer not in lowered and rec.placement == target_name:
-        return replace(rec, placement="cpu", reason="in no offloaded function")
-    return rec
 
 
 def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,

@@ -90,9 +90,7 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
                 raise
             excluded.update(e.reasons)
     if report is not None:
-        placed = {layer: fn.name for fn in functions for layer in fn.layers}
-        report.nodes = explain(mod, patterns, target.name, parted, report.numerics, excluded,
-                               placed)
+        report.nodes = explain(mod, patterns, target.name, parted, report.numerics, excluded)
         report.offloads = [r for r in report.nodes if r.kind == "layer"]
         report.functions += functions
     return target.finish_offload(lowered, config, report)

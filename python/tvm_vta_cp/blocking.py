@@ -217,6 +217,8 @@ class _Recall(relax.PyExprMutator):
             return super().visit_var_binding_(binding)
         blob, ty = self.calls[binding.var]
         args = [self.visit_expr(a) for a in binding.value.args[1].fields[1:]]
+        if isinstance(ty, relax.TupleType):  # several outputs: one DPS buffer each
+            ty = list(ty.fields)
         call = relax.call_dps_packed(self.runtime_func, [blob, *args], ty)
         output = (not isinstance(binding.var, relax.DataflowVar)
                   and self.builder_.current_block_is_dataflow())

@@ -1,5 +1,5 @@
-"""The placement report tells what lowering did: a layer is on the accelerator exactly when one
-of the package's blobs holds it (the offloaded functions), on every target."""
+"""The placement report agrees with what lowering did: a layer is reported on the accelerator
+exactly when one of the package's blobs holds it (the offloaded functions), on every target."""
 
 from __future__ import annotations
 
