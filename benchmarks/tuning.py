@@ -107,14 +107,11 @@ def model_tasks(args) -> list:
 def deepbench_tasks(args) -> list:
     """One VTA task per DeepBench conv (the first ``--limit``), each built as its own one-layer
     graph the way ``benchmarks/vta_deepbench.py`` builds it."""
-    from tvm_accel.deepbench import load_rows, make_layer, typical_scale
+    from tvm_accel.deepbench import load_rows, make_layer, typical_recipe
     from tvm_accel.target import get_target
 
     target = get_target(args.target)
-
-    def recipe(weight, bias):
-        scale, bound = typical_scale(weight, bias)
-        return target.requant_recipe(scale, bound, 0, -128, 127)
+    recipe = typical_recipe(target.requant_recipe)
 
     cfg = target.load_config(args.config)
     tasks = []

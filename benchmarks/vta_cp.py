@@ -38,8 +38,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from tvm_accel.deepbench import DEFAULT_CSV, load_rows, typical_scale
-from tvm_accel.layers import ConvLayer, Requant
+from tvm_accel.deepbench import DEFAULT_CSV, load_rows, typical_recipe
+from tvm_accel.layers import ConvLayer
 
 # (N, C, H, W, K, KH, KW, pad, stride, dilation); pad and stride symmetric unless a pair
 TABLE3 = [
@@ -90,24 +90,18 @@ PAPER5 = {
 }
 
 
-def vta_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
-    """A valid VTA recipe for a scale that spreads the typical accumulator over int8."""
-    from tvm_vta_cp.numerics import requant_recipe
-
-    scale, bound = typical_scale(weight, bias)
-    return requant_recipe(scale, bound, 0, -128, 127)
-
-
 def make_conv(name: str, shape, k: int, kernel, pad, stride, dil: int, seed: int = 0
               ) -> ConvLayer:
     """An int8 conv with seeded random weights and a valid VTA requantize recipe."""
+    from tvm_vta_cp.numerics import requant_recipe
+
     rng = np.random.default_rng(seed)
     c = shape[1]
     weight = rng.integers(-128, 128, size=(k, c, *kernel), dtype=np.int64)
     bias = rng.integers(-(1 << 12), 1 << 12, size=k, dtype=np.int64)
     ph, pw = pad
     return ConvLayer(name, "x", "y", weight, bias, 0, tuple(stride), (ph, pw, ph, pw),
-                     vta_recipe(weight, bias), dilation=(dil, dil))
+                     typical_recipe(requant_recipe)(weight, bias), dilation=(dil, dil))
 
 
 def deepbench_specs(path: str) -> list[tuple]:

@@ -21,22 +21,14 @@ import time
 
 import numpy as np
 
-from tvm_accel.deepbench import geomean, load_rows, make_layer, parse_args, typical_scale
-from tvm_accel.layers import Requant
-
-
-def vta_recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
-    """A valid VTA recipe for a scale that spreads the typical accumulator over int8."""
-    from tvm_vta_cp.numerics import requant_recipe
-
-    scale, bound = typical_scale(weight, bias)
-    return requant_recipe(scale, bound, 0, -128, 127)
+from tvm_accel.deepbench import geomean, load_rows, make_layer, parse_args, typical_recipe
 
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, "vta_1x16x16", argv)
 
     from tvm_vta_cp.hw_config import load_config
+    from tvm_vta_cp.numerics import requant_recipe
     from tvm_vta_cp.runtime import execute_program
     from tvm_vta_cp.strategy import plan
 
@@ -50,7 +42,7 @@ def main(argv=None) -> int:
     print(hdr)
     results, t_all = [], time.perf_counter()
     for row in rows:
-        graph, inputs = make_layer(row, int(row["id"]), vta_recipe)
+        graph, inputs = make_layer(row, int(row["id"]), typical_recipe(requant_recipe))
         t0 = time.perf_counter()
         prog = plan(graph, cfg)
         t1 = time.perf_counter()

@@ -24,14 +24,20 @@ DEFAULT_CSV = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / \
     "deepbench_conv_inference_server.csv"
 
 
-def typical_scale(weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(scale, acc_bound)`` per output channel: a scale that spreads the typical accumulator
-    of int8 inputs over int8, and the worst-case accumulator bound."""
-    k = weight.shape[0]
-    w = np.abs(weight.astype(np.int64)).reshape(k, -1)
-    bound = w.sum(axis=1) * 128 + np.abs(bias.astype(np.int64))
-    typical = np.sqrt((weight.astype(np.float64).reshape(k, -1) ** 2).sum(axis=1)) * 74.0
-    return 40.0 / np.maximum(typical, 1.0), bound
+def typical_recipe(requant_recipe: Callable[..., Requant]
+                   ) -> Callable[[np.ndarray, np.ndarray], Requant]:
+    """``recipe(weight, bias)`` for :func:`make_layer`: a target's ``requant_recipe`` at a
+    scale that spreads the typical accumulator of int8 inputs over int8, for the layer's
+    worst-case accumulator bound."""
+
+    def recipe(weight: np.ndarray, bias: np.ndarray) -> Requant:
+        k = weight.shape[0]
+        w = np.abs(weight.astype(np.int64)).reshape(k, -1)
+        bound = w.sum(axis=1) * 128 + np.abs(bias.astype(np.int64))
+        typical = np.sqrt((weight.astype(np.float64).reshape(k, -1) ** 2).sum(axis=1)) * 74.0
+        return requant_recipe(40.0 / np.maximum(typical, 1.0), bound, 0, -128, 127)
+
+    return recipe
 
 
 def load_rows(path: str | Path, ids: str = "", limit: int = 0) -> list[dict]:
