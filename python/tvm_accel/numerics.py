@@ -51,6 +51,12 @@ class RecipeLimits:
         return (1 << (self.intermediate_bits - 1)) - 1
 
 
+#: default ``max_requant_error`` of the requantize guard (tvm_accel.canonicalize.guard), in
+#: output LSBs: healthy recipes measure <= 1.2 (MARSELLUS's 16-bit kappa on VGG-16), VTA <= 0.1,
+#: the DPU 0; a recipe beyond 2 LSB is a broken layer
+DEFAULT_MAX_REQUANT_ERROR = 2.0
+
+
 #: the generic CPU recipe (target=None): int64 intermediates, 31-bit multipliers
 CPU_LIMITS = RecipeLimits()
 

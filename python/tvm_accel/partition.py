@@ -431,12 +431,12 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                     annotated["precision"] = bits.get(var_name, {})
                 failed = pat.failed_checks(annotated)
                 shape = _shape_str(binding.var)
-                if failed:  # the partitioner tries the next pattern: so does the report
+                if excluded and name in excluded:  # whatever the checks say
+                    rec = OffloadRecord(name, pat.op, shape, "cpu", excluded[name])
+                elif failed:  # the partitioner tries the next pattern: so does the report
                     first_failure = first_failure or OffloadRecord(name, pat.op, shape, "cpu",
                                                                    "; ".join(failed))
                     continue
-                if excluded and name in excluded:
-                    rec = OffloadRecord(name, pat.op, shape, "cpu", excluded[name])
                 elif host is not None and core_name in host:
                     rec = OffloadRecord(name, pat.op, shape, "cpu",
                                         "an intermediate value is used outside the layer")

@@ -13,6 +13,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from tvm_accel.canonicalize.guard import CPU_LAYERS_ATTR, DEFAULT_MAX_REQUANT_ERROR
 from tvm_accel.errors import AccelError
 from tvm_accel.lower import LoweredFunction, UnmappableLayers, lower_offloads
 from tvm_accel.partition import OffloadRecord, explain, partition
@@ -40,12 +41,15 @@ class CompileReport:
 
 
 def canonicalize_for(mod: tvm.IRModule, target: AccelTarget | None, report: CompileReport | None
-                     = None, precision: Any = None) -> tvm.IRModule:
-    """QDQ canonicalization with the target's requantize recipe (weights stay quantized) and
-    the optional precision config (:func:`tvm_accel.precision.load_precision`)."""
+                     = None, precision: Any = None,
+                     max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR) -> tvm.IRModule:
+    """QDQ canonicalization with the target's requantize recipe (weights stay quantized), the
+    optional precision config (:func:`tvm_accel.precision.load_precision`) and the requantize
+    guard's limit in output LSBs (:mod:`tvm_accel.canonicalize.guard`)."""
     from tvm_accel.canonicalize import canonicalize
 
-    mod, records = canonicalize(mod, target, precision_config=precision)
+    mod, records = canonicalize(mod, target, precision_config=precision,
+                                max_requant_error=max_requant_error)
     if report is not None:
         report.numerics = list(records)
     return mod
@@ -78,7 +82,10 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
     patterns = target.pattern_table()
     _check_knob_names(mod, target, patterns, knobs)
     mod = target.prepare_offload(mod, config, knobs, report)
-    excluded: dict[str, str] = {}  # layers the target could not map -> reason (CPU fallback)
+    # layers the target could not map -> reason (CPU fallback), first those of the guard
+    attrs = mod.attrs if mod.attrs is not None else {}
+    excluded: dict[str, str] = ({str(k): str(v) for k, v in attrs[CPU_LAYERS_ATTR].items()}
+                                if CPU_LAYERS_ATTR in attrs else {})
     while True:
         parted = partition(mod, patterns, excluded)
         functions: list[LoweredFunction] = []
@@ -97,15 +104,16 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
 
 
 def target_pipeline(target: AccelTarget, config: Any = None, knobs: dict | None = None,
-                    report: CompileReport | None = None,
-                    precision: Any = None) -> tvm.transform.Pass:
+                    report: CompileReport | None = None, precision: Any = None,
+                    max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR
+                    ) -> tvm.transform.Pass:
     """The full pipeline for ``target`` as a module pass usable as ``relax_pipeline=``."""
     cfg = target.load_config(config)
     prec = _load_precision(precision)
 
     @tvm.transform.module_pass(opt_level=0, name=f"{target.name}_pipeline")
     def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        mod = canonicalize_for(mod, target, report, prec)
+        mod = canonicalize_for(mod, target, report, prec, max_requant_error)
         mod = offload(mod, target, cfg, knobs, report)
         return host_pipeline()(mod)
 
@@ -162,13 +170,16 @@ def _load_precision(precision: Any):
     return load_precision(precision)
 
 
-def reference_pipeline(target: AccelTarget | None, precision: Any = None) -> tvm.transform.Pass:
+def reference_pipeline(target: AccelTarget | None, precision: Any = None,
+                       max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR
+                       ) -> tvm.transform.Pass:
     """The numerics-contract reference: the canonical integer graph, all on the CPU."""
     prec = _load_precision(precision)
 
     @tvm.transform.module_pass(opt_level=0, name="reference_pipeline")
     def _pipeline(mod: tvm.IRModule, ctx) -> tvm.IRModule:
-        mod = canonicalize_for(mod, target, precision=prec)
+        mod = canonicalize_for(mod, target, precision=prec,
+                               max_requant_error=max_requant_error)
         return host_pipeline()(mod)
 
     return _pipeline
@@ -183,20 +194,25 @@ def register_target_pipeline(target: AccelTarget) -> None:
 
 
 def compile_model(mod: tvm.IRModule, target: AccelTarget, config: Any = None,
-                  knobs: dict | None = None, host: str = "llvm", *, precision: Any = None):
+                  knobs: dict | None = None, host: str = "llvm", *, precision: Any = None,
+                  max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR):
     """Compile for ``target`` and return ``(executable, report)``; ``precision`` is a
     precision config (path, JSON text, dict or PrecisionConfig, see
-    :mod:`tvm_accel.precision`) applied to the canonical graph."""
+    :mod:`tvm_accel.precision`) applied to the canonical graph; ``max_requant_error`` the
+    requantize guard's limit in output LSBs (``inf``: no guard)."""
     cfg = target.load_config(config)
     report = CompileReport(target=target.name, config_name=getattr(cfg, "name", ""))
     ex = tvm.compile(mod, target=host_target(host),
-                     relax_pipeline=target_pipeline(target, cfg, knobs, report, precision))
+                     relax_pipeline=target_pipeline(target, cfg, knobs, report, precision,
+                                                    max_requant_error))
     return ex, report
 
 
 def compile_reference(mod: tvm.IRModule, target: AccelTarget | None, host: str = "llvm", *,
-                      precision: Any = None):
+                      precision: Any = None,
+                      max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR):
     """Compile the CPU reference of ``mod`` for ``target``'s numerics (with the same
-    ``precision`` config as :func:`compile_model`, it is what the accelerator must match)."""
+    ``precision`` config and ``max_requant_error`` as :func:`compile_model`, it is what the
+    accelerator must match)."""
     return tvm.compile(mod, target=host_target(host),
-                       relax_pipeline=reference_pipeline(target, precision))
+                       relax_pipeline=reference_pipeline(target, precision, max_requant_error))

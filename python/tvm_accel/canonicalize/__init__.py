@@ -5,7 +5,8 @@ the imported model into integer Relax ops, with requantize constants from the ta
 The canonical form of each layer kind, the recipes it takes and how layers are named are in
 docs/architecture.md section 4.1. Stages: :mod:`~tvm_accel.canonicalize.graph` (the imported
 graph and its QDQ structure), :mod:`~tvm_accel.canonicalize.rewrite` (each quantized op -> a
-plan of integer ops), :mod:`~tvm_accel.canonicalize.records` (the report and the recipes).
+plan of integer ops), :mod:`~tvm_accel.canonicalize.records` (the report and the recipes),
+:mod:`~tvm_accel.canonicalize.guard` (constant channels and the requantize guard).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tvm_accel.canonicalize.graph import (
     nearest_upsample_scale,
     span_layer,
 )
+from tvm_accel.canonicalize.guard import CPU_LAYERS_ATTR, DEFAULT_MAX_REQUANT_ERROR
 from tvm_accel.canonicalize.records import (
     BIAS_SCALE_RTOL,
     TARGET_RECIPE_OPS,
@@ -32,7 +34,8 @@ from tvm_accel.canonicalize.records import (
 )
 from tvm_accel.canonicalize.rewrite import _Canonicalizer
 
-__all__ = ["BIAS_SCALE_RTOL", "LAYER_NAMES_ATTR", "TARGET_RECIPE_OPS", "LayerRecord",
+__all__ = ["BIAS_SCALE_RTOL", "CPU_LAYERS_ATTR", "DEFAULT_MAX_REQUANT_ERROR", "LAYER_NAMES_ATTR",
+           "TARGET_RECIPE_OPS", "LayerRecord",
            "canonicalize", "deconv_acc_bound", "format_report", "layer_span",
            "nearest_upsample_scale", "span_layer"]
 
@@ -54,7 +57,9 @@ class _Rewriter(relax.PyExprMutator):
 
 
 def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
-                 precision_config=None) -> tuple[tvm.IRModule, list[LayerRecord]]:
+                 precision_config=None,
+                 max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR
+                 ) -> tuple[tvm.IRModule, list[LayerRecord]]:
     """Rewrite the QDQ patterns of ``mod[func_name]`` into the canonical integer graph.
 
     ``target``: an :class:`~tvm_accel.target.AccelTarget` (or its kind, e.g. ``"vta"``, or any
@@ -71,8 +76,13 @@ def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
     :class:`~tvm_accel.precision.PrecisionConfig`) become the requantize clip; each integer
     record has ``detail["bits"] = {"w", "i", "o"}`` and the result carries the module
     attribute :data:`~tvm_accel.precision.LAYER_BITS_ATTR`.
+
+    The requantize guard (:mod:`tvm_accel.canonicalize.guard`): a conv / dense / transpose
+    conv / add whose target recipe deviates by more than ``max_requant_error`` output LSBs
+    takes the CPU recipe; the module attribute :data:`~tvm_accel.canonicalize.guard.
+    CPU_LAYERS_ATTR` names it with the reason, and the partitioner keeps it on the CPU.
     """
-    recipes = _Recipes(target)
+    recipes = _Recipes(target, max_requant_error)
     func = mod[func_name]
     names = {}
     if mod.attrs is not None and "onnx_node_names" in mod.attrs:
@@ -97,6 +107,10 @@ def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
     renamed = {r.name: r.onnx_name for r in canon.report if r.integer and r.onnx_name != r.name}
     if renamed:
         out = out.with_attr(LAYER_NAMES_ATTR, renamed)
+    fallback = {r.onnx_name: r.detail["cpu_reason"] for r in canon.report
+                if r.integer and "cpu_reason" in r.detail}
+    if fallback:
+        out = out.with_attr(CPU_LAYERS_ATTR, fallback)
     if canon.layer_bits:
         out = out.with_attr(precision.LAYER_BITS_ATTR, {
             k: {kk: int(vv) for kk, vv in v.items() if vv is not None}

@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from tvm_accel import numerics
+from tvm_accel.canonicalize.guard import DEFAULT_MAX_REQUANT_ERROR
 
 #: relative tolerance of "bias scale == x_scale * w_scale" (ORT computes it in float32)
 BIAS_SCALE_RTOL = 1e-4
@@ -93,7 +94,10 @@ class _Recipes:
     """Where integer parameters come from: the target for offloadable layers, the generic
     int64 CPU recipe for CPU-only ops (and for everything when target is None)."""
 
-    def __init__(self, target):
+    def __init__(self, target, max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR):
+        self.max_requant_error = float(max_requant_error)
+        self.cpu_add: Callable | None = partial(numerics.solve_add,
+                                                limits=numerics.CPU_LIMITS)
         if isinstance(target, str):
             from tvm_accel.target import get_target
 
@@ -104,6 +108,7 @@ class _Recipes:
         if target is None:
             self.requant = self.cpu
             self.add = partial(numerics.solve_add, limits=numerics.CPU_LIMITS)
+            self.cpu_add = None  # no guard: the CPU recipe is the fallback itself
         else:
             self.requant = target.requant_recipe
             self.add = target.add_recipe

@@ -26,6 +26,7 @@ from tvm_accel.canonicalize.graph import (
     deconv_acc_bound,
     nearest_upsample_scale,
 )
+from tvm_accel.canonicalize.guard import GuardedRecipe, guard_add, guard_weighted
 from tvm_accel.canonicalize.records import (
     _AUTO_NAME,
     _FLOAT_OP_NAMES,
@@ -324,10 +325,9 @@ class _Canonicalizer:
         if bias is None:
             return None
         wz, sw, bias, wbits = self._weights_for_bits(onnx_name, conv.args[1], wz, sw, bias, 0)
-        bound = numerics.conv_acc_bound(wz, bias, x.dtype, x.zp)
-        scale = x.scale * sw / out.scale
-        rq = self.rc.for_op("conv2d")(scale, bound, out.zp, out.qmin, out.qmax)
-        err = numerics.recipe_error(rq, bound)
+        g = self._guarded("conv2d", x.scale * sw / out.scale,
+                          numerics.conv_acc_bound(wz, 0 * bias, x.dtype, x.zp), bias, sw, out)
+        bias, rq, err, bound = g.bias, g.rq, g.err, g.bound
         attrs = dict(strides=_ints(a.strides), padding=_ints(a.padding),
                      dilation=_ints(a.dilation), groups=int(a.groups))
 
@@ -349,8 +349,17 @@ class _Canonicalizer:
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw).size > 1),
                            bias=bias_kind, input_scale=x.scale, input_zero_point=x.zp,
-                           input_dtype=x.dtype, **self._rq_detail(rq, bound))
+                           input_dtype=x.dtype, **self._rq_detail(rq, bound),
+                           **g.detail)
         return _Plan(rec, emit)
+
+    def _guarded(self, op: str, scale, weight_bound, bias, weight_scale, out: _Out
+                 ) -> GuardedRecipe:
+        """The recipe of a weighted layer through the requantize guard (guard.py)."""
+        solver = self.rc.for_op(op)
+        return guard_weighted(solver, None if solver is self.rc.cpu else self.rc.cpu, scale,
+                              weight_bound, bias, weight_scale, out.zp, out.qmin, out.qmax,
+                              self.rc.max_requant_error)
 
     @staticmethod
     def _rq_detail(rq: Requant, bound) -> dict:
@@ -401,10 +410,10 @@ class _Canonicalizer:
                               "weights of a grouped transpose conv is not supported")
         wz, sw_k, bias, wbits = self._weights_for_bits(onnx_name, dc.args[1], wz, sw_k, bias, 1)
         strides, dil = _ints(a.strides), _ints(a.dilation)
-        bound = deconv_acc_bound(wz, bias, g, strides, dil, x.reach)
-        scale = x.scale * sw_k / out.scale
-        rq = self.rc.for_op("conv2d_transpose")(scale, bound, out.zp, out.qmin, out.qmax)
-        err = numerics.recipe_error(rq, bound)
+        gr = self._guarded("conv2d_transpose", x.scale * sw_k / out.scale,
+                           deconv_acc_bound(wz, 0 * bias, g, strides, dil, x.reach), bias, sw_k,
+                           out)
+        bias, rq, err, bound = gr.bias, gr.rq, gr.err, gr.bound
         attrs = dict(strides=strides, padding=_ints(a.padding),
                      output_padding=_ints(a.output_padding), dilation=dil, groups=g)
 
@@ -428,7 +437,8 @@ class _Canonicalizer:
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw_k).size > 1),
                            bias=bias_kind, input_scale=x.scale, input_zero_point=x.zp,
-                           input_dtype=x.dtype, **self._rq_detail(rq, bound))
+                           input_dtype=x.dtype, **self._rq_detail(rq, bound),
+                           **gr.detail)
         return _Plan(rec, emit)
 
     # -- dense ----------------------------------------------------------------------------------
@@ -461,10 +471,9 @@ class _Canonicalizer:
         if bias is None:
             return None
         wt, sw, bias, wbits = self._weights_for_bits(onnx_name, mm.args[1], wt, sw, bias, 1)
-        bound = numerics.conv_acc_bound(wt.T, bias, x.dtype, x.zp)
-        rq = self.rc.for_op("dense")(x.scale * sw / out.scale, bound, out.zp, out.qmin,
-                                     out.qmax)
-        err = numerics.recipe_error(rq, bound)
+        g = self._guarded("dense", x.scale * sw / out.scale,
+                          numerics.conv_acc_bound(wt.T, 0 * bias, x.dtype, x.zp), bias, sw, out)
+        bias, rq, err, bound = g.bias, g.rq, g.err, g.bound
 
         name = self.g.claim(name)
 
@@ -483,7 +492,7 @@ class _Canonicalizer:
                            bits=self._bits(out, [x], wbits),
                            weight_per_channel=bool(np.unique(sw).size > 1), bias=bias_kind,
                            input_scale=x.scale, input_zero_point=x.zp, input_dtype=x.dtype,
-                           **self._rq_detail(rq, bound))
+                           **self._rq_detail(rq, bound), **g.detail)
         return _Plan(rec, emit)
 
     # -- residual add ---------------------------------------------------------------------------
@@ -496,8 +505,8 @@ class _Canonicalizer:
             return None
         name, onnx_name = self.g.layer_name([core], "add")
         sa, sb = a.scale / out.scale, b.scale / out.scale
-        ma, mb, rq = self.rc.add(sa, sb, out.zp, out.qmin, out.qmax)
-        err = numerics.add_error(sa, sb, ma, mb, rq)
+        ma, mb, rq, err, guard = guard_add(self.rc.add, self.rc.cpu_add, sa, sb, out.zp,
+                                           out.qmin, out.qmax, self.rc.max_requant_error)
 
         name = self.g.claim(name)
 
@@ -509,7 +518,7 @@ class _Canonicalizer:
         rec = self._record(name, onnx_name, "add", out, err, bits=self._bits(out, [a, b]),
                            a_scale=a.scale, a_zero_point=a.zp,
                            b_scale=b.scale, b_zero_point=b.zp, a_multiplier=ma, b_multiplier=mb,
-                           shift=rq.shift, pre_shift=0, requant=rq)
+                           shift=rq.shift, pre_shift=0, requant=rq, **guard)
         return _Plan(rec, emit)
 
     # -- rescaling helpers ----------------------------------------------------------------------

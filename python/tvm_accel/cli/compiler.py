@@ -4,6 +4,7 @@ embedding)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from tvm_accel.cli.common import (
     version_line,
 )
 from tvm_accel.errors import AccelError, MappingError
+from tvm_accel.numerics import DEFAULT_MAX_REQUANT_ERROR
 
 
 def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
@@ -90,7 +92,8 @@ def cmd_compile(args) -> int:
         records = getattr(args, "tuning_records", None)
         try:
             with compile_progress(_ProgressLines(t0)):
-                ex, report = _compile(mod, target, cfg, knobs, host, precision, records)
+                ex, report = _compile(mod, target, cfg, knobs, host, precision, records,
+                                      args.max_requant_error)
         except MappingError as e:  # not one layer (those fall back): the whole config
             raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
                              f"config: use one with more memory, or --target-{accel}-config "
@@ -132,8 +135,10 @@ def cmd_compile(args) -> int:
             wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
             rows.append((r.layer, r.op, r.shape, r.placement,
                          f"{rec.max_rel_error:.2e}" if rec is not None else "-",
+                         f"{rec.max_lsb_error:.3g}" if rec is not None else "-",
                          wio if bits else "-", reasons.get(r.layer, r.reason)))
-        heads = ["layer", "op", "shape", "placement", "scale err", "W/I/O", "reason"]
+        heads = ["layer", "op", "shape", "placement", "scale err", "LSB err", "W/I/O",
+                 "reason"]
         if getattr(args, "tuning_records", None):
             tuned = {ly: cfg_ for f in report.functions for ly, cfg_ in f.tuned.items()}
             rows = [(*r[:-1], "record" if r[0] in tuned else "-" if r[3] == "cpu" else
@@ -157,16 +162,21 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None):
+def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None,
+             max_requant_error: float):
     """:func:`tvm_accel.pipeline.compile_model`, with the tuning records applied if given."""
+    from contextlib import AbstractContextManager, nullcontext
+
     from tvm_accel.pipeline import compile_model
 
-    if not records:
-        return compile_model(mod, target, cfg, knobs, host, precision=precision)
-    from tvm_accel.tuning.records import ApplyHistoryBest
+    ctx: AbstractContextManager = nullcontext()
+    if records:
+        from tvm_accel.tuning.records import ApplyHistoryBest
 
-    with ApplyHistoryBest(records):
-        return compile_model(mod, target, cfg, knobs, host, precision=precision)
+        ctx = ApplyHistoryBest(records)
+    with ctx:
+        return compile_model(mod, target, cfg, knobs, host, precision=precision,
+                             max_requant_error=max_requant_error)
 
 
 class _ProgressLines:
@@ -187,6 +197,18 @@ class _ProgressLines:
                   file=sys.stderr, flush=True)
 
 
+def _lsb_limit(text: str) -> float:
+    """``--max-requant-error``: a number of LSBs >= 0, or ``inf``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of LSBs >= 0 or 'inf', got "
+                                         f"{text!r}")
+    return value
+
+
 def add_parser(sub) -> None:
     c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
     c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
@@ -197,6 +219,11 @@ def add_parser(sub) -> None:
     c.add_argument("--precision-config", metavar="FILE",
                    help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
                    '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
+    c.add_argument("--max-requant-error", type=_lsb_limit, default=DEFAULT_MAX_REQUANT_ERROR,
+                   metavar="LSB",
+                   help="requantize guard: a layer whose recipe deviates from its float scales "
+                   "by more than LSB output steps stays on the CPU (default "
+                   f"{DEFAULT_MAX_REQUANT_ERROR:g}; 'inf' offloads it anyway)")
     c.add_argument("--dump-offloads", nargs="?", const="-", metavar="FILE",
                    help="list every layer, where it runs and why (to FILE, or stdout: '-' "
                    "or no value; 'all': stdout, with the folded Q/DQ and constant nodes)")
