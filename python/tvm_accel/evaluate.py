@@ -22,6 +22,7 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 
+
 class DatasetError(AccelError):
     """Samples, labels or a reference model that do not fit the package."""
 

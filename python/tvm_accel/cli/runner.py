@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
 from tvm_accel.cli.common import check_output_path, one_line
 from tvm_accel.errors import AccelError, BlobError
+
+_T = TypeVar("_T")
 
 
 def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
@@ -108,26 +112,30 @@ def _run_dataset(args, meta) -> int:
         if getattr(args, flag):
             raise AccelError(f"--{flag.replace('_', '-')} profiles one run; give --inputs "
                              "with a single sample (and no --labels / --reference)")
-    res = _run_checked(None, [], args, lambda: evaluate(
+    res = _guarded(args, lambda: evaluate(
         args.package, args.inputs, args.labels, args.reference, progress=ProgressBar()))
     if args.outputs:
         names = [o.name for o in meta.outputs]
         names += [f"output_{i}" for i in range(len(names), len(res.outputs))]
-        np.savez(args.outputs, **dict(zip(names, res.outputs, strict=False)))  # type: ignore[arg-type]
+        np.savez(args.outputs, **dict(zip(names, res.outputs, strict=False)))
         print(f"outputs of {res.n} samples written to {args.outputs}")
     print(res.format(f"onnxruntime ({os.path.basename(args.reference)})" if args.reference
                      else "onnxruntime"))
     return 0
 
 
-def _run_checked(pkg, inputs: list, args, run=None):
-    """:func:`_execute` (or ``run()``) under the ``--max-cycles`` budget, its user errors as
-    one line."""
+def _run_checked(pkg, inputs: list, args) -> list[np.ndarray]:
+    """:func:`_execute` under the ``--max-cycles`` budget, its user errors as one line."""
+    return _guarded(args, lambda: _execute(pkg, inputs, args))
+
+
+def _guarded(args, run: Callable[[], _T]) -> _T:
+    """``run()`` under the ``--max-cycles`` budget, its user errors as one line."""
     from tvm_accel import simlib
 
     try:
         with simlib.cycle_budget(args.max_cycles):
-            return run() if run is not None else _execute(pkg, inputs, args)
+            return run()
     except simlib.CycleBudgetError as e:
         msg = one_line(str(e)).removesuffix("; raise max_cycles if the program is legitimate")
         budget = args.max_cycles or f"default 2^34 = {simlib.DEFAULT_MAX_CYCLES}"
