@@ -7,7 +7,8 @@ Follows upstream tvmc's flags: ``--target "vta, llvm"`` (accelerators first, hos
 One module per verb: :mod:`~tvm_accel.cli.compiler` (compile), :mod:`~tvm_accel.cli.runner`
 (run, timeline), :mod:`~tvm_accel.cli.tuner` (tune), :mod:`~tvm_accel.cli.quantizer`
 (quantize), :mod:`~tvm_accel.cli.zoo` (zoo), :mod:`~tvm_accel.cli.disassembler`
-(disassemble); :mod:`~tvm_accel.cli.common` holds what they share.
+(disassemble), :mod:`~tvm_accel.cli.compare` (compare); :mod:`~tvm_accel.cli.common` holds
+what they share.
 
 Errors: every error a user can cause (model, config, precision file, knobs, package, inputs,
 flags) prints one line on stderr, ``tvmc <verb>: error: <what, where, how to fix>``, and exits
@@ -23,7 +24,7 @@ import os
 import sys
 import traceback
 
-from tvm_accel.cli import compiler, disassembler, quantizer, runner, tuner, zoo
+from tvm_accel.cli import compare, compiler, disassembler, quantizer, runner, tuner, zoo
 from tvm_accel.cli.common import Parser, one_line, parse_target, version_line
 from tvm_accel.errors import AccelError
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     compiler.add_parser(sub)
     tuner.add_parser(sub)
     runner.add_parsers(sub)
+    compare.add_parser(sub)
     quantizer.add_parser(sub)
     zoo.add_parser(sub)
     disassembler.add_parser(sub)

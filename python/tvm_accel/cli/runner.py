@@ -1,17 +1,22 @@
 """``tvmc run`` and ``tvmc timeline``: a package on the simulator, its inputs checked against
 the compiled signature, profiled, traced and timed on request; the VM's and simulator's
-failures turned into one-line user errors."""
+failures turned into one-line user errors. ``tvmc run`` on N stacked samples evaluates a
+dataset (:mod:`tvm_accel.evaluate`: accuracy, agreement with onnxruntime)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
 from tvm_accel.cli.common import check_output_path, one_line
 from tvm_accel.errors import AccelError, BlobError
+
+_T = TypeVar("_T")
 
 
 def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
@@ -62,6 +67,8 @@ def cmd_run(args) -> int:
         raise AccelError(f"--max-cycles {args.max_cycles}: give a positive number of cycles "
                          "(at most 2^62)")
     pkg = load_package(args.package)
+    if _dataset_mode(pkg.meta, args):
+        return _run_dataset(args, pkg.meta)
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
     outs = _run_checked(pkg, inputs, args)
     names = [o.name for o in pkg.meta.outputs]
@@ -76,13 +83,59 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _dataset_mode(meta, args) -> bool:
+    """Whether ``tvmc run`` evaluates a dataset: ``--labels`` or ``--reference`` given, or an
+    ``--inputs`` array holding more samples than one batch of the model, or labels."""
+    if args.labels or args.reference:
+        if not args.inputs:
+            raise AccelError("--labels / --reference score the samples of --inputs; give "
+                             "--inputs data.npz")
+        return True
+    if not args.inputs:
+        return False
+    from tvm_accel.evaluate import LABELS_KEY
+    from tvm_accel.frontend import read_npz
+
+    data = read_npz(args.inputs, args.inputs, "inputs")
+    if LABELS_KEY in data and LABELS_KEY not in {s.name for s in meta.inputs}:
+        return True
+    return any(s.name in data and np.ndim(data[s.name]) == len(s.shape) and
+               np.shape(data[s.name])[0] != s.shape[0] for s in meta.inputs)
+
+
+def _run_dataset(args, meta) -> int:
+    """``tvmc run`` on N stacked samples (:func:`tvm_accel.evaluate.evaluate`): a progress bar
+    on stderr, top-1 / top-5 with labels, disagreement with onnxruntime with a reference."""
+    from tvm_accel.evaluate import ProgressBar, evaluate
+
+    for flag in ("profile", "profile_csv", "trace", "print_time"):
+        if getattr(args, flag):
+            raise AccelError(f"--{flag.replace('_', '-')} profiles one run; give --inputs "
+                             "with a single sample (and no --labels / --reference)")
+    res = _guarded(args, lambda: evaluate(
+        args.package, args.inputs, args.labels, args.reference, progress=ProgressBar()))
+    if args.outputs:
+        names = [o.name for o in meta.outputs]
+        names += [f"output_{i}" for i in range(len(names), len(res.outputs))]
+        np.savez(args.outputs, **dict(zip(names, res.outputs, strict=False)))
+        print(f"outputs of {res.n} samples written to {args.outputs}")
+    print(res.format(f"onnxruntime ({os.path.basename(args.reference)})" if args.reference
+                     else "onnxruntime"))
+    return 0
+
+
 def _run_checked(pkg, inputs: list, args) -> list[np.ndarray]:
     """:func:`_execute` under the ``--max-cycles`` budget, its user errors as one line."""
+    return _guarded(args, lambda: _execute(pkg, inputs, args))
+
+
+def _guarded(args, run: Callable[[], _T]) -> _T:
+    """``run()`` under the ``--max-cycles`` budget, its user errors as one line."""
     from tvm_accel import simlib
 
     try:
         with simlib.cycle_budget(args.max_cycles):
-            return _execute(pkg, inputs, args)
+            return run()
     except simlib.CycleBudgetError as e:
         msg = one_line(str(e)).removesuffix("; raise max_cycles if the program is legitimate")
         budget = args.max_cycles or f"default 2^34 = {simlib.DEFAULT_MAX_CYCLES}"
@@ -161,6 +214,10 @@ def _run_error(package: str, exc: Exception) -> AccelError | None:
     """The user error behind a failed VM call, or None for a bug. The project's own errors (a
     blob or the simulator refusing the program) get the package named; the VM refusing inputs
     that match metadata.json means metadata.json and mod.so disagree."""
+    from tvm_accel.evaluate import DatasetError
+
+    if isinstance(exc, DatasetError):  # names its own file (samples, labels, reference)
+        return None
     if isinstance(exc, AccelError):
         msg = one_line(str(exc))
         if isinstance(exc, BlobError) and "recompile" not in msg:
@@ -180,8 +237,15 @@ def add_parsers(sub) -> None:
     """``run`` and ``timeline``."""
     r = sub.add_parser("run", help="run a compiled package on the simulator")
     r.add_argument("package")
-    r.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz)")
-    r.add_argument("--outputs", metavar="NPZ", help="write outputs to this .npz")
+    r.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz); N samples "
+                   "stacked along the first axis ([N, 3, 32, 32] for a [1, 3, 32, 32] input) "
+                   "run one after the other")
+    r.add_argument("--outputs", metavar="NPZ", help="write outputs to this .npz (stacked for "
+                   "N samples)")
+    r.add_argument("--labels", metavar="NPY", help="class index per sample (.npy; or an array "
+                   "'labels' in --inputs): print top-1 and top-5 accuracy")
+    r.add_argument("--reference", metavar="ONNX", help="the QDQ model the package was compiled "
+                   "from: count the samples whose top-1 class differs from onnxruntime's")
     r.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
                    help="fill inputs missing from --inputs (default random)")
     r.add_argument("--print-time", action="store_true", help="print host wall time per run")

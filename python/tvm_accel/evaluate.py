@@ -1,0 +1,257 @@
+"""Dataset accuracy of a compiled package (``tvmc run --inputs data.npz --labels ...``).
+
+Samples come stacked along a leading axis, as for ``tvmc quantize --calibration``: a model that
+takes ``[B, 3, 32, 32]`` gets ``[N, 3, 32, 32]`` with N a multiple of B (one sample per image
+for the usual batch-1 model). Each batch of B samples is one run of the package on the
+simulator; the outputs come back stacked the same way. With labels, top-1 / top-5 accuracy of
+the first output; with a reference ONNX model (normally the QDQ model the package was compiled
+from), onnxruntime runs the same samples and the result counts the samples whose top-1 class
+differs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tvm_accel.errors import AccelError
+
+
+class DatasetError(AccelError):
+    """Samples, labels or a reference model that do not fit the package."""
+
+
+#: name of the labels array inside an inputs ``.npz`` (unless the model has an input so named)
+LABELS_KEY = "labels"
+
+
+@dataclass
+class EvalResult:
+    """:func:`evaluate`'s result: accuracies in [0, 1] (None where not computable)."""
+
+    n: int
+    top1: float | None
+    top5: float | None
+    #: onnxruntime's top-1 accuracy on the reference model (needs labels and a reference)
+    ref_top1: float | None
+    #: samples whose top-1 class differs from onnxruntime's (needs a reference)
+    top1_disagree: int | None
+    #: the package's outputs, stacked along the leading axis, one array per model output
+    outputs: list[np.ndarray]
+    seconds: float = 0.0
+    ref_top5: float | None = None
+
+    def format(self, reference: str = "onnxruntime") -> str:
+        """Summary lines for the CLI."""
+        lines = [f"{self.n} samples in {self.seconds:.1f} s"]
+        if self.top1 is not None:
+            top5 = "" if self.top5 is None else f", top-5 {100 * self.top5:.2f}%"
+            lines.append(f"accuracy: top-1 {100 * self.top1:.2f}%{top5}")
+        if self.top1_disagree is not None:
+            acc = "" if self.ref_top1 is None else f" (its top-1 {100 * self.ref_top1:.2f}%" + (
+                "" if self.ref_top5 is None else f", top-5 {100 * self.ref_top5:.2f}%") + ")"
+            lines.append(f"vs {reference}{acc}: top-1 class differs on {self.top1_disagree} of "
+                         f"{self.n} samples")
+        return "\n".join(lines)
+
+
+def stacked_samples(data: Mapping[str, np.ndarray], specs: list, where: str
+                    ) -> tuple[dict[str, np.ndarray], int]:
+    """The arrays of ``data`` for the model inputs ``specs`` (objects with ``name``, ``shape``,
+    ``dtype``), each ``[N, *shape[1:]]``, and N; a one-line error for a missing input, another
+    shape, a sample count that is not a multiple of the batch or that differs between inputs."""
+    out: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for spec in specs:
+        if spec.name not in data:
+            raise DatasetError(f"{where}: no array named '{spec.name}' (have: "
+                             f"{', '.join(data) or 'none'}); give one array per model input")
+        arr = np.asarray(data[spec.name])
+        shape = list(spec.shape)
+        if arr.ndim != len(shape) or list(arr.shape[1:]) != shape[1:] or not arr.shape[0]:
+            raise DatasetError(f"{where}: input '{spec.name}' has shape {list(arr.shape)}; the "
+                             f"model takes {shape}: give [N, {', '.join(map(str, shape[1:]))}] "
+                             "for N samples")
+        if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "f"
+                                            and not np.isfinite(arr).all()):
+            raise DatasetError(f"{where}: input '{spec.name}' is not finite real numbers")
+        if arr.shape[0] % shape[0]:
+            raise DatasetError(f"{where}: input '{spec.name}' holds {arr.shape[0]} samples, not "
+                             f"a multiple of the model's batch {shape[0]}")
+        out[spec.name] = arr.astype(spec.dtype)
+        counts[spec.name] = arr.shape[0]
+    if len(set(counts.values())) > 1:
+        raise DatasetError(f"{where}: the inputs hold different numbers of samples ("
+                         + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")")
+    return out, next(iter(counts.values()), 0)
+
+
+def read_labels(labels: Any, n: int, where: str = "labels") -> np.ndarray:
+    """Class labels as an int64 ``[n]`` array (from a ``.npy`` path or an array); one-line
+    errors for another count or non-integer values."""
+    if isinstance(labels, (str, os.PathLike)):
+        where = os.fspath(labels)
+        try:
+            labels = np.load(where, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise DatasetError(f"{where}: cannot read the labels: {e} (save an integer array "
+                             "with np.save)") from None
+        if not isinstance(labels, np.ndarray):
+            raise DatasetError(f"{where}: holds several arrays; give one .npy of class indices")
+    arr = np.asarray(labels)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "biuf"
+                                       or not np.array_equal(arr, np.round(arr)))):
+        raise DatasetError(f"{where}: labels must be one integer class index per sample, got "
+                         f"{arr.dtype} of shape {list(arr.shape)}")
+    if arr.shape[0] != n:
+        raise DatasetError(f"{where}: {arr.shape[0]} labels for {n} samples; give one label per "
+                         "sample")
+    return arr.astype(np.int64)
+
+
+def top_k(scores: np.ndarray, labels: np.ndarray, k: int) -> float | None:
+    """Share of rows of ``scores`` ``[N, C]`` whose label is among the k highest (None if the
+    model has fewer than k classes). Ties go to the lower class index, as ``argmax``."""
+    if scores.shape[1] < k:
+        return None
+    if np.any((labels < 0) | (labels >= scores.shape[1])):
+        bad = int(labels[(labels < 0) | (labels >= scores.shape[1])][0])
+        raise DatasetError(f"labels: class {bad} is outside the model's {scores.shape[1]} "
+                         "classes")
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return float(np.mean(np.any(order == labels[:, None], axis=1)))
+
+
+def _scores(out: np.ndarray, n: int) -> np.ndarray:
+    return np.asarray(out, dtype=np.float64).reshape(n, -1)
+
+
+def _batches(arrays: dict[str, np.ndarray], specs: list, n: int):
+    b = int(specs[0].shape[0]) if specs else 1
+    for start in range(0, n, b):
+        yield [arrays[s.name][start:start + b] for s in specs]
+
+
+def _reference_session(reference: Any, specs: list):
+    """onnxruntime session of the reference model, its inputs checked against the package's."""
+    from tvm_accel.compare import ort_session
+    from tvm_accel.errors import ModelError
+    from tvm_accel.frontend import _check, _read_model
+
+    try:
+        model, where = _read_model(os.fspath(reference) if isinstance(reference, os.PathLike)
+                                   else reference)
+        _check(model, where)
+    except ModelError as e:
+        raise DatasetError(str(e)) from None
+    inits = {t.name for t in model.graph.initializer}
+    theirs = {i.name: [d.dim_value or None for d in i.type.tensor_type.shape.dim]
+              for i in model.graph.input if i.name not in inits}
+    for s in specs:
+        dims = theirs.get(s.name)
+        if dims is None or len(dims) != len(s.shape) or any(
+                d not in (None, want) for d, want in zip(dims, s.shape, strict=True)):
+            raise DatasetError(f"{where}: the reference takes {s.name!r} as "
+                               f"{dims if dims is not None else 'nothing'}, the package as "
+                               f"{list(s.shape)}; give the model the package was compiled "
+                               "from")
+    return ort_session(model), where
+
+
+def _reference_outputs(sess, specs: list, arrays: dict[str, np.ndarray], n: int,
+                       progress: Callable[[int, int], None] | None) -> np.ndarray:
+    """onnxruntime's first output for every sample (stacked)."""
+    outs = []
+    for i, batch in enumerate(_batches(arrays, specs, n)):
+        outs.append(sess.run(None, {s.name: x for s, x in zip(specs, batch, strict=True)})[0])
+        if progress:
+            progress(i + 1, -1)
+    return np.concatenate(outs)
+
+
+def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any = None, *,
+             progress: Callable[[int, int], None] | None = None) -> EvalResult:
+    """Run the package at ``package_path`` on every sample of ``inputs`` (a ``.npz`` path or a
+    mapping input name -> ``[N, ...]`` array; a ``labels`` array in it serves as ``labels``)
+    and score the first output against ``labels`` (a ``.npy`` path or an array of N class
+    indices) and against onnxruntime running ``reference`` (an ONNX path or ModelProto).
+    ``progress(done, total)`` is called after each batch (total -1: the reference's)."""
+    import tvm
+
+    from tvm_accel.frontend import read_npz
+    from tvm_accel.package import load_package, outputs_to_numpy
+
+    where = "inputs"
+    if isinstance(inputs, (str, os.PathLike)):
+        where = os.fspath(inputs)
+        inputs = read_npz(where, where, "inputs", DatasetError)
+    pkg = load_package(os.fspath(package_path))
+    specs = pkg.meta.inputs
+    data = dict(inputs)
+    if labels is None and LABELS_KEY in data and LABELS_KEY not in {s.name for s in specs}:
+        labels = data[LABELS_KEY]
+    arrays, n = stacked_samples(data, specs, where)
+    label_arr = None if labels is None else read_labels(labels, n)
+    ref_sess = None if reference is None else _reference_session(reference, specs)[0]
+    vm = pkg.vm()
+    t0 = time.perf_counter()
+    per_batch: list[list[np.ndarray]] = []
+    total = n // (int(specs[0].shape[0]) if specs else 1)
+    for i, batch in enumerate(_batches(arrays, specs, n)):
+        per_batch.append(outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batch])))
+        if progress:
+            progress(i + 1, total)
+    seconds = time.perf_counter() - t0
+    outputs = [np.concatenate(parts) for parts in zip(*per_batch, strict=True)]
+    scores = _scores(outputs[0], n)
+    result = EvalResult(n, None, None, None, None, outputs, seconds)
+    if label_arr is not None:
+        result.top1, result.top5 = top_k(scores, label_arr, 1), top_k(scores, label_arr, 5)
+    if ref_sess is not None:
+        ref = _scores(_reference_outputs(ref_sess, specs, arrays, n, progress), n)
+        if ref.shape != scores.shape:
+            raise DatasetError(f"reference: its first output has {ref.shape[1]} values per "
+                             f"sample, the package's {scores.shape[1]}; give the model the "
+                             "package was compiled from")
+        result.top1_disagree = int(np.count_nonzero(np.argmax(ref, axis=1)
+                                                    != np.argmax(scores, axis=1)))
+        if label_arr is not None:
+            result.ref_top1, result.ref_top5 = top_k(ref, label_arr, 1), top_k(ref, label_arr, 5)
+    return result
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr for :func:`evaluate` (redrawn on a terminal at most
+    ten times a second; elsewhere silent, the summary says how long it took)."""
+
+    def __init__(self, what: str = "samples", stream=None):
+        self.stream = stream or sys.stderr
+        self.what = what
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.last = 0.0
+        self.total = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        label = "onnxruntime" if total < 0 else self.what
+        total = self.total if total < 0 else total
+        self.total = total
+        now = time.perf_counter()
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        width = 30
+        fill = int(width * done / max(total, 1))
+        self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {label}")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
