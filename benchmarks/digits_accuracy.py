@@ -4,7 +4,11 @@ and each target on the simulator, with the number of images whose top-1 differs 
 onnxruntime's. Variants: ``plain``, ``near-dead`` (one conv1 filter at 1e-12), ``mixed``
 (MARSELLUS, 4-bit weights and output of conv2). Not run by the tests::
 
-    python benchmarks/digits_accuracy.py [--variants plain,near-dead,mixed]
+    python benchmarks/digits_accuracy.py [--variants plain,near-dead,mixed] [--layers]
+
+``--layers`` also prints each target's per-layer agreement with onnxruntime
+(``tvm_accel.compare.compare_layers`` on the same 360 images; not for ``mixed``, whose 4-bit
+tensors onnxruntime cannot hand to numpy).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(acc.VARIANTS),
                     help=f"comma-separated subset of {', '.join(acc.VARIANTS)}")
+    ap.add_argument("--layers", action="store_true", help="per-layer LSB differences too")
     args = ap.parse_args()
     data = digits.load_digits()
     rows = []
@@ -48,6 +53,9 @@ def main() -> None:
                          f"{r.accuracy - r.ort_accuracy:+.2f}", str(r.differ), cpu,
                          f"{time.perf_counter() - t:.1f}"))
             print(f"{variant} {r.label}: {r.accuracy:.2f}%", flush=True)
+            if args.layers and variant != "mixed":
+                print(acc.compare_on_test_images(qdq[kind], kind, config, data).format(),
+                      flush=True)
     print()
     print(format_table(["variant", "model / target", "kind", "top-1 %", "vs ort", "differ",
                         "layers on CPU", "s"], rows, align="lllrrrlr"))

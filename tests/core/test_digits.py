@@ -91,12 +91,20 @@ def _check(r: acc.TargetResult, affected: tuple[str, ...] = ()) -> None:
         f"onnxruntime's {r.ort_accuracy:.2f}% ({r.differ} of 360 images differ)")
 
 
+def _check_layers(r: acc.TargetResult, data: digits.Digits) -> None:
+    rep = acc.compare_on_test_images(r.model, r.kind, r.config, data)
+    print(rep.format())
+    assert {row.layer for row in rep.layers} >= set(digits.LAYERS)
+    assert acc.disagreeing_layers(rep) == [], "each layer within 1 LSB on 99% of its elements"
+
+
 @pytest.mark.parametrize("kind, config", acc.TARGETS, ids=[c or k for k, c in acc.TARGETS])
 def test_every_target_keeps_onnxruntimes_accuracy_on_360_digits(data, kind, config):
     r = acc.evaluate(kind, config, "plain", data, model=_qdq(kind, "plain"))
     assert r.cpu_layers == {}, "every conv and the dense layer run on the accelerator"
     assert r.ort_accuracy >= 97.0
     _check(r)
+    _check_layers(r, data)
 
 
 @pytest.mark.parametrize("kind, config", [
@@ -109,6 +117,7 @@ def test_near_dead_filter_is_within_tolerance_or_reported_on_the_cpu(data, kind,
     r = acc.evaluate(kind, config, "near-dead", data, model=_qdq(kind, "near-dead"))
     assert r.ort_accuracy >= 95.0
     _check(r, affected=("conv1",))
+    _check_layers(r, data)
 
 
 def test_marsellus_mixed_precision_conv_keeps_onnxruntimes_accuracy(data):

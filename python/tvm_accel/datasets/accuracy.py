@@ -101,6 +101,26 @@ def run_logits(executable: Any, x: np.ndarray) -> np.ndarray:
     return outputs_to_numpy(vm["main"](tvm.runtime.tensor(np.ascontiguousarray(x))))[0]
 
 
+def compare_on_test_images(model: onnx.ModelProto, kind: str, config: str | None = None,
+                           data: digits.Digits | None = None) -> Any:
+    """:func:`tvm_accel.compare.compare_layers` of the QDQ ``model`` on ``kind`` over every test
+    image (one batch): each layer's integer output against onnxruntime's."""
+    from tvm_accel.compare import compare_layers
+
+    data = data or digits.load_digits()
+    return compare_layers(with_batch(model, len(data.x_test)), kind,
+                          {digits.INPUT_NAME: data.x_test}, config=config)
+
+
+def disagreeing_layers(report: Any, share: float = 0.99) -> list[str]:
+    """The layers of a ``CompareReport`` whose own output (onnxruntime fed with our inputs of
+    the layer) is not within 1 LSB of onnxruntime's on at least ``share`` of its elements (a
+    layer qualifies when no element is off by more than 1, or at most ``1 - share`` differ)."""
+    return [r.layer for r in report.layers
+            if r.local_max_lsb is not None and r.local_max_lsb > 1
+            and (r.local_share_differ or 0.0) > 1.0 - share]
+
+
 @dataclass
 class TargetResult:
     """One target on one variant, on every test image."""

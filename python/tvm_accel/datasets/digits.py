@@ -12,6 +12,7 @@ weights are cached in ``digits_cnn.npz`` beside this module (:func:`trained_weig
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,11 +147,27 @@ def _gradients(w: Weights, x_nhwc: np.ndarray, y: np.ndarray) -> tuple[float, We
     return loss, grads
 
 
+def _one_blas_thread() -> contextlib.AbstractContextManager:
+    """Limit BLAS to one thread (threadpoolctl, a scikit-learn dependency): the matrices are
+    small, and a busy machine slows threaded BLAS down by an order of magnitude."""
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
 def train(data: Digits | None = None, epochs: int = EPOCHS, batch: int = BATCH,
           lr: float = LEARNING_RATE, seed: int = SEED, verbose: bool = False) -> Weights:
     """Train the CNN on ``data``'s training images: Adam (0.9, 0.999), learning rate ``lr``
     decayed by a cosine over ``epochs``, mini-batches of ``batch`` shuffled by ``seed``."""
     data = data or load_digits()
+    with _one_blas_thread():
+        return _train(data, epochs, batch, lr, seed, verbose)
+
+
+def _train(data: Digits, epochs: int, batch: int, lr: float, seed: int,
+           verbose: bool) -> Weights:
     rng = np.random.default_rng(seed)
     w = init_weights(seed)
     m1 = {k: np.zeros_like(v) for k, v in w.items()}
