@@ -7,8 +7,8 @@ onnxruntime's. Variants: ``plain``, ``near-dead`` (one conv1 filter at 1e-12), `
     python benchmarks/digits_accuracy.py [--variants plain,near-dead,mixed] [--layers]
 
 ``--layers`` also prints each target's per-layer agreement with onnxruntime
-(``tvm_accel.compare.compare_layers`` on the same 360 images; not for ``mixed``, whose 4-bit
-tensors onnxruntime cannot hand to numpy).
+(``tvm_accel.compare.compare_layers`` on the same 360 images; for ``mixed`` on its
+clipped-range twin, as onnxruntime hands no 4-bit tensor to numpy).
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ def main() -> None:
                          f"{r.accuracy - r.ort_accuracy:+.2f}", str(r.differ), cpu,
                          f"{time.perf_counter() - t:.1f}"))
             print(f"{variant} {r.label}: {r.accuracy:.2f}%", flush=True)
-            if args.layers and variant != "mixed":
-                print(acc.compare_on_test_images(qdq[kind], kind, config, data).format(),
-                      flush=True)
+            if args.layers:
+                q = acc.quantized_model(kind, variant, data, native_int4=False) \
+                    if variant == "mixed" else qdq[kind]
+                print(acc.compare_on_test_images(q, kind, config, data).format(), flush=True)
     print()
     print(format_table(["variant", "model / target", "kind", "top-1 %", "vs ort", "differ",
                         "layers on CPU", "s"], rows, align="lllrrrlr"))

@@ -91,8 +91,8 @@ def _check(r: acc.TargetResult, affected: tuple[str, ...] = ()) -> None:
         f"onnxruntime's {r.ort_accuracy:.2f}% ({r.differ} of 360 images differ)")
 
 
-def _check_layers(r: acc.TargetResult, data: digits.Digits) -> None:
-    rep = acc.compare_on_test_images(r.model, r.kind, r.config, data)
+def _check_layers(r: acc.TargetResult, data: digits.Digits, model=None) -> None:
+    rep = acc.compare_on_test_images(model or r.model, r.kind, r.config, data)
     print(rep.format())
     assert {row.layer for row in rep.layers} >= set(digits.LAYERS)
     assert acc.disagreeing_layers(rep) == [], "each layer within 1 LSB on 99% of its elements"
@@ -130,3 +130,7 @@ def test_marsellus_mixed_precision_conv_keeps_onnxruntimes_accuracy(data):
     same = acc.evaluate("marsellus", None, "mixed", data, model=q,
                         precision={"layers": acc.MIXED_BITS})
     np.testing.assert_array_equal(same.logits, r.logits)  # --precision-config says the same
+    # per layer on the clipped-range twin (onnxruntime returns no 4-bit tensors to numpy)
+    clipped = acc.quantized_model("marsellus", "mixed", data, native_int4=False)
+    np.testing.assert_array_equal(acc.ort_logits(clipped, data.x_test), r.ort_logits)
+    _check_layers(r, data, clipped)

@@ -46,10 +46,12 @@ def variant_weights(variant: str, weights: digits.Weights | None = None) -> digi
 
 
 def quantized_model(kind: str, variant: str = "plain", data: digits.Digits | None = None,
-                    weights: digits.Weights | None = None) -> onnx.ModelProto:
+                    weights: digits.Weights | None = None,
+                    native_int4: bool = True) -> onnx.ModelProto:
     """The batch-1 QDQ model of ``variant`` for target ``kind``: :func:`quantize_model` with the
     target's scheme (:data:`SCHEMES`), calibrated on every training image; ``mixed`` then narrows
-    it with :data:`MIXED_BITS`."""
+    it with :data:`MIXED_BITS` (INT4/UINT4 Q/DQ, or with ``native_int4=False`` the same values
+    as clipped ranges in 8-bit containers, whose tensors onnxruntime hands to numpy)."""
     from tvm_accel.quantize import apply_mixed_precision, quantize_model
 
     data = data or digits.load_digits()
@@ -57,7 +59,7 @@ def quantized_model(kind: str, variant: str = "plain", data: digits.Digits | Non
     float_model = digits.to_onnx(variant_weights(variant, weights))
     q = quantize_model(float_model, {digits.INPUT_NAME: data.x_train}, scheme=scheme,
                        activation_type=act)
-    return apply_mixed_precision(q, MIXED_BITS) if variant == "mixed" else q
+    return apply_mixed_precision(q, MIXED_BITS, native_int4) if variant == "mixed" else q
 
 
 def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
