@@ -102,8 +102,13 @@ def ort_session(model: onnx.ModelProto):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own exception classes: the model, not a bug here
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ModelError(f"{model.graph.name or 'model'}: onnxruntime cannot run it: "
+                         f"{msg}") from None
 
 
 def layer_outputs(model: onnx.ModelProto) -> list[str]:
@@ -268,7 +273,5 @@ def compare_layers(model: Any, target: Any, inputs: dict[str, np.ndarray] | None
         layers.append(LayerDiff(layer, op, placement, worst, share, int(ours_by[t].size), t,
                                 lw, ls))
     layers.sort(key=lambda r: (-r.max_lsb, -r.share_differ, -(r.local_max_lsb or 0)))
-    name = where if isinstance(model, (str, os.PathLike)) else (onnx_model.graph.name or where)
-    return CompareReport(model=os.path.basename(str(name)), target=accel.name if accel else "cpu",
-                         config=getattr(report, "config_name", "") if report else "",
-                         layers=layers)
+    return CompareReport(model=os.path.basename(where), target=accel.name if accel else "cpu",
+                         config=report.config_name if report else "", layers=layers)

@@ -86,6 +86,31 @@ def test_offloaded_layer_values_come_from_the_simulator(residual):
     assert simulated
 
 
+@pytest.mark.parametrize("target, name, kw", [
+    ("vta", "conv_residual", {}), ("dpu", "conv_pool", {"power_of_two": True}),
+    ("marsellus", "conv_flatten_dense", {"activation_type": "uint8"})])
+def test_exposing_layer_outputs_leaves_the_model_outputs_unchanged(target, name, kw):
+    import tvm
+    from tvm import relax
+
+    from tvm_accel.package import outputs_to_numpy
+    from tvm_accel.pipeline import compile_model
+    from tvm_accel.target import get_target
+
+    model = models.quantized(name, **kw)
+    runs = []
+    for m in (model, expose_layer_outputs(model)):
+        mod, info = load_onnx(m)
+        ex, report = compile_model(mod, get_target(target))
+        assert any(r.placement == target for r in report.offloads)
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        x = random_inputs(info, seed=2)
+        runs.append(outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(v) for v in x.values()])))
+    n = len(model.graph.output)
+    assert len(runs[1]) == n + len(layer_outputs(model))
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0], runs[1][:n], strict=True))
+
+
 def test_given_inputs_are_used_and_checked(residual):
     info = load_onnx(residual)[1]
     zeros = {k: np.zeros(s, np.float32) for k, (s, _) in info.inputs.items()}
