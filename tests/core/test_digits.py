@@ -13,12 +13,6 @@ import pytest
 from tvm_accel.datasets import accuracy as acc
 from tvm_accel.datasets import digits
 
-NEAR_DEAD_XFAIL = pytest.mark.xfail(strict=True, reason=(
-    "a near-dead conv1 filter (weights 1e-12): onnxruntime shrinks its weight scale until the "
-    "bias fits int32 (requantize scale ~2e-10); the integer recipe cannot express it (255 LSB "
-    "error in the compile report's numerics, also in the CPU reference) and saturates the "
-    "channel, so top-1 falls to ~10%, while the layer stays offloaded"))
-
 
 @pytest.fixture(scope="module")
 def data() -> digits.Digits:
@@ -107,12 +101,7 @@ def test_every_target_keeps_onnxruntimes_accuracy_on_360_digits(data, kind, conf
     _check_layers(r, data)
 
 
-@pytest.mark.parametrize("kind, config", [
-    pytest.param("vta", "vta_1x16x16", marks=NEAR_DEAD_XFAIL),
-    pytest.param("vta", "vta_8x8x8", marks=NEAR_DEAD_XFAIL),
-    ("dpu", None),
-    pytest.param("marsellus", None, marks=NEAR_DEAD_XFAIL),
-], ids=[c or k for k, c in acc.TARGETS])
+@pytest.mark.parametrize("kind, config", acc.TARGETS, ids=[c or k for k, c in acc.TARGETS])
 def test_near_dead_filter_is_within_tolerance_or_reported_on_the_cpu(data, kind, config):
     r = acc.evaluate(kind, config, "near-dead", data, model=_qdq(kind, "near-dead"))
     assert r.ort_accuracy >= 95.0
