@@ -109,30 +109,31 @@ def run(graphs: list[LayerGraph], cfg, knobs: dict | None = None) -> tuple[list[
     return rows, exact
 
 
-def rbe_peak_macs_per_cycle(cfg, w_bits: int, i_bits: int) -> float:
-    """The RBE's best MAC rate at W x I bits in the simulator's cycle model: one large job
-    (30 x 30 outputs, 256 -> 64 channels), the faster of the 3x3 and 1x1 modes."""
+def rbe_peak_job(cfg, w_bits: int, i_bits: int):
+    """The RBE's fastest job at W x I bits in the simulator's cycle model: one large job
+    (30 x 30 outputs, 256 -> 64 channels, O = 2), the faster of the 3x3 and 1x1 modes per MAC;
+    returns its MACs per cycle."""
     best = 0.0
     for k in (3, 1):
         job = cg.RbeJob(h_in=29 + k, w_in=29 + k, h_out=30, w_out=30, k_in=256, k_out=64,
-                        in_bits=i_bits, w_bits=w_bits, out_bits=8, kernel=k)
+                        in_bits=i_bits, w_bits=w_bits, out_bits=2, kernel=k)
         best = max(best, 30 * 30 * 256 * 64 * k * k / sum(rbe_job_phases(cfg, job).values()))
     return best
 
 
 def energy_floor_uj(rows: list[tuple], cfg, op) -> float:
-    """The least energy any mapping of the network's convs and FCs can take under this power
-    model: every one on the RBE at its W x I bits (the cheapest engine per operation), at the
-    RBE's peak rate, charged its per-operation energy (Fig. 15 fit) plus idle + leakage for
-    that time only; no residual adds, pools, marshaling, DMA, tiling overhead or idle gaps."""
+    """The least energy any mapping of the network's convs and FCs (at their bit assignment)
+    can take under the energy model: every one on the RBE at its W x I bits, at the RBE's peak
+    rate (:func:`rbe_peak_job`), charged idle + leakage + the RBE's job power for that time and
+    its 1-bit products; no residual adds, pools, marshaling, DMA, tiling overhead or idle gaps."""
     coef = energy_coefficients(op)
     pj = 0.0
     for _, _, prec, _, macs in rows:
         if not macs:
             continue
         w, i = (int(b) for b in prec.split("/")[:2])
-        pj += 2 * macs * (coef["rbe_op"] + w * i * coef["rbe_binop"])
-        pj += coef["static"] * macs / rbe_peak_macs_per_cycle(cfg, w, i)
+        cycles = macs / rbe_peak_job(cfg, w, i)
+        pj += (coef["static"] + coef["rbe"]) * cycles + 2 * macs * w * i * coef["rbe_binop"]
     return pj * 1e-6
 
 
