@@ -261,7 +261,10 @@ class _Layer:
         if self.kind == "pool":
             return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * g.kh * g.kw / \
                 cfg.CL_POOL_TAPS_PER_CYCLE
-        macs = outs * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
+        # outputs whose window lies in the padding only cost their NormQuant alone: the mean
+        # step does the window share of the MatMul and im2col work
+        win = 1.0 if self.kind == "fc" else g.window_fraction()
+        macs = win * outs * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
         if self.kind == "dw":
             work = macs / cfg.CL_DW_MACS_PER_CYCLE
         else:
@@ -269,7 +272,7 @@ class _Layer:
                                                   cluster_bits(self.layer.weight_bits)))
             work = macs / (rate * (cfg.CL_FC_EFFICIENCY if self.kind == "fc" else 1.0))
             if self.kind == "conv" and (g.kh * g.kw > 1 or g.sh > 1 or g.sw > 1):
-                work += th * self.tw * g.kh * g.kw * self.tc * self.tin.cbits / 8 / \
+                work += win * th * self.tw * g.kh * g.kw * self.tc * self.tin.cbits / 8 / \
                     cfg.CL_IM2COL_BYTES_PER_CYCLE
         nq = outs * cfg.CL_NQ_CYCLES_PER_OUTPUT / cfg.CLUSTER_CORES / self.n_chunks
         psum = 2 * outs / cfg.CLUSTER_CORES if self.chunked else 0
