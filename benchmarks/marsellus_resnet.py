@@ -1,15 +1,23 @@
-"""ResNets on MARSELLUS (paper Sec. IV, Figs. 16-18).
+"""ResNets on MARSELLUS (paper Sec. IV, Table II, Figs. 16-18) at the paper's operating points.
 
 - ResNet-20 (CIFAR-10), Fig. 17 style: per-layer latency and energy at 8 bits and mixed
-  precision, at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
-  the paper's (Sec. IV: ~28 uJ mixed at nominal, 68 % less than 8-bit; Table II / Fig. 17:
-  ~21 uJ with ABB at 0.65 V, ~12 uJ at 0.5 V).
-- ResNet-18 (ImageNet, 224x224, ``quantize.resnet18_mixed``: HAWQ-V3's W4A4, 4-bit weights and
-  activations, the paper's RBE 4x4b network) at 0.8 V: latency, energy and Top/s/W beside
-  the paper's 48 ms and 5.83 Top/s/W, and per layer what bounds it (Fig. 18: off-chip = the
-  I/O DMA to L3, on-chip = L2 <-> L1, compute); its tensors and weights live in L3.
+  precision at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
+  the paper's at the same point (Sec. IV: ~28 uJ, ~21 uJ, 12 uJ; mixed 68 % below 8-bit;
+  Table II: 1.05 ms and 6.38 Top/s/W, the 0.5 V figures, see :data:`PAPER_R20`).
+- ResNet-18 (ImageNet, 224x224, ``quantize.resnet18_mixed``: HAWQ-V3's W4A4, the paper's RBE
+  4x4b network) at 0.5 V / 100 MHz, the point of Table II's 48 ms and 5.83 Top/s/W
+  (:data:`PAPER_R18`), and at 0.8 V for reference; per layer what bounds it (Fig. 18:
+  off-chip = the I/O DMA to L3, on-chip = L2 <-> L1, compute); its tensors and weights live
+  in L3.
 - Beside both, the energy floor of this power model (:func:`energy_floor_uj`): every conv and FC
-  on the RBE at its peak rate and per-operation energy, nothing else; what no mapping can beat.
+  on the RBE at its peak rate for its W x I bits, nothing else; what no mapping of the same bit
+  assignment can beat.
+
+Why the paper's latencies and efficiencies are 0.5 V figures (docs/marsellus.md, "Paper
+figures at their operating points"): 12 uJ over 1.05 ms is 11.4 mW, the RBE-active CLUSTER
+power at 0.5 V (Fig. 15: 11.0-13.4 mW), while 28 uJ over 1.05 ms (26.7 mW) is far below the
+106-123 mW the busy RBE draws at 0.8 V. 1.05 ms at 100 MHz is 105k cycles: 0.25 ms at 420 MHz,
+0.26 ms at 400 MHz. ResNet-18: 3.63 Gop at 5.83 Top/s/W is 0.62 mJ, over 48 ms 13 mW: 0.5 V.
 
 Every network goes through the whole flow (ONNX QDQ -> canonicalize -> partition -> strategy):
 the 8-bit ResNet-20 is the zoo's QDQ model, the mixed one ``quantize.resnet20_mixed()`` (HAWQ-style:
@@ -44,10 +52,18 @@ from tvm_marsellus.strategy.engines import OBJECTIVES
 
 POINTS = (("0.8 V 420 MHz", NOMINAL), ("0.65 V 400 MHz ABB", ABB_065),
           ("0.5 V 100 MHz", LOW_05))
-#: paper totals (uJ) for the mixed network; 8-bit is ~3x (68 % saving)
-PAPER_MIXED = {"0.8 V 420 MHz": 28.0, "0.65 V 400 MHz ABB": 21.0, "0.5 V 100 MHz": 12.0}
-#: paper ResNet-18 / ImageNet, HAWQ 4-bit on the RBE 4x4b, 0.8 V (Sec. IV)
-PAPER_R18 = {"ms": 48.0, "tops_w": 5.83}
+#: the paper's ResNet-20 (mixed, HAWQ): energy per point (Sec. IV), the 8-bit saving (Sec. IV:
+#: 68 %), and Table II's latency and efficiency, measured at 0.5 V / 100 MHz
+PAPER_R20 = {"uj": {"0.8 V 420 MHz": 28.0, "0.65 V 400 MHz ABB": 21.0, "0.5 V 100 MHz": 12.0},
+             "saving": 0.68, "ms": 1.05, "tops_w": 6.38, "op": LOW_05}
+#: the paper's ResNet-18 / ImageNet (HAWQ 4-bit on the RBE 4x4b, Table II): 0.5 V / 100 MHz
+PAPER_R18 = {"ms": 48.0, "tops_w": 5.83, "op": LOW_05}
+
+
+def paper_latency_ms(paper: dict, op) -> float:
+    """The paper's latency carried to ``op``: its cycles (latency x clock at the measured point,
+    e.g. 1.05 ms x 100 MHz = 105k for ResNet-20) at the clock of ``op``."""
+    return paper["ms"] * paper["op"].freq_mhz / op.freq_mhz
 
 
 def resnet_graphs(model) -> list[LayerGraph]:
@@ -93,30 +109,31 @@ def run(graphs: list[LayerGraph], cfg, knobs: dict | None = None) -> tuple[list[
     return rows, exact
 
 
-def rbe_peak_macs_per_cycle(cfg, w_bits: int, i_bits: int) -> float:
-    """The RBE's best MAC rate at W x I bits in the simulator's cycle model: one large job
-    (30 x 30 outputs, 256 -> 64 channels), the faster of the 3x3 and 1x1 modes."""
+def rbe_peak_job(cfg, w_bits: int, i_bits: int):
+    """The RBE's fastest job at W x I bits in the simulator's cycle model: one large job
+    (30 x 30 outputs, 256 -> 64 channels, O = 2), the faster of the 3x3 and 1x1 modes per MAC;
+    returns its MACs per cycle."""
     best = 0.0
     for k in (3, 1):
         job = cg.RbeJob(h_in=29 + k, w_in=29 + k, h_out=30, w_out=30, k_in=256, k_out=64,
-                        in_bits=i_bits, w_bits=w_bits, out_bits=8, kernel=k)
+                        in_bits=i_bits, w_bits=w_bits, out_bits=2, kernel=k)
         best = max(best, 30 * 30 * 256 * 64 * k * k / sum(rbe_job_phases(cfg, job).values()))
     return best
 
 
 def energy_floor_uj(rows: list[tuple], cfg, op) -> float:
-    """The least energy any mapping of the network's convs and FCs can take under this power
-    model: every one on the RBE at its W x I bits (the cheapest engine per operation), at the
-    RBE's peak rate, charged its per-operation energy (Fig. 15 fit) plus idle + leakage for
-    that time only; no residual adds, pools, marshaling, DMA, tiling overhead or idle gaps."""
+    """The least energy any mapping of the network's convs and FCs (at their bit assignment)
+    can take under the energy model: every one on the RBE at its W x I bits, at the RBE's peak
+    rate (:func:`rbe_peak_job`), charged idle + leakage + the RBE's job power for that time and
+    its 1-bit products; no residual adds, pools, marshaling, DMA, tiling overhead or idle gaps."""
     coef = energy_coefficients(op)
     pj = 0.0
     for _, _, prec, _, macs in rows:
         if not macs:
             continue
         w, i = (int(b) for b in prec.split("/")[:2])
-        pj += 2 * macs * (coef["rbe_op"] + w * i * coef["rbe_binop"])
-        pj += coef["static"] * macs / rbe_peak_macs_per_cycle(cfg, w, i)
+        cycles = macs / rbe_peak_job(cfg, w, i)
+        pj += (coef["static"] + coef["rbe"]) * cycles + 2 * macs * w * i * coef["rbe_binop"]
     return pj * 1e-6
 
 
@@ -136,6 +153,7 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
         tot = {p: sum(energy_uj(r[3], op) for r in rows) for p, op in POINTS}
         floor = {p: energy_floor_uj(rows, cfg, op) for p, op in POINTS}
         totals[label] = (cyc, tot, exact, floor)
+        ops = 2 * sum(r[4] for r in rows)  # the last label's: the mixed network
         if layers:
             print(f"\nResNet-20 {label} ({how if label == 'mixed' else 'zoo QDQ int8'}), "
                   f"bit-exact vs reference: {exact}")
@@ -147,18 +165,29 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
             print(format_table(["layer", "engine", "W/I/O", "cycles",
                                 *[f"us @{p}" for p, _ in POINTS],
                                 *[f"uJ @{p}" for p, _ in POINTS], "bound"], table))
-    print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how}; knobs {knobs or {}})")
+    print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how}; knobs {knobs or {}}), "
+          "each row beside the paper at the same operating point")
     out = []
+    c8, e8, _, _ = totals["8-bit"]
+    cm, em, _, fm = totals["mixed"]
     for p, op in POINTS:
-        c8, e8, _, _ = totals["8-bit"]
-        cm, em, _, fm = totals["mixed"]
+        p_ms = paper_latency_ms(PAPER_R20, op)
+        p_uj = PAPER_R20["uj"][p]
         out.append((p, f"{c8 / op.freq_mhz / 1e3:.2f}", f"{e8[p]:.1f}",
-                    f"{cm / op.freq_mhz / 1e3:.2f}", f"{em[p]:.1f}", f"{fm[p]:.1f}",
-                    f"{PAPER_MIXED[p]:.0f}", f"{e8[p] / em[p]:.2f}x"))
-    print(format_table(["operating point", "8-bit ms", "8-bit uJ", "mixed ms", "mixed uJ",
-                        "mixed floor uJ", "paper mixed uJ", "8-bit / mixed (paper ~3x)"], out))
-    print("floor: the convs and FC alone, each on the RBE at its peak rate and per-op energy, "
-          "idle + leakage for that time only (energy_floor_uj)")
+                    f"{cm / op.freq_mhz / 1e3:.3f}", f"{p_ms:.3f}", f"{em[p]:.1f}",
+                    f"{p_uj:.0f}", f"{fm[p]:.1f}", f"{ops / (em[p] * 1e-6) / 1e12:.2f}",
+                    f"{PAPER_R20['tops_w']:.2f}" if op is PAPER_R20["op"] else "",
+                    f"{e8[p] / em[p]:.2f}x"))
+    print(format_table(["operating point", "8-bit ms", "8-bit uJ", "mixed ms",
+                        "paper ms", "mixed uJ", "paper uJ", "floor uJ", "mixed Top/s/W",
+                        "paper Top/s/W", "8-bit / mixed"], out))
+    print(f"paper: {PAPER_R20['ms']} ms and {PAPER_R20['tops_w']} Top/s/W at 0.5 V / 100 MHz "
+          f"(Table II), i.e. {PAPER_R20['ms'] * PAPER_R20['op'].freq_mhz:.0f}k cycles, carried "
+          "to each clock; energies Sec. IV; 8-bit / mixed = 1 / (1 - "
+          f"{PAPER_R20['saving']}) = {1 / (1 - PAPER_R20['saving']):.2f}x")
+    print(f"mixed: {ops / 1e6:.1f} Mop (2 x MACs of the convs and FC), {cm} cycles")
+    print("floor: the convs and FC alone, each on the RBE at its peak rate for its W x I bits, "
+          "charged as the energy model charges RBE jobs, for that time only (energy_floor_uj)")
     print(f"bit-exact vs reference_execute: 8-bit {totals['8-bit'][2]}, "
           f"mixed {totals['mixed'][2]}")
 
@@ -166,31 +195,37 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
 def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
     graphs = resnet_graphs(quantize.resnet18_mixed())
     rows, exact = run(graphs, cfg, knobs)
-    op = NOMINAL
+    op = PAPER_R18["op"]
     if layers:
-        print(f"\nResNet-18 / ImageNet 4-bit (quantize.resnet18_mixed) at 0.8 V, "
+        print(f"\nResNet-18 / ImageNet 4-bit (quantize.resnet18_mixed) at 0.5 V / 100 MHz, "
               f"bit-exact: {exact}")
         print(format_table(["layer", "engine", "W/I/O", "cycles", "us", "uJ", "bound"],
                            [(name, eng, prec, st.cycles, f"{st.cycles / op.freq_mhz:.1f}",
                              f"{energy_uj(st, op):.2f}", _bound(st))
                             for name, eng, prec, st, _ in rows]))
     cyc = sum(r[3].cycles for r in rows)
-    uj = sum(energy_uj(r[3], op) for r in rows)
     ops = 2 * sum(r[4] for r in rows)
-    floor = energy_floor_uj(rows, cfg, op)
-    ms = cyc / op.freq_mhz / 1e3
+    table = []
+    for label, pt in (("0.5 V 100 MHz", LOW_05), ("0.8 V 420 MHz", NOMINAL)):
+        uj = sum(energy_uj(r[3], pt) for r in rows)
+        floor = energy_floor_uj(rows, cfg, pt)
+        table.append((f"ours {label}", f"{cyc / pt.freq_mhz / 1e3:.1f}", f"{uj / 1e3:.3f}",
+                      f"{ops / (uj * 1e-6) / 1e12:.2f}", f"{floor / 1e3:.3f}",
+                      f"{ops / (floor * 1e-6) / 1e12:.2f}", str(exact)))
+        table.append((f"paper {label}", f"{paper_latency_ms(PAPER_R18, pt):.1f}",
+                      *((f"{ops / (PAPER_R18['tops_w'] * 1e12) * 1e3:.3f}",
+                         f"{PAPER_R18['tops_w']:.2f}") if pt is op else ("", "")), "", "", ""))
     bounds = {}
     for r in rows:
         b = _bound(r[3])
         bounds[b] = bounds.get(b, 0) + 1
-    print("\nResNet-18 / ImageNet 224x224, 4-bit (quantize.resnet18_mixed), 0.8 V 420 MHz")
-    print(format_table(
-        ["", "latency ms", "energy mJ", "Gop", "Top/s/W", "bit-exact"],
-        [("ours", f"{ms:.1f}", f"{uj / 1e3:.2f}", f"{ops / 1e9:.2f}",
-          f"{ops / (uj * 1e-6) / 1e12:.2f}", str(exact)),
-         ("floor (energy_floor_uj)", "", f"{floor / 1e3:.2f}", f"{ops / 1e9:.2f}",
-          f"{ops / (floor * 1e-6) / 1e12:.2f}", ""),
-         ("paper", f"{PAPER_R18['ms']:.0f}", "", "", f"{PAPER_R18['tops_w']:.2f}", "")]))
+    print(f"\nResNet-18 / ImageNet 224x224, 4-bit (quantize.resnet18_mixed), {ops / 1e9:.2f} Gop, "
+          f"{cyc} cycles")
+    print(format_table(["", "latency ms", "energy mJ", "Top/s/W", "floor mJ", "floor Top/s/W",
+                        "bit-exact"], table))
+    print(f"paper: {PAPER_R18['ms']:.0f} ms and {PAPER_R18['tops_w']} Top/s/W at 0.5 V (Table II): "
+          f"{PAPER_R18['ms'] * PAPER_R18['op'].freq_mhz / 1e3:.1f}M cycles carried to 420 MHz; "
+          "its energy = our Gop / 5.83 Top/s/W")
     print("layers by bound: " + ", ".join(f"{k} {v}" for k, v in sorted(bounds.items())))
     print(f"layers on the RBE: {sum(r[1] == 'RBE' for r in rows)} of {len(rows)}")
 

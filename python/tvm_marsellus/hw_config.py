@@ -33,6 +33,11 @@ sqrt(RBE_CORES) = 3 output pixels per patch side, k = 3 or 1, s = stride, bit gr
     job = setup + sum over patches, Kout tiles: (sum over Kin tiles, groups: LOAD + COMPUTE)
           + NORMQUANT + STREAMOUT
 
+The phases run in series: a patch's NORMQUANT / STREAMOUT do not overlap the next patch's
+LOAD / COMPUTE (one controller FSM, one TCDM port shared by loads and stores, one accumulator
+bank per Core; the evidence from the paper and the public RBE RTL is in docs/marsellus.md,
+"RBE timing").
+
 ``RBE_JOB_SETUP_CYCLES`` is the time a core needs to write the job registers through the 32-bit
 peripheral interconnect and trigger; with a 2-deep queue it is hidden when the job was ready
 while the previous one ran.

@@ -457,12 +457,28 @@ static int cl_footprint(uint64_t idx, mars_cmd *c, const mars_mems *m, uint64_t 
     return ACCEL_OK;
 }
 
-/* CONV / DWCONV / FC: weights, normquant and partial-sum footprints and the cycles of the work. */
+/* Outputs along one dimension whose window reads at least one input (not padding only). */
+static uint64_t window_outputs(int64_t n_in, int64_t n_out, int k, int s, int pad_before)
+{
+    uint64_t n = 0;
+    for (int64_t o = 0; o < n_out; o++) {
+        int64_t first = o * s - pad_before;
+        if (first < n_in && first + k > 0)
+            n++;
+    }
+    return n;
+}
+
+/* CONV / DWCONV / FC: weights, normquant and partial-sum footprints and the cycles of the work.
+ * The MatMul and im2col cover the outputs whose window reads the input; an output whose window
+ * lies in the padding only is NormQuant of the padding taps (a constant per channel, which the
+ * cores compute once) and costs its NormQuant and store only. */
 static int cl_conv_work(const mars_config *cfg, uint64_t idx, mars_cmd *c, const mars_mems *m, uint64_t *work,
                         accel_err *e)
 {
     const int k = c->kernel;
     const uint64_t n_out = c->elems;
+    uint64_t n_pix;
     uint64_t taps = (uint64_t)(c->kh * c->kw);
     uint64_t nw = k == MARS_CL_DWCONV ? (uint64_t)c->k_out * taps
                                       : (uint64_t)c->k_out * taps * (uint64_t)c->k_in;
@@ -473,7 +489,10 @@ static int cl_conv_work(const mars_config *cfg, uint64_t idx, mars_cmd *c, const
          check_range(e, idx, c, "normquant", MARS_MEM_L1, c->nq, 6 * (uint64_t)c->k_out, m)))
         return e->code;
     c->rd_bytes[MARS_MEM_L1] += wb + (c->psum_out ? 0 : 6 * (uint64_t)c->k_out);
-    c->macs = n_out * taps * (k == MARS_CL_DWCONV ? 1 : (uint64_t)c->k_in);
+    n_pix = k == MARS_CL_FC ? n_out / (uint64_t)c->k_out
+                            : window_outputs(c->h_in, c->h_out, c->kh, c->stride_h, c->pad_t) *
+                                  window_outputs(c->w_in, c->w_out, c->kw, c->stride_w, c->pad_l);
+    c->macs = n_pix * (uint64_t)c->k_out * taps * (k == MARS_CL_DWCONV ? 1 : (uint64_t)c->k_in);
     if (c->psum_in || c->psum_out) {
         uint64_t pb = accel_sat_mul(n_out, 4);
         if (c->psum % 4)
@@ -495,7 +514,7 @@ static int cl_conv_work(const mars_config *cfg, uint64_t idx, mars_cmd *c, const
     else {
         *work = accel_sat_add(*work, ceil_rate((double)c->macs, matmul_rate(cfg, prec)));
         if (taps > 1 || c->stride_h > 1 || c->stride_w > 1)
-            *work = accel_sat_add(*work, ceil_rate((double)(c->h_out * c->w_out) * (double)taps *
+            *work = accel_sat_add(*work, ceil_rate((double)n_pix * (double)taps *
                                                        (double)c->k_in * c->in_bits / 8.0,
                                                    cfg->cl_im2col_bytes));
     }

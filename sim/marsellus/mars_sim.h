@@ -30,7 +30,9 @@
  *            job overlaps the running one. Only the setup not hidden counts as busy/rbe_setup.
  *   CLUSTER  overhead + work / rate, rates from the config:
  *            CONV  ceil(MACs / matmul_rate(max(in, w bits))) + im2col bytes / im2col rate
- *                  (only for kernels > 1x1 or stride > 1) + outputs * nq_cycles / cores
+ *                  (only for kernels > 1x1 or stride > 1) + outputs * nq_cycles / cores;
+ *                  MACs and im2col cover the outputs whose window reads the input (an output
+ *                  whose window is padding only costs its NormQuant alone; also DW)
  *            FC    like CONV with matmul_rate * fc_efficiency
  *            CONV / FC with partial sums (Kin tiling): + outputs * (psum_in + psum_out) / cores
  *                  (one 32-bit load / store per output); no NormQuant term when psum_out

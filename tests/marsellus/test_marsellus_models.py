@@ -28,11 +28,11 @@ def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
 def test_resnet20_8bit_is_bit_exact(compare):
     r = compare(models.quantized("resnet20"))
     eng = r.engines()
-    # every 3x3 / 1x1 conv, the 3-channel stem too (the cores run it faster, but it costs
-    # less energy on the RBE beside its RBE readers), and the residual adds (1x1 BinConvs over
-    # the stacked operands: the blocks stay in bit planes)
+    # every 3x3 / 1x1 conv but the 3-channel stem, which the cores run ~2x faster and, the
+    # RBE's power being mostly time-proportional (Fig. 15), for less energy; the residual adds
+    # on the RBE (1x1 BinConvs over the stacked operands: the blocks stay in bit planes)
     convs = {n: e for n, e in eng.items() if not n.endswith(".add")}
-    assert sum(e == "rbe" for e in convs.values()) == 21 and eng["conv1"] == "rbe"
+    assert sum(e == "rbe" for e in convs.values()) == 20 and eng["conv1"] == "cluster"
     assert {e for n, e in eng.items() if n.endswith(".add")} == {"rbe"}
     assert eng["avgpool"] == "cluster" and eng["fc"] == "cluster"
     r.assert_bit_exact()
@@ -46,11 +46,12 @@ def test_mobilenet_like_is_bit_exact(compare):
     r.assert_bit_exact()
 
 
-def test_mixed_precision_resnet20_runs_every_conv_on_the_rbe_bit_exact(compare):
+def test_mixed_precision_resnet20_runs_every_conv_but_the_stem_on_the_rbe_bit_exact(compare):
     # HAWQ-style: weights 2/3/4/6/8 bits, activations 4/8 bits (int4/uint4 and clipped QDQ)
     r = compare(quantize.resnet20_mixed())
     eng = r.engines()
-    assert sum(e == "rbe" for n, e in eng.items() if not n.endswith(".add")) == 21
+    # all but the 3-channel stem (faster and cheaper on the cores, as at 8 bits)
+    assert sum(e == "rbe" for n, e in eng.items() if not n.endswith(".add")) == 20
     cpu = [o.layer for o in r.report.offloads
            if o.placement == "cpu" and o.op not in ("quantize", "dequantize")]
     assert cpu == ["flatten"]

@@ -77,7 +77,7 @@ def _block(rng, c, hw, bits, signed, add_bits=None, knobs=None, relu=False):
 ])
 def test_residual_block_keeps_the_rbe_layout_and_is_bit_exact(c, bits, signed, add_bits):
     rng = np.random.default_rng(c * 10 + bits)
-    prog, stats = _block(rng, c, 7, bits, signed, add_bits)
+    prog, stats = _block(rng, c, 7, bits, signed, add_bits, knobs={"add": {"engine": "rbe"}})
     eng = {ly.name: ly for ly in prog.layers}
     assert eng["add"].engine == "rbe"
     for n in ("y0", "y1", "y2", "y3"):
@@ -153,7 +153,7 @@ def residual_net(c: int = 32, hw: int = 8, seed: int = 0):
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_onnx_residual_block_runs_its_add_on_the_rbe_bit_exact(compare, dtype):
-    r = compare(quantize.ort_quantize(residual_net(), dtype))
+    r = compare(quantize.ort_quantize(residual_net(), dtype), knobs={"add": {"engine": "rbe"}})
     assert r.engines()["add"] == "rbe"
     r.assert_bit_exact()
     import tvm_marsellus

@@ -4,6 +4,8 @@ kernel. The five DeepBench layers that used to fall back to the CPU (5x20 stride
 kernels over one channel, batch 1 / 2 / 4; 1x1 stride-2 convs with padding 3 over 7x7, batch 1
 / 2) run on MARSELLUS at reduced sizes, bit-exact."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from tvm_accel.layers import ConvLayer, conv_output_shape
 from tvm_marsellus import codegen as cg
 from tvm_marsellus import layout, numerics
 from tvm_marsellus.simulator import simulate
-from tvm_marsellus.strategy.layers import TensorInfo, _window, rbe_reasons
+from tvm_marsellus.strategy.layers import Geometry, TensorInfo, _window, rbe_reasons
 
 from .test_marsellus_simulator import L1, conv_ref
 from .test_marsellus_strategy import CFG, T, check
@@ -77,6 +79,26 @@ def test_cluster_conv_runs_a_20x5_kernel_and_padding_beyond_the_kernel():
     for p in (3, 17):
         ref, _ = _sim_conv(x, w, (p, p, p, p), (2, 2))
         assert (ref[0] == ref[-1]).all() and (ref[:, 0] == ref[0, 0]).all()
+
+
+def test_cluster_conv_skips_the_matmul_of_outputs_whose_window_is_padding_only():
+    # 7x7, 1x1 stride 2, padding 3 (and 17): 3 x 3 of the 7 x 7 (21 x 21) outputs read the
+    # input; the others are the bias-only value, computed once, and cost their NormQuant only
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (7, 7, 16))
+    w = rng.integers(-128, 128, (4, 16, 1, 1))
+    cycles = {}
+    for p in (3, 17):
+        _, st = _sim_conv(x, w, (p, p, p, p), (2, 2))
+        assert st.cluster_macs == 3 * 3 * 4 * 16
+        cycles[p] = st.cluster_busy
+
+    def nq(outs: int) -> int:
+        return math.ceil(outs * 4 * CFG.CL_NQ_CYCLES_PER_OUTPUT / CFG.CLUSTER_CORES)
+
+    assert cycles[17] - cycles[3] == nq(21 * 21) - nq(7 * 7)
+    geo = Geometry(7, 7, 16, 7, 7, 4, 1, 1, 2, 2, (3, 3, 3, 3))
+    assert geo.window_fraction() == pytest.approx(9 / 49)
 
 
 def _layer(rng, cin, cout, kernel, strides, pads, name="conv", inp="x", out="y"):

@@ -67,8 +67,9 @@ class EngineChoice:
     def _choose(self) -> None:
         """Engines, then layouts. A conv the RBE can run but whose cores are much faster
         (:meth:`_cluster_much_faster`) goes back to the RBE under ``objective: energy`` when
-        that costs less estimated energy over it and its neighbours (:meth:`_near_cost`: e.g.
-        a stem feeding RBE layers, which then need no marshaling)."""
+        that costs less estimated energy over it and its neighbours (:meth:`_near_cost`: its
+        RBE readers then need no marshaling, but the RBE's power is mostly time-proportional,
+        so ResNet-20's 3-channel stem stays on the faster cores)."""
         faster: list = []
         consumers: dict[str, list] = {}
         for ly in self.g.layers:

@@ -111,6 +111,15 @@ class Geometry:
         """Loaded input columns ``[lo, hi)`` and the tile's (left, right) padding."""
         return _window(wo0 * self.sw - self.pads[1], (tw - 1) * self.sw + self.kw, self.w)
 
+    def window_fraction(self) -> float:
+        """Share of the output pixels whose window reads the input: the cluster kernels skip
+        the others (padding only: their value is NormQuant of the padding taps)."""
+        def n(out: int, size: int, k: int, s: int, pad: int) -> int:
+            return sum(1 for o in range(out) if o * s - pad < size and o * s - pad + k > 0)
+
+        return n(self.ho, self.h, self.kh, self.sh, self.pads[0]) * \
+            n(self.wo, self.w, self.kw, self.sw, self.pads[1]) / (self.ho * self.wo)
+
 
 def _window(r0: int, extent: int, size: int) -> tuple[int, int, int, int]:
     """The input range ``[lo, hi)`` a tile loads for its window ``[r0, r0 + extent)`` over an

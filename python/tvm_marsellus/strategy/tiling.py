@@ -213,26 +213,33 @@ class _Layer:
                 return False
         return True
 
+    def rbe_cycles(self, th: int, kt: int) -> int:
+        """RBE job cycles of one step (the simulator's cycle model); an add runs one job per
+        32-channel tile."""
+        from tvm_marsellus.simulator import rbe_job_phases
+
+        g = self.geo
+        lo, hi, pt, pb = g.in_rows(0, th)
+        clo, chi, pl, pr = g.in_cols(0, self.tw)
+        if self.kind == "add":
+            kts = [min(RBE_CHANNELS, kt - k0) for k0 in range(0, kt, RBE_CHANNELS)]
+            lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
+        else:
+            kts = [kt]
+        c = 0
+        for k in kts:
+            job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
+                            k_in=self.k_in, k_out=k, in_bits=self.tin.bits,
+                            w_bits=self.w_bits, out_bits=self.tout.bits, kernel=g.kh,
+                            stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
+                            pad_right=pr)
+            c += sum(rbe_job_phases(self.cfg, job).values())
+        return c
+
     def compute_cycles(self, th: int, kt: int) -> float:
         g, cfg = self.geo, self.cfg
         if self.engine == "rbe":
-            from tvm_marsellus.simulator import rbe_job_phases
-
-            lo, hi, pt, pb = g.in_rows(0, th)
-            clo, chi, pl, pr = g.in_cols(0, self.tw)
-            if self.kind == "add":  # one job per 32-channel tile
-                kts = [min(RBE_CHANNELS, kt - k0) for k0 in range(0, kt, RBE_CHANNELS)]
-                lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
-            else:
-                kts = [kt]
-            c = 0.0
-            for k in kts:
-                job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
-                                k_in=self.k_in, k_out=k, in_bits=self.tin.bits,
-                                w_bits=self.w_bits, out_bits=self.tout.bits, kernel=g.kh,
-                                stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
-                                pad_right=pr)
-                c += sum(rbe_job_phases(cfg, job).values())
+            c = self.rbe_cycles(th, kt)
             # the cores marshal on separate commands: with one side in HWC they overlap the
             # RBE jobs of the neighbouring tiles; with both, the cores' in-order stream puts
             # the output marshaling of tile i before the input marshaling of tile i + 1, which
@@ -254,7 +261,10 @@ class _Layer:
         if self.kind == "pool":
             return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * g.kh * g.kw / \
                 cfg.CL_POOL_TAPS_PER_CYCLE
-        macs = outs * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
+        # outputs whose window lies in the padding only cost their NormQuant alone: the mean
+        # step does the window share of the MatMul and im2col work
+        win = 1.0 if self.kind == "fc" else g.window_fraction()
+        macs = win * outs * g.kh * g.kw * (self.tc if self.kind in ("conv", "fc") else 1)
         if self.kind == "dw":
             work = macs / cfg.CL_DW_MACS_PER_CYCLE
         else:
@@ -262,7 +272,7 @@ class _Layer:
                                                   cluster_bits(self.layer.weight_bits)))
             work = macs / (rate * (cfg.CL_FC_EFFICIENCY if self.kind == "fc" else 1.0))
             if self.kind == "conv" and (g.kh * g.kw > 1 or g.sh > 1 or g.sw > 1):
-                work += th * self.tw * g.kh * g.kw * self.tc * self.tin.cbits / 8 / \
+                work += win * th * self.tw * g.kh * g.kw * self.tc * self.tin.cbits / 8 / \
                     cfg.CL_IM2COL_BYTES_PER_CYCLE
         nq = outs * cfg.CL_NQ_CYCLES_PER_OUTPUT / cfg.CLUSTER_CORES / self.n_chunks
         psum = 2 * outs / cfg.CLUSTER_CORES if self.chunked else 0
@@ -332,14 +342,15 @@ class _Layer:
 
     def energy(self, th: int, kt: int, coef: dict[str, float]) -> float:
         """Estimated energy (pJ, :func:`~tvm_marsellus.energy.energy_coefficients`) of the
-        layer: static power over its estimated time, the cores' busy cycles, the RBE's
-        operations (2 x MACs, and 2 x MACs x W x I 1-bit ones)."""
+        layer: static power over its estimated time, the cores' busy cycles, the RBE's job cycles
+        and its 1-bit products (2 x MACs x W x I)."""
         g = self.geo
         e = coef["static"] * self.cost(th, kt) + \
             coef["cluster"] * self.steps(th, kt) * self.cluster_cycles(th, kt)
         if self.engine == "rbe":
             macs = self.tin.n * g.ho * g.wo * g.k * self.k_in * g.kh * g.kw
-            e += 2 * macs * (coef["rbe_op"] + self.w_bits * self.tin.bits * coef["rbe_binop"])
+            e += coef["rbe"] * self.steps(th, kt) * self.rbe_cycles(th, kt) + \
+                2 * macs * self.w_bits * self.tin.bits * coef["rbe_binop"]
         return e
 
     def group_bytes(self, kt: int) -> int:
