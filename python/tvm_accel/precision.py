@@ -26,11 +26,18 @@ Where bits come from (all optional; a model without them is plain 8-bit):
 
    Every field is optional; ``w`` re-quantizes the layer's weights (conv, dense, transpose
    conv) to ``w`` bits (symmetric per output channel; the weight scales and the int32 bias are
-   recomputed), ``o`` clips the layer's output and ``i`` clips the tensor the layer reads (at
-   its producer) to that many bits. Scales of activations are *not* changed: clipping is what
-   the config does, so the activations should already be calibrated for the range (the zoo's
-   mixed-precision builders are). ``default`` entries apply to the weighted layers
-   (conv, dense, transpose conv) only.
+   recomputed), ``o`` narrows the layer's output and ``i`` the tensor the layer reads (at its
+   producer) to that many bits. A narrowed activation keeps its calibrated real range: its
+   scale widens from its current range to the b-bit one (:func:`widen`: ``s * 255 / (2^b -
+   1)`` from 8 bits, zero point mapped alike; ``s * 2^(8 - b)`` for a power-of-two scale),
+   and every reader follows (the consumers' requantize recipes and the int32 biases of the
+   layers reading it are computed from the new scale), as
+   :func:`tvm_accel.quantize.apply_mixed_precision` does in the ONNX model.
+   ``"keep_scale": true`` in an entry (or ``load_precision(..., keep_scale=True)``, ``tvmc
+   compile --precision-keep-scale`` for every entry that does not say) instead clips the tensor
+   to b bits at its current scale, with a :class:`PrecisionWarning` naming the share of its
+   calibrated range that saturates: for activations already calibrated for the narrow range.
+   ``default`` entries apply to the weighted layers (conv, dense, transpose conv) only.
 
 Canonicalize turns both into ``qmin``/``qmax`` of the requantize clip (so the canonical integer
 graph -- the reference -- computes exactly the b-bit values), records ``detail["bits"] =
@@ -42,7 +49,7 @@ under the annotation ``"precision"``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +83,42 @@ def range_bits(qmin: int, qmax: int, dtype: str) -> int:
         if lo <= qmin and qmax <= hi:
             return b
     return MAX_BITS
+
+
+def widen(scale: float, zp: int, old: tuple[int, int], bits: int, dtype: str
+          ) -> tuple[float, int]:
+    """Scale and zero point that put the real range of the integer range ``old`` (at ``scale``,
+    ``zp``) on the ``bits``-bit range of ``dtype``: ``scale * (old width) / (2^bits - 1)``
+    (float32, as a QDQ model stores it) and the zero point mapped alike, rounded (uint8 ``z``
+    from 8 bits: ``round(z * (2^bits - 1) / 255)``). A power-of-two scale (a fix-point model)
+    grows by the nearest power of two instead (``2^(8 - bits)`` from 8 bits), so shift-only
+    hardware can still requantize it."""
+    lo, hi = bits_range(bits, dtype)
+    span = old[1] - old[0]
+    mantissa, _ = np.frexp(scale)
+    if mantissa == 0.5:
+        factor = float(2.0 ** np.rint(np.log2(span / (hi - lo))))
+        new_scale, new_zp = scale * factor, lo + int(np.rint((zp - old[0]) / factor))
+    else:
+        new_scale = float(np.float32(scale * span / (hi - lo)))
+        new_zp = lo + int(np.rint((zp - old[0]) * (hi - lo) / span))
+    return new_scale, min(max(new_zp, lo), hi)
+
+
+def rescale_bias(bias: np.ndarray, bias_scale: np.ndarray, x_scale: float,
+                 w_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An int32 bias (scale ``bias_scale``) for a new input scale: the same real bias at
+    ``x_scale * w_scale`` (float32, as ONNX stores it); returns ``(bias, bias_scale)``."""
+    old_scale = np.asarray(bias_scale, dtype=np.float32)
+    w = np.asarray(w_scale, dtype=np.float64).ravel()
+    if w.size not in (1, old_scale.size):  # one scale per group's output channel (deconv)
+        w = np.tile(w, old_scale.size // w.size)
+    new_scale = (x_scale * w).astype(np.float32)
+    new_scale = np.broadcast_to(new_scale, old_scale.shape) if new_scale.size == 1 else \
+        new_scale.reshape(old_scale.shape)
+    real = np.asarray(bias).astype(np.float64) * old_scale
+    new = np.rint(real / new_scale.astype(np.float64)).astype(np.int32)
+    return new, np.ascontiguousarray(new_scale)
 
 
 def signed_bits(values: np.ndarray) -> int:
@@ -215,40 +258,51 @@ def _fold_clip(model: onnx.ModelProto, c: onnx.NodeProto, info: SubbyteInfo) -> 
 
 
 # --- precision config ----------------------------------------------------------------------------
+class PrecisionWarning(UserWarning):
+    """A precision config clips a tensor at its scale (``keep_scale``): part of its calibrated
+    range saturates."""
+
+
 @dataclass(frozen=True)
 class LayerPrecision:
-    """W/I/O bits of one layer (None: as the model says)."""
+    """W/I/O bits of one layer (None: as the model says) and whether narrowing its activations
+    keeps their scale (clips) instead of widening it (None: the config's choice)."""
 
     w: int | None = None
     i: int | None = None
     o: int | None = None
+    keep_scale: bool | None = None
 
 
 @dataclass
 class PrecisionConfig:
-    """A parsed precision config (see the module docstring for the JSON schema)."""
+    """A parsed precision config (see the module docstring for the JSON schema);
+    ``keep_scale``: the choice of every entry that does not make its own."""
 
     layers: dict[str, LayerPrecision] = field(default_factory=dict)
     default: LayerPrecision = LayerPrecision()
     source: str = "<precision>"
+    keep_scale: bool = False
 
     def for_layer(self, onnx_name: str, weighted: bool) -> LayerPrecision:
-        """The bits for a layer: its entry, else (weighted layers only) the default."""
-        if onnx_name in self.layers:
-            own, d = self.layers[onnx_name], self.default if weighted else LayerPrecision()
-            return LayerPrecision(own.w if own.w is not None else d.w,
-                                  own.i if own.i is not None else d.i,
-                                  own.o if own.o is not None else d.o)
-        return self.default if weighted else LayerPrecision()
+        """The bits for a layer: its entry, else (weighted layers only) the default; its
+        ``keep_scale`` resolved the same way, then from the config."""
+        d = self.default if weighted else LayerPrecision()
+        own = self.layers.get(onnx_name, LayerPrecision())
+        keep = next((k for k in (own.keep_scale, d.keep_scale) if k is not None),
+                    self.keep_scale)
+        return LayerPrecision(own.w if own.w is not None else d.w,
+                              own.i if own.i is not None else d.i,
+                              own.o if own.o is not None else d.o, keep)
 
 
 def _entry(obj, where: str, what: str) -> LayerPrecision:
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: {what} must be an object like {{\"w\": 4, \"i\": 8, "
                           f"\"o\": 4}}, got {type(obj).__name__}")
-    bad = sorted(set(obj) - {"w", "i", "o"})
+    bad = sorted(set(obj) - {"w", "i", "o", "keep_scale"})
     if bad:
-        raise ConfigError(f"{where}: {what}.{bad[0]}: unknown field; use w, i and o")
+        raise ConfigError(f"{where}: {what}.{bad[0]}: unknown field; use w, i, o and keep_scale")
     vals = {}
     for k in ("w", "i", "o"):
         v = obj.get(k)
@@ -257,13 +311,25 @@ def _entry(obj, where: str, what: str) -> LayerPrecision:
             raise ConfigError(f"{where}: {what}.{k} = {v!r}: bits must be an integer in "
                               f"{MIN_BITS}..{MAX_BITS}")
         vals[k] = v
-    return LayerPrecision(**vals)
+    keep = obj.get("keep_scale")
+    if keep is not None and not isinstance(keep, bool):
+        raise ConfigError(f"{where}: {what}.keep_scale = {keep!r}: must be true or false")
+    return LayerPrecision(**vals, keep_scale=keep)
 
 
-def load_precision(src) -> PrecisionConfig:
+def load_precision(src, keep_scale: bool | None = None) -> PrecisionConfig:
     """Parse a precision config: a path to a JSON file, a JSON string, a dict, or a
-    :class:`PrecisionConfig` (returned as is). Errors are one-line :class:`ConfigError`s naming
+    :class:`PrecisionConfig` (returned as is). ``keep_scale`` (not None) sets the config's
+    choice for entries without their own. Errors are one-line :class:`ConfigError`s naming
     the file and the field."""
+    cfg = _parse_precision(src)
+    if keep_scale is not None and keep_scale != cfg.keep_scale:
+        cfg = replace(cfg, keep_scale=keep_scale)
+    return cfg
+
+
+def _parse_precision(src) -> PrecisionConfig:
+    """:func:`load_precision` without the ``keep_scale`` override."""
     if isinstance(src, PrecisionConfig):
         return src
     where = "<precision>"

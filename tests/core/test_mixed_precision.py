@@ -111,13 +111,16 @@ def test_precision_config_changes_the_layer_bits_in_the_canonical_graph(tmp_path
     conv = next(b.value for blk in cmod["main"].body.blocks for b in blk.bindings
                 if b.var.name == "conv_acc")
     assert signed_bits(conv.args[1].value.numpy()) <= 3  # weights re-quantized to 3 bits
-    # the reference computes the clipped values: input and output inside 4 bits
+    # the reference computes the 4-bit values: the conv's (widened) scale counts the model's
+    # output (its ReLU, a layer of its own here, keeps the 8-bit scale) in 4-bit steps
     ex = compile_reference(mod, None, precision=str(cfg))
     x = zoo.random_input(conv8, 0)[0]
     y = _run(ex, x)
-    s, z = report[-1].output_scale, report[-1].output_zero_point
+    conv_rec = next(r for r in report if r.onnx_name == "conv")
+    s, z = conv_rec.output_scale, conv_rec.output_zero_point
     q = np.rint(y / s) + z
     assert q.min() >= 0 and q.max() <= 7 and len(np.unique(q)) > 4  # ReLU, int4 [-8, 7]
+    np.testing.assert_allclose(y, (q - z) * s, rtol=1e-5)
     ref8 = _run(compile_reference(mod, None), x)
     assert not np.array_equal(y, ref8)
 
@@ -274,22 +277,23 @@ def test_mixed_precision_networks_compile_for_the_cpu_and_match_onnxruntime(buil
 
 
 def test_marsellus_runs_a_precision_config_sub8bit_output_bit_exact():
-    """The issue-12 case: ``{"o": 4}`` on a layer of an 8-bit model. With uint8 activations
-    (ReLU outputs have zero point 0) the 4-bit output and the conv reading it run on the RBE,
-    bit-exact; on asymmetric int8 activations (zero point -128) the 4-bit range cannot hold the
-    zero point and the config is refused in one line instead of crashing the encoder."""
+    """The issue-12 case: ``{"o": 4}`` on a layer of an 8-bit model: the 4-bit output and the
+    conv reading it run on the RBE, bit-exact, with uint8 activations (zero point 0) and with
+    asymmetric int8 ones (zero point -128, which the widened 4-bit scale maps to -8). Clipped at
+    its scale (``keep_scale``) the int8 tensor's 4-bit range cannot hold the zero point: refused
+    in one line instead of crashing the encoder."""
     import tvm_marsellus
 
     bits = {"layers": {"block1.conv1": {"w": 4, "o": 4}}}
-    q = models.quantized("tiny_cnn", activation_type="uint8")
-    mod, info = load_onnx(q)
-    ex, report = compile_model(mod, tvm_marsellus.TARGET, precision=bits)
-    where = {r.layer: r.placement for r in report.offloads}
-    assert where["block1.conv1"] == where["block1.conv2"] == "marsellus"
-    ref = compile_reference(mod, tvm_marsellus.TARGET, precision=bits)
-    x = zoo.random_input(q, 0)[0]
-    np.testing.assert_array_equal(_run(ex, x), _run(ref, x))
-    mod8, _ = load_onnx(models.quantized("tiny_cnn"))
+    x = zoo.random_input(models.quantized("tiny_cnn"), 0)[0]
+    for act in ("uint8", "int8"):
+        mod, _ = load_onnx(models.quantized("tiny_cnn", activation_type=act))
+        ex, report = compile_model(mod, tvm_marsellus.TARGET, precision=bits)
+        where = {r.layer: r.placement for r in report.offloads}
+        assert where["block1.conv1"] == where["block1.conv2"] == "marsellus"
+        ref = compile_reference(mod, tvm_marsellus.TARGET, precision=bits)
+        np.testing.assert_array_equal(_run(ex, x), _run(ref, x))
+    keep = {"layers": {"block1.conv1": {"w": 4, "o": 4, "keep_scale": True}}}
     with pytest.raises(ConfigError, match=r"layers\.block1\.conv1\.o: the 4-bit int8 range "
                                           r"\[-8, 7\] excludes the tensor's zero point -128"):
-        compile_model(mod8, tvm_marsellus.TARGET, precision=bits)
+        compile_model(mod, tvm_marsellus.TARGET, precision=keep)

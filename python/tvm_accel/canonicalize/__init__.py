@@ -98,7 +98,7 @@ def canonicalize(mod: tvm.IRModule, target=None, func_name: str = "main",
     canon = _Canonicalizer(graph, recipes, config)
     canon.apply_config()
     canon.run()
-    new_func = _Rewriter(canon.plans, mod).visit_expr(func)
+    new_func = _Rewriter(canon.plans, mod).visit_expr(graph.func)  # narrowed by the config
     out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != func_name},
                        attrs=mod.attrs)
     out[func_name] = new_func

@@ -27,6 +27,7 @@ from tvm_accel.canonicalize.graph import (
     nearest_upsample_scale,
 )
 from tvm_accel.canonicalize.guard import GuardedRecipe, guard_add, guard_weighted
+from tvm_accel.canonicalize.narrow import Request, narrow_activations
 from tvm_accel.canonicalize.records import (
     _AUTO_NAME,
     _FLOAT_OP_NAMES,
@@ -37,7 +38,7 @@ from tvm_accel.canonicalize.records import (
     _Recipes,
 )
 from tvm_accel.errors import ConfigError, ModelError
-from tvm_accel.layers import DTYPE_RANGE, Requant
+from tvm_accel.layers import Requant
 
 R = relax.op
 
@@ -59,12 +60,15 @@ class _Canonicalizer:
         self.layer_bits: dict[str, dict[str, int | None]] = {}
 
     def apply_config(self) -> None:
-        """Turn the precision config into weight bits and activation ranges (before run: an
-        ``i`` clips the producer of the layer's input, which comes earlier in the graph)."""
+        """Turn the precision config into weight bits and narrowed activations (before run: an
+        ``i`` narrows the producer of the layer's input, which comes earlier in the graph; a
+        narrowed activation's new scale must reach every reader, see
+        :mod:`~tvm_accel.canonicalize.narrow`)."""
         cfg = self.config
         if cfg is None:
             return
         params = set(self.g.func.params)
+        requests: dict[relax.Var, list[Request]] = {}
         for b in self.g.order:
             call = b.value
             if _op_name(call) != "relax.quantize" or (isinstance(call.args[0], relax.Var)
@@ -82,46 +86,45 @@ class _Canonicalizer:
             if onnx_name in cfg.layers:
                 self.cfg_seen.add(onnx_name)
             lp = cfg.for_layer(onnx_name, weighted)
+            keep = bool(lp.keep_scale)
             if lp.w is not None and weighted:
                 self.cfg_w[onnx_name] = lp.w
             if lp.o is not None:
-                self._constrain(b.var, lp.o, out.dtype, out.zp, f"layers.{onnx_name}.o")
+                requests.setdefault(b.var, []).append(
+                    Request(lp.o, keep, f"layers.{onnx_name}.o", out.scale, out.zp))
             if lp.i is not None:
                 c = self.g.value(op_e if weighted else core)
                 x = self.g.dq_act(c.args[0]) if isinstance(c, relax.Call) and c.args else None
                 if x is None or not isinstance(x.var, relax.Var):
                     raise ConfigError(f"{cfg.source}: layers.{onnx_name}.i: the layer's input is "
-                                      "not a quantized activation that can be clipped")
-                self._constrain(x.var, lp.i, x.dtype, x.zp, f"layers.{onnx_name}.i")
+                                      "not a quantized activation that can be narrowed")
+                requests.setdefault(x.var, []).append(
+                    Request(lp.i, keep, f"layers.{onnx_name}.i", x.scale, x.zp))
         missing = sorted(set(cfg.layers) - self.cfg_seen)
         if missing:
             known = sorted({self.g.names.get(v.name, v.name) for v in self.g.bind
                             if not _AUTO_NAME.fullmatch(v.name)})
             raise ConfigError(f"{cfg.source}: layers.{missing[0]}: no quantized layer of that "
                               f"name in the model (e.g. {', '.join(known[:5])})")
+        narrow_activations(self.g, requests, cfg.source)
 
     @property
     def _config_source(self) -> str:
         """Where the precision config came from, for its error messages."""
         return self.config.source if self.config is not None else "precision config"
 
-    def _constrain(self, var: relax.Var, bits: int, dtype: str, zp: int, field: str) -> None:
-        """Clip ``var`` to ``bits``; refused when the b-bit range excludes the zero point
-        (real 0.0 unrepresentable: an asymmetric int8 activation, zero point -128, clipped
-        to 4 bits keeps only its bottom 16 codes)."""
-        lo, hi = precision.bits_range(bits, dtype)
-        if not lo <= zp <= hi:
-            raise ConfigError(
-                f"{self._config_source}: {field}: the {bits}-bit {dtype} range [{lo}, {hi}] "
-                f"excludes the tensor's zero point {zp}, so clipping would destroy it; "
-                "narrow only tensors whose zero point the range holds (symmetric int8, or "
-                "uint8 ReLU outputs: zero point 0), or keep this tensor at 8 bits")
-        old = self.g.ranges.get(var, DTYPE_RANGE[dtype])
-        self.g.ranges[var] = (max(old[0], lo), min(old[1], hi))
-
     def _input_clamp(self, b: relax.VarBinding, call, out: _Out) -> _Plan:
         """The model's input quantize with a sub-byte range: quantize, then clip."""
         name = self.g.claim(b.var.name)
+        rec = LayerRecord(name, self.g.names.get(b.var.name, b.var.name), "quantize", True,
+                          out.dtype, out.scale, out.zp,
+                          detail={"qmin": out.qmin, "qmax": out.qmax,
+                                  "bits": {"w": None, "i": None, "o": out.bits}})
+        return _Plan(rec, self._clamped_quantize(call, out, name))
+
+    @staticmethod
+    def _clamped_quantize(call, out: _Out, name: str):
+        """Emitter of ``call`` (a quantize) followed by the clip to ``out``'s range."""
 
         def emit(bb, look):
             q = bb.emit(relax.Call(call.op, [look(a) for a in call.args], call.attrs,
@@ -129,11 +132,7 @@ class _Canonicalizer:
             q = bb.emit(R.maximum(q, relax.const(out.qmin, out.dtype)), name_hint=f"{name}_max")
             return bb.emit(R.minimum(q, relax.const(out.qmax, out.dtype)), name_hint=name)
 
-        rec = LayerRecord(name, self.g.names.get(b.var.name, b.var.name), "quantize", True,
-                          out.dtype, out.scale, out.zp,
-                          detail={"qmin": out.qmin, "qmax": out.qmax,
-                                  "bits": {"w": None, "i": None, "o": out.bits}})
-        return _Plan(rec, emit)
+        return emit
 
     def _bits(self, out: _Out, xs, w: int | None = None) -> dict[str, int | None]:
         """W/I/O bits of a layer (``i``: the widest of its inputs)."""
@@ -188,6 +187,9 @@ class _Canonicalizer:
                     reason += " ('tvmc quantize --scheme power-of-two' makes such a model)"
             if plan is None:  # stays dequantize -> op -> quantize, on the CPU
                 self._float_record(core, out, reason)
+                if b.var in self.g.ranges:  # a sub-byte output: its readers rely on the range
+                    self.plans[b.var] = _Plan(self.report[-1],
+                                              self._clamped_quantize(call, out, b.var.name))
                 continue
             self.plans[b.var] = plan
             self.report.append(plan.record)

@@ -5,10 +5,12 @@ embedding)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -16,6 +18,7 @@ from tvm_accel.cli.common import (
     add_input_shapes_option,
     add_target_options,
     check_output_path,
+    one_line,
     parse_input_shapes,
     parse_target,
     target_knobs,
@@ -73,32 +76,36 @@ def cmd_compile(args) -> int:
         raise AccelError(f"--dump-offloads {args.dump_offloads}: not a file in an existing "
                          "directory")
     precision = None
+    keep_scale = getattr(args, "precision_keep_scale", False)
+    if keep_scale and not getattr(args, "precision_config", None):
+        raise AccelError("--precision-keep-scale: applies to a --precision-config; give one")
     if getattr(args, "precision_config", None):
         from tvm_accel.precision import load_precision
 
-        precision = load_precision(args.precision_config)
+        precision = load_precision(args.precision_config, keep_scale=keep_scale or None)
     shapes = parse_input_shapes(args.input_shapes)
     mod, info = load_onnx(args.model, shapes=shapes)
     inputs, outputs, quantized = _onnx_signature(args.model, shapes)
     t0 = time.perf_counter()
-    if accel is None:
-        ex = compile_reference(mod, None, host, precision=precision)
-        report, config, cfg, knobs = None, "", None, None
-    else:
-        target = get_target(accel)
-        given = target_options(accel, args)["config"]
-        cfg = target.load_config(given)
-        knobs = target_knobs(accel, args)
-        records = getattr(args, "tuning_records", None)
-        try:
-            with compile_progress(_ProgressLines(t0)):
-                ex, report = _compile(mod, target, cfg, knobs, host, precision, records,
-                                      args.max_requant_error)
-        except MappingError as e:  # not one layer (those fall back): the whole config
-            raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
-                             f"config: use one with more memory, or --target-{accel}-config "
-                             "of another instance)") from e
-        config = cfg.name
+    with _precision_warnings():
+        if accel is None:
+            ex = compile_reference(mod, None, host, precision=precision)
+            report, config, cfg, knobs = None, "", None, None
+        else:
+            target = get_target(accel)
+            given = target_options(accel, args)["config"]
+            cfg = target.load_config(given)
+            knobs = target_knobs(accel, args)
+            records = getattr(args, "tuning_records", None)
+            try:
+                with compile_progress(_ProgressLines(t0)):
+                    ex, report = _compile(mod, target, cfg, knobs, host, precision,
+                                          records, args.max_requant_error)
+            except MappingError as e:  # not one layer (those fall back): the whole config
+                raise AccelError(f"{given or cfg.name}: {e} (the model does not fit this {accel} "
+                                 f"config: use one with more memory, or --target-{accel}-config "
+                                 "of another instance)") from e
+            config = cfg.name
     seconds = time.perf_counter() - t0
     offloads = [asdict(r) for r in report.nodes] if report else []
     float_model = accel is not None and not quantized
@@ -160,6 +167,27 @@ def cmd_compile(args) -> int:
                                  f"({e.strerror})") from None
             print(f"offloads -> {args.dump_offloads}")
     return 0
+
+
+@contextlib.contextmanager
+def _precision_warnings():
+    """Print each :class:`~tvm_accel.precision.PrecisionWarning` once, as a ``tvmc compile:
+    warning:`` line on stderr (other warnings go on as they came)."""
+    from tvm_accel.precision import PrecisionWarning
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PrecisionWarning)
+            yield
+    finally:
+        shown = set()
+        for w in caught:
+            if not issubclass(w.category, PrecisionWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            elif str(w.message) not in shown:
+                shown.add(str(w.message))
+                print(f"tvmc compile: warning: {one_line(str(w.message))}", file=sys.stderr)
 
 
 def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None,
@@ -224,6 +252,10 @@ def add_parser(sub) -> None:
                    help="requantize guard: a layer whose recipe deviates from its float scales "
                    "by more than LSB output steps stays on the CPU (default "
                    f"{DEFAULT_MAX_REQUANT_ERROR:g}; 'inf' offloads it anyway)")
+    c.add_argument("--precision-keep-scale", action="store_true",
+                   help="narrowed activations of --precision-config keep their scale and are "
+                   "clipped, with a warning (default: the scale widens to keep the calibrated "
+                   'range); an entry\'s own "keep_scale" wins')
     c.add_argument("--dump-offloads", nargs="?", const="-", metavar="FILE",
                    help="list every layer, where it runs and why (to FILE, or stdout: '-' "
                    "or no value; 'all': stdout, with the folded Q/DQ and constant nodes)")

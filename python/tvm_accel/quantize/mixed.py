@@ -13,11 +13,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_accel import zoo
+from tvm_accel.layers import DTYPE_RANGE
+from tvm_accel.precision import bits_range, rescale_bias, widen
 from tvm_accel.quantize.ort import cache_dir, ort_quantize
 
 # --- mixed precision (sub-byte) QDQ models -----------------------------------------------------
 #: version of the mixed-precision rewrite (part of the cache key of :func:`quantize_mixed`)
-_MIXED_VERSION = 1
+_MIXED_VERSION = 2
 
 
 #: HAWQ-style bit assignment for :func:`resnet20_mixed` (weights 2/3/6/8, activations 4/8):
@@ -74,7 +76,9 @@ def apply_mixed_precision(qmodel: onnx.ModelProto, bits: dict[str, dict[str, int
       4-bit weights become an INT4 initializer (opset 21) when ``native_int4``, other widths
       stay in the int8 container;
     - ``o``: the output activation keeps its real range but gets ``2^O - 1`` levels (scale
-      ``s * 255 / (2^O - 1)``, zero point scaled alike); a 4-bit output uses UINT4/INT4 Q/DQ
+      ``s * 255 / (2^O - 1)``, zero point scaled alike: :func:`tvm_accel.precision.widen`, in
+      initializers of its own, as onnxruntime shares them between tensors with equal
+      parameters); a 4-bit output uses UINT4/INT4 Q/DQ
       when ``native_int4``, other widths a ``Clip`` between Q and DQ (a *clipped range*,
       see :mod:`tvm_accel.precision`).
 
@@ -129,6 +133,9 @@ class _Initializers:
         self.graph.initializer.append(numpy_helper.from_array(value, name))
         self.inits[name] = self.graph.initializer[-1]
 
+    def drop(self, name: str) -> None:
+        self.graph.initializer.remove(self.inits.pop(name))
+
 
 def _narrow_weights(q: _Initializers, dq: onnx.NodeProto, wb: int, native_int4: bool) -> bool:
     """Re-quantize the weights of weight DequantizeLinear ``dq`` to symmetric ``wb``-bit values
@@ -174,12 +181,14 @@ def _narrow_output(q: _Initializers, n: onnx.NodeProto, ob: int, native_int4: bo
     (True) or a Clip between Q and DQ (a clipped range)."""
     g = q.graph
     qn = _output_quantize(g, n)
+    _own_params(q, qn)
     s, zp = q.arr(qn.input[1]), q.arr(qn.input[2])
     signed = zp.dtype == np.int8
-    lv = (1 << ob) - 1
-    new_s = (s.astype(np.float64) * 255.0 / lv).astype(np.float32)
-    lo, hi = (-(1 << (ob - 1)), (1 << (ob - 1)) - 1) if signed else (0, lv)
-    new_zp = np.clip(np.rint(zp.astype(np.float64) * lv / 255.0), lo, hi)
+    dtype = "int8" if signed else "uint8"
+    lo, hi = bits_range(ob, dtype)
+    scale, z = widen(float(s.ravel()[0]), int(zp.ravel()[0]), DTYPE_RANGE[dtype], ob, dtype)
+    new_s = np.full(s.shape, scale, dtype=np.float32)
+    new_zp = np.full(zp.shape, z)
     q.put(qn.input[1], new_s)
     if ob == 4 and native_int4:
         q.inits[qn.input[2]].CopyFrom(_to_i4(new_zp, qn.input[2], signed))
@@ -199,6 +208,24 @@ def _narrow_output(q: _Initializers, n: onnx.NodeProto, ob: int, native_int4: bo
     return False
 
 
+def _own_params(q: _Initializers, qn: onnx.NodeProto) -> None:
+    """Give quantize ``qn`` and the DequantizeLinears of its output their own scale and zero
+    point initializers: onnxruntime shares them between tensors with equal parameters (a max
+    pool's output and its input), and narrowing one tensor must not move another."""
+    out = qn.output[0]
+    nodes = [qn, *(c for c in q.graph.node if c.op_type == "DequantizeLinear" and c.input
+                   and c.input[0] == out)]
+    for k, what in ((1, "scale"), (2, "zero_point")):
+        old = qn.input[k]
+        new = f"{out}_narrowed_{what}"
+        q.add(new, q.arr(old))
+        for c in nodes:
+            if len(c.input) > k and c.input[k] == old:
+                c.input[k] = new
+        if not any(old in c.input for c in q.graph.node):
+            q.drop(old)
+
+
 def _requantize_biases(q: _Initializers, old_bias: dict[str, np.ndarray]) -> None:
     """Bias scale = x_scale * w_scale again (input scales may have changed), same float bias."""
     prod = {o: n for n in q.graph.node for o in n.output}
@@ -208,10 +235,10 @@ def _requantize_biases(q: _Initializers, old_bias: dict[str, np.ndarray]) -> Non
         bdq, wdq = prod[n.input[2]], prod[n.input[1]]
         xdq = prod[n.input[0]]
         sx = float(q.arr(xdq.input[1]).ravel()[0])
-        bs = (sx * q.arr(wdq.input[1]).astype(np.float64)).astype(np.float32)
-        bs = np.broadcast_to(bs, q.arr(bdq.input[1]).shape) if bs.size == 1 else bs
-        q.put(bdq.input[1], np.ascontiguousarray(bs))
-        q.put(bdq.input[0], np.rint(old_bias[n.name] / bs.astype(np.float64)).astype(np.int32))
+        bias, bs = rescale_bias(old_bias[n.name], np.ones(q.arr(bdq.input[1]).shape, np.float32),
+                                sx, q.arr(wdq.input[1]))
+        q.put(bdq.input[1], bs)
+        q.put(bdq.input[0], bias)
 
 
 def quantize_mixed(model: onnx.ModelProto, bits: dict[str, dict[str, int]],
