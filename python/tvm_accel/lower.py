@@ -34,6 +34,7 @@ from tvm_accel.layers import (
     UpsampleLayer,
 )
 from tvm_accel.partition import (
+    LAYER_ATTR,
     OffloadPattern,
     const_value,
     layer_name,
@@ -57,6 +58,25 @@ class LoweredFunction:
     layers: list[str] = field(default_factory=list)
     #: layer -> the tuning record's configuration it was compiled with
     tuned: dict = field(default_factory=dict)
+    #: layer -> the pattern (composite) it was read from
+    patterns: dict[str, str] = field(default_factory=dict)
+
+
+def lowered_layers(functions: list[LoweredFunction]) -> dict[str, str]:
+    """Every layer a blob holds -> its pattern: where the placement report puts layers on
+    the target (:func:`tvm_accel.partition.explain`)."""
+    return {layer: pat for fn in functions for layer, pat in fn.patterns.items()}
+
+
+def _composite_patterns(func: relax.Function) -> list[str]:
+    """The pattern of each composite call of an offloaded function, in binding order (the
+    order :func:`extract_layer_graph` appends the layers)."""
+    local = {b.var.__chandle__(): b.value for blk in func.body.blocks for b in blk.bindings
+             if isinstance(b.value, relax.Function)}
+    return [str(local[b.value.op.__chandle__()].attrs["Composite"])
+            for blk in func.body.blocks for b in blk.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, relax.Var)
+            and b.value.op.__chandle__() in local]
 
 
 def _scalar(expr) -> int:
@@ -123,7 +143,9 @@ def _data_input(data: str | None, pat: OffloadPattern) -> str:
 def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: list[str],
                           output: str):
     """Rebuild one layer from a composite function: dispatch on the pattern's core op (the
-    annotations of :mod:`tvm_accel.partition`'s pattern builders)."""
+    annotations of :mod:`tvm_accel.partition`'s pattern builders). The layer is named by the
+    function's :data:`~tvm_accel.partition.LAYER_ATTR` (the partitioner's match), else by its
+    core op's span or binding."""
     body = comp.body
     root = body.blocks[-1].bindings[-1].value
     var2val = relax.analysis.get_var2val(comp)
@@ -132,9 +154,9 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
         raise AccelError(f"composite {pat.name} does not match its own pattern")
     ann = {k: m[p] for k, p in pat.annotations.items() if p in m}
     core = ann["core"]
-    name = span_layer(core) or layer_name(next(
-        (b.var.name for blk in body.blocks for b in blk.bindings if b.value.same_as(core)),
-        output))
+    name = str(comp.attrs[LAYER_ATTR]) if LAYER_ATTR in comp.attrs else span_layer(core) or \
+        layer_name(next((b.var.name for blk in body.blocks for b in blk.bindings
+                         if b.value.same_as(core)), output))
     op = core.op.name
     if "weight" in ann:
         w = const_value(ann["weight"]).astype(np.int64)
@@ -302,7 +324,8 @@ def extract_layer_graph(func: relax.Function, patterns: list[OffloadPattern],
                     rec = layer_bits.get(layer.name, {}).get("w")  # still the var name
                     vb = signed_bits(layer.weight)
                     layer.weight_bits = max(int(rec), vb) if rec is not None else vb
-                if _AUTO_NAME.fullmatch(layer.name):  # a one-op composite loses its var name
+                if LAYER_ATTR not in comp.attrs and _AUTO_NAME.fullmatch(layer.name):
+                    # without the partitioner's name, a one-op composite loses its var name
                     layer.name = f"{args[0]}_{pat.name.split('.')[-1]}"
                 layer.output = out = unique(layer.name)
                 layer.name = onnx_names.get(out, out)  # unique, like the output tensors
@@ -441,9 +464,10 @@ def lower_offloads(mod: tvm.IRModule, target: AccelTarget, config, knobs: dict |
         report_progress("lower", i + 1, len(offloaded), name, time.perf_counter() - t0)
         blobs[gv] = relax.const(np.frombuffer(data, dtype=np.uint8), "uint8")
         if report is not None:
-            report.append(LoweredFunction(name, graph, data,
-                                          time.perf_counter() - t0,
-                                          [ly.name for ly in graph.layers], tuned))
+            layers = [ly.name for ly in graph.layers]
+            report.append(LoweredFunction(name, graph, data, time.perf_counter() - t0, layers,
+                                          tuned, dict(zip(layers, _composite_patterns(f),
+                                                          strict=True))))
 
     if unmapped:
         raise UnmappableLayers(unmapped)

@@ -4,7 +4,7 @@ A target declares :class:`OffloadPattern` entries: a Relax DPL pattern over the 
 graph plus *named constraint checks*. Each check is a function of the matched sub-expressions
 whose docstring is the reason shown to the user when it fails and the layer stays on the CPU.
 :func:`partition` runs ``FuseOpsByPattern(annotate_codegen=False)`` + ``MergeCompositeFunctions``;
-:func:`explain` lists every candidate layer, where it goes and why (``--dump-offloads``).
+:func:`explain` lists every layer, where lowering put it and why (``--dump-offloads``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
+
+from tvm_accel.canonicalize.graph import span_layer
 
 Check = Callable[[dict], bool]
 
@@ -52,26 +54,46 @@ class OffloadPattern:
         return failed
 
     def as_fusion_entry(self, layer_bits: dict | None = None,
-                        excluded: Mapping[str, str] | None = None) -> tuple:
+                        excluded: Mapping[str, str] | None = None
+                        ) -> relax.transform.FusionPattern:
         """``FuseOpsByPattern`` entry; ``layer_bits`` (layer name -> W/I/O bits, see
         :data:`tvm_accel.precision.LAYER_BITS_ATTR`) is offered to the checks as
         ``m["precision"]``; a layer named in ``excluded`` (lowering could not map it) is not
-        matched."""
+        matched. Each composite function gets its layer's var name as :data:`LAYER_ATTR`."""
+        names: dict[int, str] = {}  # core expr -> its layer's var name, for attrs()
+
         def check(ctx: relax.transform.PatternCheckContext) -> bool:
             if has_leaking_intermediate_variables(ctx):
                 return False
             annotated = dict(ctx.annotated_expr)
-            if layer_bits or excluded:
-                core = annotated.get("core", annotated.get("root"))
-                var = ctx.value_to_bound_var.get(core) if core is not None else None
-                name = layer_name(var.name) if var is not None else None
-                if excluded and name in excluded:
-                    return False
-                if layer_bits:
-                    annotated["precision"] = layer_bits.get(name, {}) if name else {}
-            return not self.failed_checks(annotated)
+            core = annotated.get("core", annotated.get("root"))
+            var = ctx.value_to_bound_var.get(core) if core is not None else None
+            name = layer_name(var.name) if var is not None else None
+            if excluded and name in excluded:
+                return False
+            if layer_bits:
+                annotated["precision"] = layer_bits.get(name, {}) if name else {}
+            if self.failed_checks(annotated):
+                return False
+            if core is not None and name:
+                names[core.__chandle__()] = name
+            return True
 
-        return (self.name, self.pattern, self.annotations, check)
+        def attrs(annotated) -> dict[str, str]:
+            core = annotated.get("core", annotated.get("root"))
+            name = names.get(core.__chandle__()) if core is not None else None
+            name = name or (span_layer(core) if core is not None else None)
+            return {LAYER_ATTR: name} if name else {}
+
+        return relax.transform.FusionPattern(self.name, self.pattern, self.annotations, check,
+                                             attrs)
+
+
+#: attribute of each composite function: the var name of the layer it computes. It keeps
+#: structurally equal layers (two residual adds with the same quantization) apart:
+#: ``FuseOpsByPattern`` shares one function between equal matches, and lowering would name
+#: every call after one of them
+LAYER_ATTR = "accel_layer"
 
 
 # --- canonical integer-form patterns (see tvm_accel.canonicalize) ---------------------------------
@@ -379,17 +401,22 @@ def _float_reasons(numerics) -> dict[str, Any]:
 def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
             partitioned: tvm.IRModule | None = None,
             numerics: list | None = None,
-            excluded: Mapping[str, str] | None = None) -> list[OffloadRecord]:
+            excluded: Mapping[str, str] | None = None,
+            lowered: Mapping[str, str] | None = None) -> list[OffloadRecord]:
     """Every layer of ``main`` in model order, with placement and reason, named by its ONNX
     node.
 
-    A layer matched by a pattern whose checks pass is offloaded (confirmed against the partitioned
-    module when given); one whose checks fail stays on the CPU with the failed checks' reasons;
-    other anchor ops (pooling, reshape, quantize, ...) are listed as host ops. ``numerics`` (the
-    canonicalize report, :class:`tvm_accel.canonicalize.LayerRecord` list) names the layers that
-    canonicalize left float and gives its reason (e.g. a scale the target's recipe cannot
-    represent) instead of "no pattern". ``excluded`` gives the reason of each layer lowering
-    could not map (it stayed on the CPU).
+    ``lowered`` (layer -> the pattern of its composite, for every layer a blob holds: see
+    :func:`tvm_accel.lower.lowered_layers`) is where each layer went: those layers are on the
+    target, every other layer is on the CPU, so the report never contradicts the package's
+    blobs. The pattern walk below only says *why* a layer stays on the CPU: the checks that
+    failed (patterns in priority order, a pattern whose checks fail gives way to the next, as
+    in the partitioner), the reason lowering could not map it (``excluded``), an intermediate
+    value used outside the layer (``partitioned``: its core op is still in ``main``), or the
+    reason canonicalize left it float (``numerics``, the
+    :class:`tvm_accel.canonicalize.LayerRecord` list); other anchor ops (pooling, reshape,
+    quantize, ...) are host ops. Without ``lowered`` (before lowering), a layer whose checks
+    pass is reported on the target.
 
     Every other operator node of the ONNX model gets a row too (module attribute
     :data:`~tvm_accel.frontend.ONNX_NODES_ATTR`): a ReLU or bias add fused into a layer has the
@@ -398,65 +425,27 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
     biases: folded into their layer) are rows of kind ``qdq`` / ``const``.
     """
     func = mod["main"]
-    var2val = relax.analysis.get_var2val(func)
-    bound_name = {v.__chandle__(): k.name for k, v in var2val.items()}
-    host = _host_op_names(partitioned) if partitioned is not None else None
+    walk = _Walk(func, patterns, target_name, excluded, lowered,
+                 _host_op_names(partitioned) if partitioned is not None else None,
+                 module_layer_bits(mod), module_layer_names(mod))
     floats = _float_reasons(numerics)
-    bits = module_layer_bits(mod)
-    onnx = module_layer_names(mod)
-    matches: list[tuple[str, OffloadRecord]] = []
-    covered: set[int] = set()
+    matches: dict[str, OffloadRecord] = {}  # root binding -> its layer's row
+    named: set[str] = set()
     for block in func.body.blocks:
         for binding in block.bindings:
-            value = binding.value
-            if not isinstance(value, relax.Call):
-                continue
-            first_failure = None
-            for pat in patterns:
-                m = pat.pattern.extract_matched_expr(value, var2val)
-                if m is None:
-                    continue
-                annotated = {k: m[p] for k, p in pat.annotations.items() if p in m}
-                core = annotated.get("core", annotated.get("root"))
-                if core is None:
-                    raise AttributeError(f"pattern {pat.name} annotates neither 'core' nor "
-                                         "'root'")
-                covered.add(core.__chandle__())
-                if "flatten" in annotated and not pat.failed_checks(annotated):
-                    covered.add(annotated["flatten"].__chandle__())
-                core_name = bound_name.get(core.__chandle__(), binding.var.name)
-                var_name = layer_name(core_name)
-                name = onnx.get(var_name, var_name)
-                if bits:
-                    annotated["precision"] = bits.get(var_name, {})
-                failed = pat.failed_checks(annotated)
-                shape = _shape_str(binding.var)
-                if excluded and name in excluded:  # whatever the checks say
-                    rec = OffloadRecord(name, pat.op, shape, "cpu", excluded[name])
-                elif failed:  # the partitioner tries the next pattern: so does the report
-                    first_failure = first_failure or OffloadRecord(name, pat.op, shape, "cpu",
-                                                                   "; ".join(failed))
-                    continue
-                elif host is not None and core_name in host:
-                    rec = OffloadRecord(name, pat.op, shape, "cpu",
-                                        "an intermediate value is used outside the layer")
-                else:
-                    rec = OffloadRecord(name, pat.op, shape, target_name, f"matched {pat.name}")
-                matches.append((binding.var.name, rec))
-                break
-            else:
-                if first_failure is not None:
-                    matches.append((binding.var.name, first_failure))
+            rec = walk.row(binding) if isinstance(binding.value, relax.Call) else None
+            if rec is not None and rec.layer not in named:  # one row per layer
+                named.add(rec.layer)
+                matches[binding.var.name] = rec
     records = []
-    match_by_root = dict(matches)
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if binding.var.name in match_by_root:
-                records.append(match_by_root[binding.var.name])
+            if binding.var.name in matches:
+                records.append(matches[binding.var.name])
                 continue
             op = getattr(getattr(value, "op", None), "name", None)
-            if op in _ANCHORS and value.__chandle__() not in covered:
+            if op in _ANCHORS and value.__chandle__() not in walk.covered:
                 fl = floats.get(binding.var.name)
                 if fl is not None:
                     records.append(OffloadRecord(fl.onnx_name, fl.op, _shape_str(binding.var),
@@ -464,10 +453,82 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                                  f"{fl.detail.get('reason', '?')}"))
                     continue
                 var_name = layer_name(binding.var.name)
-                records.append(OffloadRecord(onnx.get(var_name, var_name), _ANCHORS[op],
+                records.append(OffloadRecord(walk.onnx.get(var_name, var_name), _ANCHORS[op],
                                              _shape_str(binding.var), "cpu",
                                              f"no {target_name} pattern for {_ANCHORS[op]}"))
-    return _with_node_rows(mod, records, numerics, target_name, host)
+    for name, pat_name in (lowered or {}).items():  # a blob's layer the walk did not name
+        if name not in named:
+            op = walk.by_name[pat_name].op if pat_name in walk.by_name else pat_name
+            records.append(OffloadRecord(name, op, "?", target_name, f"matched {pat_name}"))
+    return _with_node_rows(mod, records, numerics, target_name, walk.host)
+
+
+@dataclass
+class _Walk:
+    """The pattern walk of :func:`explain`: the row of the layer rooted at a binding."""
+
+    func: relax.Function
+    patterns: list[OffloadPattern]
+    target_name: str
+    excluded: Mapping[str, str] | None
+    lowered: Mapping[str, str] | None
+    host: set[str] | None
+    bits: dict[str, dict[str, int]]
+    onnx: dict[str, str]
+    #: core ops (and views) some pattern matched: not listed again as host ops
+    covered: set[int] = field(default_factory=set)
+
+    def __post_init__(self):
+        self.var2val = relax.analysis.get_var2val(self.func)
+        self.bound_name = {v.__chandle__(): k.name for k, v in self.var2val.items()}
+        self.by_name = {p.name: p for p in self.patterns}
+
+    def row(self, binding) -> OffloadRecord | None:
+        """The row of the layer whose pattern matches at ``binding`` (None: no pattern)."""
+        first_failure = None
+        for pat in self.patterns:
+            m = pat.pattern.extract_matched_expr(binding.value, self.var2val)
+            if m is None:
+                continue
+            annotated = {k: m[p] for k, p in pat.annotations.items() if p in m}
+            core = annotated.get("core", annotated.get("root"))
+            if core is None:
+                raise AttributeError(f"pattern {pat.name} annotates neither 'core' nor 'root'")
+            self.covered.add(core.__chandle__())
+            core_name = self.bound_name.get(core.__chandle__(), binding.var.name)
+            var_name = layer_name(core_name)
+            name = self.onnx.get(var_name, var_name)
+            shape = _shape_str(binding.var)
+            if self.lowered is not None and name in self.lowered:  # a blob holds it
+                used = self.by_name.get(self.lowered[name], pat)
+                if "flatten" in annotated and used.name == pat.name:
+                    self.covered.add(annotated["flatten"].__chandle__())
+                return OffloadRecord(name, used.op, shape, self.target_name,
+                                     f"matched {used.name}")
+            if self.excluded and name in self.excluded:  # whatever the checks say
+                return OffloadRecord(name, pat.op, shape, "cpu", self.excluded[name])
+            if self.bits:
+                annotated["precision"] = self.bits.get(var_name, {})
+            failed = pat.failed_checks(annotated)
+            if failed:  # the partitioner tries the next pattern: so does the report
+                first_failure = first_failure or OffloadRecord(name, pat.op, shape, "cpu",
+                                                               "; ".join(failed))
+                continue
+            if "flatten" in annotated:
+                self.covered.add(annotated["flatten"].__chandle__())
+            return OffloadRecord(name, pat.op, shape, *self._placement(pat, name, core_name))
+        return first_failure
+
+    def _placement(self, pat: OffloadPattern, name: str, core_name: str) -> tuple[str, str]:
+        """Placement and reason of a layer whose checks pass."""
+        if self.excluded and name in self.excluded:
+            return "cpu", self.excluded[name]
+        if self.host is not None and core_name in self.host:
+            return "cpu", "an intermediate value is used outside the layer"
+        if self.lowered is not None:
+            return "cpu", (f"matched {pat.name}, but no offloaded function holds it (the "
+                           "partitioner gave its ops to other layers)")
+        return self.target_name, f"matched {pat.name}"
 
 
 def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,

@@ -15,7 +15,7 @@ from tvm import relax
 
 from tvm_accel.canonicalize.guard import CPU_LAYERS_ATTR, DEFAULT_MAX_REQUANT_ERROR
 from tvm_accel.errors import AccelError
-from tvm_accel.lower import LoweredFunction, UnmappableLayers, lower_offloads
+from tvm_accel.lower import LoweredFunction, UnmappableLayers, lower_offloads, lowered_layers
 from tvm_accel.partition import OffloadRecord, explain, partition
 from tvm_accel.target import AccelTarget
 
@@ -97,7 +97,8 @@ def offload(mod: tvm.IRModule, target: AccelTarget, config: Any, knobs: dict | N
                 raise
             excluded.update(e.reasons)
     if report is not None:
-        report.nodes = explain(mod, patterns, target.name, parted, report.numerics, excluded)
+        report.nodes = explain(mod, patterns, target.name, parted, report.numerics, excluded,
+                               lowered_layers(functions))
         report.offloads = [r for r in report.nodes if r.kind == "layer"]
         report.functions += functions
     return target.finish_offload(lowered, config, report)
