@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from tvm_accel.errors import AccelError, ModelError
+from tvm_accel.numerics import DEFAULT_MAX_REQUANT_ERROR
 
 #: suffix of the graph inputs that feed our layer outputs into onnxruntime's next layers
 OURS_SUFFIX = ".ours"
@@ -218,12 +219,14 @@ def _layer_of(model: onnx.ModelProto, tensor_to_q: dict[str, onnx.NodeProto],
 def compare_layers(model: Any, target: Any, inputs: dict[str, np.ndarray] | None = None, *,
                    config: Any = None, knobs: dict | None = None, precision: Any = None,
                    seed: int = 0, host: str = "llvm",
-                   shapes: dict[str, list[int]] | None = None) -> CompareReport:
+                   shapes: dict[str, list[int]] | None = None,
+                   max_requant_error: float = DEFAULT_MAX_REQUANT_ERROR) -> CompareReport:
     """Compile ``model`` (a QDQ ONNX path or ModelProto) for ``target`` (a kind such as
     ``"vta"``, an :class:`~tvm_accel.target.AccelTarget`, or None for the CPU reference) with
     every layer output exposed, run it and onnxruntime on the same ``inputs`` (by input name;
     default: :func:`tvm_accel.frontend.random_inputs` with ``seed``) and compare each layer's
-    integer output. Returns the layers worst first."""
+    integer output (``max_requant_error``: the requantize guard's limit, as in
+    :func:`~tvm_accel.pipeline.compile_model`). Returns the layers worst first."""
     import tvm
     from tvm import relax
 
@@ -251,7 +254,8 @@ def compare_layers(model: Any, target: Any, inputs: dict[str, np.ndarray] | None
         ops = {r.onnx_name: r.op for r in canonicalize(mod, None, precision_config=precision)[1]}
         ex = compile_reference(mod, None, host, precision=precision)
     else:
-        ex, report = compile_model(mod, accel, config, knobs, host, precision=precision)
+        ex, report = compile_model(mod, accel, config, knobs, host, precision=precision,
+                                   max_requant_error=max_requant_error)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     ours = outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(feed[k]) for k in info.inputs]))
     names = [o.name for o in exposed.graph.output]

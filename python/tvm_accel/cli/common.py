@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from contextlib import AbstractContextManager, nullcontext
 from typing import NoReturn
 
 from tvm_accel.errors import AccelError
+from tvm_accel.numerics import DEFAULT_MAX_REQUANT_ERROR
 from tvm_accel.target import TargetOption, available_targets, get_target
 
 HOSTS = ("llvm", "c")
@@ -152,3 +154,34 @@ class Parser(argparse.ArgumentParser):
 
 def one_line(text: str) -> str:
     return "; ".join(t.strip() for t in text.strip().splitlines() if t.strip())
+
+
+def _lsb_limit(text: str) -> float:
+    """``--max-requant-error``: a number of LSBs >= 0, or ``inf``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of LSBs >= 0 or 'inf', got "
+                                         f"{text!r}")
+    return value
+
+
+def add_requant_error_option(p: argparse.ArgumentParser) -> None:
+    """``--max-requant-error LSB``: the requantize guard's limit (tvm_accel.canonicalize.guard)."""
+    p.add_argument("--max-requant-error", type=_lsb_limit, default=DEFAULT_MAX_REQUANT_ERROR,
+                   metavar="LSB",
+                   help="requantize guard: a layer whose recipe deviates from its float scales "
+                   "by more than LSB output steps stays on the CPU (default "
+                   f"{DEFAULT_MAX_REQUANT_ERROR:g}; 'inf' offloads it anyway)")
+
+
+def tuning_records(path: str | None) -> AbstractContextManager:
+    """The best record per workload of ``tvmc tune`` records applied to a compile (none: a
+    no-op context)."""
+    if not path:
+        return nullcontext()
+    from tvm_accel.tuning.records import ApplyHistoryBest
+
+    return ApplyHistoryBest(path)

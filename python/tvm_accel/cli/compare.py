@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 import sys
-from contextlib import AbstractContextManager, nullcontext
 
 from tvm_accel.cli.common import (
     add_input_shapes_option,
+    add_requant_error_option,
     add_target_options,
     parse_input_shapes,
     parse_target,
     target_knobs,
     target_options,
+    tuning_records,
 )
 from tvm_accel.errors import AccelError
 
@@ -37,10 +38,11 @@ def cmd_compare(args) -> int:
 
         precision = load_precision(args.precision_config)
     inputs = read_npz(args.inputs, args.inputs, "inputs") if args.inputs else None
-    with _tuning_records(args.tuning_records):
+    with tuning_records(args.tuning_records):
         report = compare_layers(args.model, accel, inputs, config=config, knobs=knobs,
                                 precision=precision, seed=args.seed, host=host,
-                                shapes=parse_input_shapes(args.input_shapes))
+                                shapes=parse_input_shapes(args.input_shapes),
+                                max_requant_error=args.max_requant_error)
     print(report.format(args.top))
     if args.max_lsb is not None and report.max_lsb > args.max_lsb:
         worst = report.worst()
@@ -50,15 +52,6 @@ def cmd_compare(args) -> int:
               f"more than --max-lsb {args.max_lsb}", file=sys.stderr)
         return 1
     return 0
-
-
-def _tuning_records(path: str | None) -> AbstractContextManager:
-    """The best tuning record per workload applied to the compile, as in 'tvmc compile'."""
-    if not path:
-        return nullcontext()
-    from tvm_accel.tuning.records import ApplyHistoryBest
-
-    return ApplyHistoryBest(path)
 
 
 def add_parser(sub) -> None:
@@ -72,6 +65,7 @@ def add_parser(sub) -> None:
     c.add_argument("--precision-config", metavar="FILE",
                    help="per-layer W/I/O bits, as for 'tvmc compile' (onnxruntime runs the "
                    "model as it is)")
+    add_requant_error_option(c)
     c.add_argument("--tuning-records", metavar="FILE",
                    help="apply the best configuration per workload from 'tvmc tune' records")
     c.add_argument("--inputs", metavar="NPZ",

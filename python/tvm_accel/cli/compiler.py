@@ -4,7 +4,6 @@ embedding)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -16,6 +15,7 @@ from typing import Any
 
 from tvm_accel.cli.common import (
     add_input_shapes_option,
+    add_requant_error_option,
     add_target_options,
     check_output_path,
     one_line,
@@ -23,10 +23,10 @@ from tvm_accel.cli.common import (
     parse_target,
     target_knobs,
     target_options,
+    tuning_records,
     version_line,
 )
 from tvm_accel.errors import AccelError, MappingError
-from tvm_accel.numerics import DEFAULT_MAX_REQUANT_ERROR
 
 
 def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
@@ -193,16 +193,9 @@ def _precision_warnings():
 def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None,
              max_requant_error: float):
     """:func:`tvm_accel.pipeline.compile_model`, with the tuning records applied if given."""
-    from contextlib import AbstractContextManager, nullcontext
-
     from tvm_accel.pipeline import compile_model
 
-    ctx: AbstractContextManager = nullcontext()
-    if records:
-        from tvm_accel.tuning.records import ApplyHistoryBest
-
-        ctx = ApplyHistoryBest(records)
-    with ctx:
+    with tuning_records(records):
         return compile_model(mod, target, cfg, knobs, host, precision=precision,
                              max_requant_error=max_requant_error)
 
@@ -225,18 +218,6 @@ class _ProgressLines:
                   file=sys.stderr, flush=True)
 
 
-def _lsb_limit(text: str) -> float:
-    """``--max-requant-error``: a number of LSBs >= 0, or ``inf``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of LSBs >= 0 or 'inf', got "
-                                         f"{text!r}")
-    return value
-
-
 def add_parser(sub) -> None:
     c = sub.add_parser("compile", help="compile an ONNX model into a package (.tar)")
     c.add_argument("model", help="ONNX model (float or QDQ-quantized)")
@@ -247,11 +228,7 @@ def add_parser(sub) -> None:
     c.add_argument("--precision-config", metavar="FILE",
                    help='per-layer W/I/O bits (JSON: {"layers": {"<onnx node>": {"w": 4, '
                    '"i": 8, "o": 4}}, "default": {...}}), see tvm_accel.precision')
-    c.add_argument("--max-requant-error", type=_lsb_limit, default=DEFAULT_MAX_REQUANT_ERROR,
-                   metavar="LSB",
-                   help="requantize guard: a layer whose recipe deviates from its float scales "
-                   "by more than LSB output steps stays on the CPU (default "
-                   f"{DEFAULT_MAX_REQUANT_ERROR:g}; 'inf' offloads it anyway)")
+    add_requant_error_option(c)
     c.add_argument("--precision-keep-scale", action="store_true",
                    help="narrowed activations of --precision-config keep their scale and are "
                    "clipped, with a warning (default: the scale widens to keep the calibrated "
