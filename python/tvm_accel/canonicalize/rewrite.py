@@ -629,9 +629,13 @@ class _Canonicalizer:
         x = self.g.dq_act(c.args[0])
         if x is None:
             return None
+        if bool(a.ceil_mode):
+            c = _floor_mode_max_pool(c)
+            if c is None:
+                return None
+            a = c.attrs
         detail = dict(pool_size=_ints(a.pool_size), strides=_ints(a.strides),
-                      padding=_ints(a.padding), dilation=_ints(a.dilation),
-                      ceil_mode=bool(a.ceil_mode))
+                      padding=_ints(a.padding), dilation=_ints(a.dilation), ceil_mode=False)
         return self._selection(core, out, "max_pool2d", c, x, detail)
 
     def _resize(self, core, out: _Out):
@@ -752,3 +756,18 @@ class _Canonicalizer:
                            rescaled_inputs=len(errs), axis=axis,
                            requants=[rq for rq in rqs])
         return _Plan(rec, emit)
+
+
+def _floor_mode_max_pool(c) -> relax.Call | None:
+    """A ceil-mode max pool as the floor-mode one with the extra bottom / right padding its
+    last windows read (max pools pad with the lowest value, so the two are equal): every
+    target's plain pool then runs it. None if a shape is not static."""
+    ishape, oshape = _shape(c.args[0]), _shape(c)
+    if ishape is None or oshape is None or len(ishape) != 4:
+        return None
+    a = c.attrs
+    k, s, d, p = _ints(a.pool_size), _ints(a.strides), _ints(a.dilation), _ints(a.padding)
+    extra = [max(0, (oshape[2 + i] - 1) * s[i] + (k[i] - 1) * d[i] + 1
+                 - (ishape[2 + i] + p[i] + p[2 + i])) for i in range(2)]
+    return R.nn.max_pool2d(c.args[0], k, s, [p[0], p[1], p[2] + extra[0], p[3] + extra[1]], d,
+                           ceil_mode=False, layout="NCHW")
