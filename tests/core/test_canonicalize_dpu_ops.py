@@ -618,11 +618,11 @@ def test_power_of_two_differences_from_onnxruntime_are_only_rounding_ties():
 def test_form_checks_keep_what_a_layer_cannot_express_on_the_cpu():
     m = models.single_pool("max", 4, 3, 2, 0, hw=8)
     pool = next(n for n in m.graph.node if n.op_type == "MaxPool")
-    pool.attribute.append(onnx.helper.make_attribute("ceil_mode", 1))
+    pool.attribute.append(onnx.helper.make_attribute("dilations", [2, 2]))
     q = quantize.ort_quantize(m, cache=False)
     t, recs, report, lsb = _offload_bit_exact(q)
     assert ("max_pool2d", True) in [(r.op, r.integer) for r in report]   # integer, on the CPU
     rec = next(r for r in recs if r.op == "max_pool2d")
-    assert rec.placement == "cpu" and "ceil mode" in rec.reason
+    assert rec.placement == "cpu" and "dilation" in rec.reason
     assert [type(ly).__name__ for g in t.graphs for ly in g.layers] == ["ConvLayer"]
     assert lsb == 0
