@@ -146,6 +146,27 @@ ONNX_NODES_ATTR = "tvm_accel_onnx_nodes"
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
+def name_unnamed_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, with each node that has no name named after its first output tensor (with a
+    numeric suffix if another node has that name), so that every operator has a layer name in
+    the reports, knobs and precision configs; a copy only when some node is unnamed."""
+    if all(n.name for n in model.graph.node):
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    taken = {n.name for n in model.graph.node if n.name}
+    for i, n in enumerate(model.graph.node):
+        if n.name:
+            continue
+        base = next((o for o in n.output if o), f"{n.op_type}_{i}")
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        n.name = name
+    return model
+
+
 def onnx_node_list(model: onnx.ModelProto) -> list[list[str]]:
     """``[name, op_type, kind]`` per named node (see :data:`ONNX_NODES_ATTR`)."""
     const = {i.name for i in model.graph.initializer}
@@ -280,6 +301,7 @@ def load_onnx(path_or_model, shapes: dict | None = None) -> tuple[tvm.IRModule, 
 
     model, where = _read_model(path_or_model)
     _check(model, where)
+    model = name_unnamed_nodes(model)
     op_counts: dict[str, int] = {}
     for n in model.graph.node:
         op_counts[n.op_type] = op_counts.get(n.op_type, 0) + 1

@@ -420,15 +420,18 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
 
     Every other operator node of the ONNX model gets a row too (module attribute
     :data:`~tvm_accel.frontend.ONNX_NODES_ATTR`): a ReLU or bias add fused into a layer has the
-    layer's placement, an operator left in the graph (a Sigmoid, an Einsum) is on the CPU, a
-    node the import folded away says so; Q/DQ nodes of activations and of constants (weights,
-    biases: folded into their layer) are rows of kind ``qdq`` / ``const``.
+    layer's placement, an operator left in the graph is on the CPU (a float one, e.g. a Sigmoid
+    between Q/DQ nodes: "no integer form for Sigmoid: runs in float on the CPU"), a node the
+    import folded away says so; Q/DQ nodes of activations and of constants (weights, biases:
+    folded into their layer) are rows of kind ``qdq`` / ``const``, on the CPU when they stay
+    in the graph (the model's input and output, a float operator's).
     """
     func = mod["main"]
     walk = _Walk(func, patterns, target_name, excluded, lowered,
                  _host_op_names(partitioned) if partitioned is not None else None,
                  module_layer_bits(mod), module_layer_names(mod))
     floats = _float_reasons(numerics)
+    node_vars = _onnx_node_vars(mod)
     matches: dict[str, OffloadRecord] = {}  # root binding -> its layer's row
     named: set[str] = set()
     for block in func.body.blocks:
@@ -453,9 +456,18 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                                  f"{fl.detail.get('reason', '?')}"))
                     continue
                 var_name = layer_name(binding.var.name)
-                records.append(OffloadRecord(walk.onnx.get(var_name, var_name), _ANCHORS[op],
-                                             _shape_str(binding.var), "cpu",
-                                             f"no {target_name} pattern for {_ANCHORS[op]}"))
+                name, shape = walk.onnx.get(var_name, var_name), _shape_str(binding.var)
+                if op in ("relax.quantize", "relax.dequantize"):
+                    records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
+                                                 _qdq_reason(func, binding), "qdq"))
+                elif _is_float(binding.var):
+                    if node_vars is not None and binding.var.name not in node_vars:
+                        continue  # a step of a float ONNX node (a conv before its bias add)
+                    records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
+                                                 _float_reason(_ANCHORS[op], None)))
+                else:
+                    records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
+                                                 f"no {target_name} pattern for {_ANCHORS[op]}"))
     for name, pat_name in (lowered or {}).items():  # a blob's layer the walk did not name
         if name not in named:
             op = walk.by_name[pat_name].op if pat_name in walk.by_name else pat_name
@@ -549,6 +561,7 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
             for v in rec.detail.get("absorbed", ()):
                 owner.setdefault(v, row)
     bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
+    floats = _float_reasons(numerics)
     order = {name: i for i, (name, _, _) in enumerate(nodes)}
     keyed, last = [], -1.0
     for r in records:  # a record without a node stays after its predecessor
@@ -574,7 +587,10 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
             row = OffloadRecord(name, op, lay.shape, lay.placement, f"fused into {lay.layer}",
                                 "fused")
         elif var in bound:
-            if host is None or var in host:
+            if _is_float(bound[var]):
+                row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
+                                    _float_reason(op_type, floats.get(var)))
+            elif host is None or var in host:
                 row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
                                     f"no {target_name} pattern for {op_type}")
             else:  # taken into a layer's pattern (a Flatten the DPU reads as a view)
@@ -586,6 +602,62 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         keyed.append((float(i), row))
     keyed.sort(key=lambda kr: kr[0])
     return [r for _, r in keyed]
+
+
+def _onnx_node_vars(mod: tvm.IRModule) -> set[str] | None:
+    """Var names of the ONNX nodes (:data:`~tvm_accel.frontend.ONNX_NODES_ATTR`); None when
+    the import did not record them."""
+    from tvm_accel.frontend import ONNX_NODES_ATTR, sanitize_name
+
+    if mod.attrs is None or ONNX_NODES_ATTR not in mod.attrs:
+        return None
+    return {sanitize_name(str(n[0])) for n in mod.attrs[ONNX_NODES_ATTR]}
+
+
+def _is_float(var: relax.Var) -> bool:
+    """Whether a binding computes a float tensor (an operator left out of the integer graph)."""
+    return str(getattr(var.ty, "dtype", "")).startswith(("float", "bfloat"))
+
+
+def _float_reason(op_type: str, record) -> str:
+    """Reason of an operator computed in float on the CPU, from canonicalize's ``record`` of
+    it (None: the model has no Q/DQ around it)."""
+    if record is None:
+        return "not quantized in the model (no Q/DQ around it): runs in float on the CPU"
+    reason = record.detail.get("reason", "?")
+    if reason == "not a recognised QDQ pattern":
+        return f"no integer form for {op_type}: runs in float on the CPU"
+    return f"left float by canonicalize: {reason}"
+
+
+def _qdq_reason(func: relax.Function, binding) -> str:
+    """Reason of a quantize / dequantize left in the graph: it converts between the integer
+    graph and a float tensor (the model's input or output, or a float operator's), on the
+    CPU."""
+    arg = binding.value.args[0]
+    if binding.value.op.name == "relax.quantize":
+        if any(arg.same_as(p) for p in func.params):
+            return "quantizes the model input: runs on the CPU"
+        return "quantizes a float operator's output: runs on the CPU"
+    if _returns(func, binding.var):
+        return "dequantizes the model output: runs on the CPU"
+    return "dequantizes for a float operator: runs on the CPU"
+
+
+def _returns(func: relax.Function, var: relax.Var) -> bool:
+    """Whether ``var`` is (an alias of, or a field of the tuple of) the function's result."""
+    alias = relax.analysis.get_var2val(func)
+    seen: list = [func.body.body]
+    while seen:
+        e = seen.pop()
+        if isinstance(e, relax.Var):
+            if e.same_as(var):
+                return True
+            if e in alias and isinstance(alias[e], (relax.Var, relax.Tuple)):
+                seen.append(alias[e])
+        elif isinstance(e, relax.Tuple):
+            seen.extend(e.fields)
+    return False
 
 
 def _host_op_names(mod: tvm.IRModule) -> set[str]:

@@ -53,6 +53,23 @@ def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
     return inputs, [spec(v) for v in model.graph.output], is_quantized(model)
 
 
+def placement_summary(rows: list[dict], accel: str | None) -> str:
+    """The compile summary of the report's ``rows`` (``OffloadRecord`` dicts): layers (every
+    operator that computes, float ones included) by placement, then the Q/DQ nodes, folded
+    into the integer graph or left to convert to or from float on the CPU."""
+    if accel is None:
+        return "all on the cpu"
+    layers = [r for r in rows if r["kind"] == "layer"]
+    n_acc = sum(1 for r in layers if r["placement"] != "cpu")
+    text = f"{n_acc} of {len(layers)} layers on {accel}; {len(layers) - n_acc} on the cpu"
+    qdq = [r for r in rows if r["kind"] in ("qdq", "const")]
+    on_cpu = sum(1 for r in qdq if r["placement"] == "cpu")
+    if qdq:
+        text += f"; {len(qdq) - on_cpu} Q/DQ nodes folded"
+        text += f", {on_cpu} convert to or from float on the cpu" if on_cpu else ""
+    return text
+
+
 def _not_quantized(accel: str) -> str:
     """Reason of a layer of a float model: the targets offload quantized layers only."""
     return (f"model not quantized (no Q/DQ; the {accel} runs quantized layers): "
@@ -112,17 +129,16 @@ def cmd_compile(args) -> int:
     reasons = {}  # layer -> reason shown (a float model: "not quantized" for the CPU layers)
     for r in offloads:
         if float_model and accel is not None and r["placement"] == "cpu" and \
-                r["reason"].startswith(f"no {accel} pattern for"):
+                r["kind"] == "layer":
             r["reason"] = reasons[r["layer"]] = _not_quantized(accel)
     blobs = {f.name: f.blob for f in report.functions} if report else {}
     save_package(args.output, ex, PackageMetadata(
         accel or "", host, config, inputs, outputs, offloads,
         host_functions=list(report.host_functions) if report else [], tool=version_line(),
         config_fields=cfg.to_json() if cfg is not None else {}, knobs=knobs or {}), blobs)
-    layers = [r for r in offloads if r["kind"] == "layer"]
-    n_acc = sum(1 for r in layers if r["placement"] != "cpu")
-    print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: {n_acc} layer(s) on "
-          f"{accel or 'cpu'}, {len(layers) - n_acc} on the cpu -> {args.output}")
+    n_acc = sum(1 for r in offloads if r["kind"] == "layer" and r["placement"] != "cpu")
+    print(f"compiled {args.model} for {args.target} in {seconds:.1f} s: "
+          f"{placement_summary(offloads, accel)} -> {args.output}")
     if float_model and n_acc == 0:
         print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), so "
               f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "
@@ -138,6 +154,7 @@ def cmd_compile(args) -> int:
             if r.kind in ("qdq", "const") and args.dump_offloads != "all":
                 continue
             rec = err.get(r.layer) if r.kind == "layer" else None
+            rec = rec if rec is not None and rec.integer else None  # float: no recipe error
             bits: dict[str, Any] = (rec.detail.get("bits") or {}) if rec is not None else {}
             wio = "/".join("-" if bits.get(k) is None else str(bits[k]) for k in "wio")
             rows.append((r.layer, r.op, r.shape, r.placement,

@@ -1,6 +1,8 @@
-"""onnxruntime's static quantizer (QDQ, MinMax calibration, int8 weights) with a seeded random
-calibration set and an on-disk cache (``$TVM_ACCEL_CACHE`` or ``~/.cache/tvm_accel/zoo``, keyed
-by a hash of the float model and the options), so ResNet-18 is quantized once per machine.
+"""onnxruntime's static quantizer (QDQ, MinMax calibration, int8 weights) after its
+quantization pre-processing (shape inference, graph optimisation: BatchNormalization folded
+into the Conv before it), with a seeded random calibration set and an on-disk cache
+(``$TVM_ACCEL_CACHE`` or ``~/.cache/tvm_accel/zoo``, keyed by a hash of the float model and the
+options), so ResNet-18 is quantized once per machine.
 """
 
 from __future__ import annotations
@@ -41,12 +43,46 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tvm_accel" / "zoo"
 
 
+#: bump when :func:`pre_process` changes what it gives (the cache key holds it)
+_PRE_PROCESS_VERSION = 1
+
+
+def pre_process(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxruntime's quantization pre-processing (``quant_pre_process``: shape inference, basic
+    graph optimisations such as folding a BatchNormalization into the Conv before it) on a copy
+    of ``model``; a node the optimiser renamed (``fc/MatMulAddFusion``) gets its name back, as
+    precision configs and knobs use them. No symbolic shape inference: shapes are static."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "float.onnx", Path(tmp) / "pre.onnx"
+        onnx.save(model, str(src))
+        quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
+        pre = onnx.load(str(out))
+    names = {n.name for n in model.graph.node if n.name}
+    old = {(n.op_type, o): n.name for n in model.graph.node if n.name for o in n.output}
+    taken = {n.name for n in pre.graph.node}
+    for n in pre.graph.node:
+        if n.name in names:
+            continue
+        name = next((old[n.op_type, o] for o in n.output if (n.op_type, o) in old), None)
+        if name is None:  # "<source node>/<fusion>": the longest original name it extends
+            name = max((m for m in names if n.name.startswith(m + "/")), key=len, default=None)
+        if name is not None and name not in taken:
+            taken.add(name)
+            n.name = name
+    pre.graph.name = model.graph.name
+    return pre
+
+
 def ort_quantize(model: onnx.ModelProto, activation_type: str = "int8",
              per_channel: bool | None = None, calib_samples: int = 4, seed: int = 0,
              symmetric_weights: bool = True, symmetric_activations: bool = False,
              cache: bool = True, power_of_two: bool = False,
              calibration: Sequence[Mapping[str, np.ndarray]] | None = None) -> onnx.ModelProto:
-    """Quantize a float model to QDQ with onnxruntime's static quantizer.
+    """Quantize a float model to QDQ with onnxruntime's static quantizer, after
+    :func:`pre_process` (a BatchNormalization after a Conv is folded into it, for every
+    scheme).
 
     ``activation_type`` is ``"int8"`` or ``"uint8"`` (weights are always int8, symmetric unless
     ``symmetric_weights=False``); ``per_channel`` selects per-output-channel weight scales
@@ -82,7 +118,7 @@ def ort_quantize(model: onnx.ModelProto, activation_type: str = "int8",
         symmetric_weights = symmetric_activations = True
     key = hashlib.sha256(model.SerializeToString(deterministic=True))
     opts: tuple = (activation_type, per_channel, calib_samples, seed, symmetric_weights,
-            symmetric_activations, onnxruntime.__version__)
+            symmetric_activations, onnxruntime.__version__, f"pre-v{_PRE_PROCESS_VERSION}")
     if power_of_two:
         opts += (f"power_of_two-v{_POW2_VERSION}",)
     key.update(repr(opts).encode())
@@ -109,6 +145,7 @@ def ort_quantize(model: onnx.ModelProto, activation_type: str = "int8",
         def get_next(self):
             return next(self._it, None)
 
+    model = pre_process(model)
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "float.onnx", Path(tmp) / "q.onnx"
         onnx.save(model, str(src))  # quantize_static mutates a ModelProto it is given
