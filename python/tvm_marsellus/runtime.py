@@ -173,7 +173,7 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
                        "abb": op.abb, "rbe_busy": st.rbe_busy,
                        "cluster_busy": st.cluster_busy, "tiles": ly.meta.get("tiles"),
                        "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k"),
-                       "batch": ly.meta.get("batch")},
+                       **({"batch": ly.meta["batch"]} if "batch" in ly.meta else {})},
                 bound=profiler.bound_label({
                     "off-chip": st.iodma_busy, "on-chip": max(st.dma_in_busy, st.dma_out_busy),
                     "compute": max(st.rbe_busy, st.cluster_busy)})))

@@ -10,6 +10,7 @@ import pytest
 from helpers import models
 from tvm_accel.errors import MappingError
 from tvm_accel.layers import LayerGraph, reference_execute
+from tvm_accel.profiler import profiling
 from tvm_marsellus import TARGET, strategy
 from tvm_marsellus.program import build_blob, load_blob
 from tvm_marsellus.runtime import execute_program, io_spec, run_blob
@@ -76,8 +77,12 @@ def test_a_function_in_passes_takes_and_returns_the_whole_batch_through_its_blob
     blob = build_blob(strategy.plan(g, cfg), cfg, "f")
     prog, _, _ = load_blob(blob)
     assert prog.passes == BATCH and io_spec(prog, "x")[0] == tuple(g.tensors["x"].shape)
-    [z] = run_blob(np.frombuffer(blob, np.uint8), [xs["x"]])
+    with profiling() as prof:
+        [z] = run_blob(np.frombuffer(blob, np.uint8), [xs["x"]])
     np.testing.assert_array_equal(z, reference_execute(g, xs)["z"])
+    assert [r.macs for r in prof.records] == [BATCH * ly.macs for ly in prog.layers]
+    assert all(r.extra["batch"].startswith(f"batch {BATCH} in {BATCH} passes of 1")
+               for r in prof.records)
     assert f"{BATCH} batch passes" in TARGET.disassemble(blob, limit=1)
 
 
