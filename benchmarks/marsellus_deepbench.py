@@ -7,6 +7,9 @@ int8 weights and a NormQuant-compatible requantize recipe, is planned by the MAR
 ``reference_execute``. A layer the strategy cannot map is counted with its reason (a compile
 would leave it on the CPU). Utilization = useful MACs / (cycles x the engine's 8-bit peak);
 useful MACs leave out outputs whose window lies in the padding only, which the cores skip.
+A layer whose batch does not fit L3 runs in passes of the largest sub-batch that fits (the
+reason column says so); ``--csv`` takes another list in the same columns, e.g. DeepBench's
+training set (batch 4-32).
 
     python benchmarks/marsellus_deepbench.py [--limit N] [--ids 0,5] [--check]
 
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.csv, args.ids, args.limit)
     runs = LayerRuns(lambda g: plan(g, cfg), lambda p, x: execute_program(p, x, cfg),
                      MappingError, args.check)
-    table, utils, failed = [], [], []
+    table, utils, failed, split = [], [], [], 0
     for row in rows:
         graph, inputs = make_layer(row, int(row["id"]), marsellus_recipe)
         layer = graph.layers[0]
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         peak = cfg.rbe_and_gates / 64 if lp.engine == "rbe" else cfg.cluster_macs_per_cycle(8)
         # the layer's MACs less those of outputs whose window is padding only, which the
         # cores skip (the simulator's MAC counters)
-        macs = min(lp.macs, st.rbe_macs + st.cluster_macs)
+        macs = min(lp.macs * prog.passes, st.rbe_macs + st.cluster_macs)
         util = min(1.0, macs / (st.cycles * peak)) if st.cycles else 0.0
         utils.append(util)
         mem = "/".join(prog.tensors[t].mem for t in ("x", "y"))
@@ -74,12 +77,14 @@ def main(argv: list[str] | None = None) -> int:
                              "compute": max(st.rbe_busy, st.cluster_busy)})
         table.append((row["id"], shape, "RBE" if lp.engine == "rbe" else "cluster", mem,
                       "L3" if prog.l3_image else "L2", f"{st.cycles:,}", f"{100 * util:.1f}%",
-                      bound, ""))
+                      bound, lp.meta.get("batch", "").split(" (")[0]))
+        split += prog.passes > 1
     print(format_table(["id", "layer", "engine", "x/y in", "weights", "cycles", "util", "bound",
                         "reason"], table))
     ran = len(rows) - len(failed)
     geo = geomean(utils)
-    print(f"\nlayers run: {ran} / {len(rows)}; geomean utilization {100 * geo:.1f}%; "
+    print(f"\nlayers run: {ran} / {len(rows)} ({split} in batch passes); geomean utilization "
+          f"{100 * geo:.1f}%; "
           f"plan {runs.t_plan:.1f} s, simulation {runs.t_sim:.1f} s"
           + (f"; bit-exact: {runs.exact}" if args.check else ""))
     for lid, why in failed:

@@ -93,6 +93,23 @@ class MarsellusTarget(AccelTarget):
 
         return program.build_blob(self.plan(graph, config, knobs), config, name)
 
+    def finish_offload(self, mod, config: MarsellusConfig, report=None):
+        """The report's row of a layer whose function runs in batch passes says so after the
+        pattern it matched (``--dump-offloads``); the module is unchanged."""
+        if report is None:
+            return mod
+        from tvm_marsellus.program import load_blob
+
+        notes = {}
+        for fn in report.functions:
+            prog, _, _ = load_blob(fn.blob)
+            if prog.passes > 1:
+                notes.update(dict.fromkeys(fn.patterns, prog.layers[0].meta.get("batch", "")))
+        for r in report.nodes:
+            if r.kind == "layer" and notes.get(r.layer) and notes[r.layer] not in r.reason:
+                r.reason = f"{r.reason}; {notes[r.layer]}"
+        return mod
+
     def options(self) -> list[TargetOption]:
         return [
             TargetOption("config", "MARSELLUS hardware config JSON or bundled name "
@@ -129,7 +146,8 @@ class MarsellusTarget(AccelTarget):
         from tvm_marsellus.program import load_blob
 
         program, cfg, name = load_blob(blob)
-        lines = [f"; marsellus function {name}  config {cfg.name}  L2 {program.l2_bytes} bytes"]
+        lines = [f"; marsellus function {name}  config {cfg.name}  L2 {program.l2_bytes} bytes"
+                 + (f"  {program.passes} batch passes" if program.passes > 1 else "")]
         for t in program.tensors.values():
             lines.append(f"; tensor {t.name} {t.layout}{list(t.shape)} {t.bits}-bit "
                          f"{'signed' if t.signed else 'unsigned'} @ {t.mem}+{t.offset}")

@@ -71,6 +71,9 @@ class MarsProgram:
     l3_image: bytes = b""
     l2_bytes: int = 0
     l3_bytes: int = 0
+    #: runs of the program over a batch that does not fit L2 / L3 at once: the tensors hold
+    #: ``batch / passes`` images, the host feeds each run its slice (``strategy.batch``)
+    passes: int = 1
 
     def stream(self) -> bytes:
         """Every layer's commands back to back, one END at the end."""
@@ -84,6 +87,8 @@ class MarsProgram:
         if not 0 <= self.l3_bytes <= cfg.L3_BYTES or len(self.l3_image) > max(self.l3_bytes, 0):
             raise BlobError(f"marsellus program: L3 use {self.l3_bytes} bytes (image "
                             f"{len(self.l3_image)}) exceeds L3 of {cfg.L3_BYTES}")
+        if self.passes < 1:
+            raise BlobError(f"marsellus program: {self.passes} batch passes")
         for t in self.tensors.values():
             size = {"L2": self.l2_bytes, "L3": self.l3_bytes}.get(t.mem)
             if size is None or t.layout not in ("hwc", "rbe") or t.bits not in range(1, 9):
@@ -112,7 +117,7 @@ def build_blob(program: MarsProgram, cfg: MarsellusConfig, name: str = "") -> by
                for t in program.tensors.values()}
     meta = {"name": name, "inputs": program.inputs, "outputs": program.outputs,
             "tensors": tensors, "layers": layers, "l2_bytes": program.l2_bytes,
-            "l3_bytes": program.l3_bytes}
+            "l3_bytes": program.l3_bytes, "passes": program.passes}
     cfg_json = dict(cfg.to_json(), name=cfg.name)
     return pack_blob(Blob(BLOB_TARGET, cfg.fingerprint, {
         "HWCF": json.dumps(cfg_json).encode(),
@@ -153,7 +158,8 @@ def load_blob(data: bytes, expect_config: MarsellusConfig | None = None
                            inputs=[str(x) for x in meta["inputs"]],
                            outputs=[str(x) for x in meta["outputs"]],
                            l2_image=blob.section("L2IM"), l3_image=blob.section("L3IM"),
-                           l2_bytes=int(meta["l2_bytes"]), l3_bytes=int(meta["l3_bytes"]))
+                           l2_bytes=int(meta["l2_bytes"]), l3_bytes=int(meta["l3_bytes"]),
+                           passes=int(meta.get("passes", 1)))
         name = str(meta.get("name", ""))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, BlobError):

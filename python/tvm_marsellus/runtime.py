@@ -24,9 +24,10 @@ from tvm_marsellus.simulator import MarsellusStats, simulate
 
 
 def io_spec(program: MarsProgram, name: str) -> tuple[tuple[int, ...], str]:
-    """Host (NCHW / NC) shape and dtype of a program input or output."""
+    """Host (NCHW / NC) shape and dtype of a program input or output: the whole batch, the
+    placement's times the program's passes."""
     t = program.tensors[name]
-    s = tuple(t.shape)
+    s = (t.shape[0] * program.passes, *t.shape[1:])
     shape = (s[0], s[3], s[1], s[2]) if len(s) == 4 else s
     return shape, "int8" if t.signed else "uint8"
 
@@ -51,26 +52,59 @@ def execute_program(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: Ma
     By default one simulator run per layer, so every layer gets its own cycles and energy (L2
     and L3 persist between the runs; the strategy balances every layer's semaphores). With
     ``whole_stream`` one run of ``program.stream()``: the layers overlap, and L1 and the
-    semaphores carry over from layer to layer (hand-written programs). Returns ``(outputs,
+    semaphores carry over from layer to layer (hand-written programs). A program of several
+    batch ``passes`` runs once per slice of the inputs' leading axis, from fresh L2 / L3
+    images, its outputs concatenated and its statistics summed per layer. Returns ``(outputs,
     [(layer, MarsellusStats), ...])``, one ``("program", stats)`` row for a whole stream."""
     program.check(cfg)
-    mems = _memories(program)
     for n in program.inputs:
         if n not in inputs:
             raise SimulatorError(f"marsellus program input {n} was not given")
+    if program.passes == 1:
+        return _execute_pass(program, inputs, cfg, trace_path, max_cycles, whole_stream)
+    passes = program.passes
+    xs = {n: np.asarray(inputs[n]) for n in program.inputs}
+    for n, x in xs.items():
+        if x.ndim == 0 or x.shape[0] % passes:
+            raise SimulatorError(f"marsellus program input {n} of shape {list(x.shape)} does "
+                                 f"not split into {passes} batch passes")
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in program.outputs}
+    stats: list[tuple[str, MarsellusStats]] = []
+    for p in range(passes):
+        feed = {n: x[p * (x.shape[0] // passes):(p + 1) * (x.shape[0] // passes)]
+                for n, x in xs.items()}
+        offset_us = sum(st.cycles for _, st in stats) / cfg.CLOCK_MHZ
+        o, st = _execute_pass(program, feed, cfg, trace_path, max_cycles, whole_stream,
+                              offset_us, p > 0)
+        for n, v in o.items():
+            outs[n].append(v)
+        stats = st if not stats else [(name, a + b) for (name, a), (_, b) in zip(stats, st,
+                                                                             strict=True)]
+    return {n: np.concatenate(v) for n, v in outs.items()}, stats
+
+
+def _execute_pass(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: MarsellusConfig,
+                  trace_path: str | None, max_cycles: int | None, whole_stream: bool,
+                  offset_us: float = 0.0, append: bool = False
+                  ) -> tuple[dict[str, np.ndarray], list[tuple[str, MarsellusStats]]]:
+    """One run of the program over inputs of its placements' batch (its trace from
+    ``offset_us``, appended to the file when ``append``)."""
+    mems = _memories(program)
+    for n in program.inputs:
         t = program.tensors[n]
         x = np.asarray(inputs[n])
         data = pack_tensor(t, _device_order(t, x, 1, -1))
         mems[t.mem][t.offset:t.offset + data.size] = data
     if whole_stream:
         stats = [("program", simulate(cfg, program.stream(), l2=mems["L2"], l3=mems["L3"],
-                                      trace_path=trace_path, max_cycles=max_cycles))]
+                                      trace_path=trace_path, trace_offset_us=offset_us,
+                                      trace_append=append, max_cycles=max_cycles))]
     else:
-        stats, offset_us = [], 0.0
+        stats = []
         for i, ly in enumerate(program.layers):
             st = simulate(cfg, encode_stream(ly.commands), l2=mems["L2"], l3=mems["L3"],
                           trace_path=trace_path, trace_offset_us=offset_us,
-                          trace_append=i > 0, max_cycles=max_cycles)
+                          trace_append=append or i > 0, max_cycles=max_cycles)
             offset_us += st.cycles / cfg.CLOCK_MHZ
             stats.append((ly.name, st))
     outs = {}
@@ -127,17 +161,19 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
             ly = layers[lname]
             peak = cfg.rbe_and_gates / 64 if ly.engine == "rbe" else \
                 cfg.cluster_macs_per_cycle(8)
-            util = ly.macs / (st.cycles * peak) if st.cycles and ly.macs else 0.0
+            macs = ly.macs * program.passes
+            util = macs / (st.cycles * peak) if st.cycles and macs else 0.0
             profiler.record(profiler.LayerRecord(
                 function=name, layer=lname, op=ly.op, shape=str(ly.meta.get("shape", "")),
-                engine="RBE" if ly.engine == "rbe" else "cluster", macs=ly.macs,
+                engine="RBE" if ly.engine == "rbe" else "cluster", macs=macs,
                 cycles=st.cycles, utilization=min(util, 1.0),
                 bytes_moved=int(st.l2_read_bytes + st.l2_write_bytes),
                 time_us=st.cycles / op.freq_mhz,
                 extra={"energy_uj": energy_uj(st, op), "vdd": op.vdd, "freq_mhz": op.freq_mhz,
                        "abb": op.abb, "rbe_busy": st.rbe_busy,
                        "cluster_busy": st.cluster_busy, "tiles": ly.meta.get("tiles"),
-                       "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k")},
+                       "tile_h": ly.meta.get("tile_h"), "tile_k": ly.meta.get("tile_k"),
+                       **({"batch": ly.meta["batch"]} if "batch" in ly.meta else {})},
                 bound=profiler.bound_label({
                     "off-chip": st.iodma_busy, "on-chip": max(st.dma_in_busy, st.dma_out_busy),
                     "compute": max(st.rbe_busy, st.cluster_busy)})))

@@ -11,6 +11,9 @@ the paper's vocabulary, is in ``docs/marsellus.md``):
 4. ``emit``: the double-buffered commands of every layer (``kernels``: the compute commands of
    one tile).
 
+A batch whose tensors do not fit L2 / L3 runs in passes of the largest sub-batch that fits
+(``batch``).
+
 ``layers`` holds what every stage shares: tensors, geometry, the RBE eligibility rules.
 """
 
@@ -22,11 +25,12 @@ from tvm_accel.layers import LayerGraph
 from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_coefficients
 from tvm_marsellus.hw_config import MarsellusConfig
 from tvm_marsellus.program import MarsProgram
+from tvm_marsellus.strategy.batch import plan_in_passes
 from tvm_marsellus.strategy.emit import Emit
 from tvm_marsellus.strategy.engines import OBJECTIVES, EngineChoice
 from tvm_marsellus.strategy.kernels import Kernels
 from tvm_marsellus.strategy.layers import _tensor_infos, rbe_reasons
-from tvm_marsellus.strategy.memory import Memory
+from tvm_marsellus.strategy.memory import CapacityError, Memory
 from tvm_marsellus.strategy.tiling import Tiling, _Layer, knob_space
 
 
@@ -62,7 +66,17 @@ def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
     the globals ``"biased_hwc": False`` to store signed HWC tensors two's complement,
     ``"cluster_marshals_out": False`` and ``"objective"``: ``"energy"`` (default) or
     ``"latency"``, what a residual add's engine choice minimises; ``op``: the operating point
-    whose energy that choice weighs, default nominal)."""
+    whose energy that choice weighs, default nominal). A batch beyond L2 / L3 runs in passes
+    of the largest sub-batch that fits (``MarsProgram.passes``)."""
+    try:
+        return _plan(graph, cfg, knobs, op)
+    except CapacityError as e:
+        return plan_in_passes(graph, e, lambda g: _plan(g, cfg, knobs, op))
+
+
+def _plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None,
+          op: OperatingPoint | None) -> MarsProgram:
+    """The four stages over the whole graph, one pass."""
     p = Planner(graph, cfg, knobs, op)
     p._choose()  # 1. engines: the engine of every layer, the layout of every tensor
     progs = p.tile_layers()  # 2. tiling: tiles and knobs, the weights into the L2 image

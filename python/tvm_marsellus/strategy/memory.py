@@ -17,6 +17,11 @@ from tvm_marsellus.strategy.layers import _al, cluster_bits
 from tvm_marsellus.strategy.tiling import _Layer
 
 
+class CapacityError(MappingError):
+    """The function's tensors and weights do not fit L2 / L3 (a smaller batch may:
+    ``strategy.plan`` then runs it in passes)."""
+
+
 class Memory:
     """Planner stage: the L2 image of the weights and the L2 / L3 memory map."""
 
@@ -95,7 +100,7 @@ class Memory:
         fit = [lo for lo in layouts if lo[2] <= cfg.L2_BYTES]
         if not fit:
             _, _, need, _, _, in_l3 = min(layouts, key=lambda lo: lo[2])
-            raise MappingError(
+            raise CapacityError(
                 f"function needs {need} bytes of L2 (weights staged from L3: {self.l3}, "
                 f"{len(in_l3)} tensor(s) in L3), the config has {cfg.L2_BYTES}"
                 + ("" if cfg.L3_BYTES else " and no L3"))
@@ -113,7 +118,7 @@ class Memory:
                 t.offset = off
                 off = _al(off + t.nbytes)
         if off3 > cfg.L3_BYTES:
-            raise MappingError(f"function needs {off3} bytes of L3 (weights and "
+            raise CapacityError(f"function needs {off3} bytes of L3 (weights and "
                                f"{len(in_l3)} tensor(s)) beside L2, the config has "
                                + (f"{cfg.L3_BYTES}" if cfg.L3_BYTES else "no L3"))
         return off, off3
