@@ -108,13 +108,17 @@ def requant_candidates(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int
 
 
 def requant_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
-                   qmax: int, budget_lsb: float | None = None) -> Requant:
+                   qmax: int, budget_lsb: float | None = None,
+                   max_error: float | None = None) -> Requant:
     """Recipe approximating ``round(acc * scale[c]) + zero_point`` clipped to ``[qmin, qmax]``
     for ``|acc[c]| <= acc_bound[c]`` within :data:`VTA_LIMITS` (int32-safe by construction):
     the one with the fewest ALU ops whose worst-case error is at most ``max(error of the most
     accurate recipe, budget_lsb)`` (default :data:`CHEAP_RECIPE_BUDGET_LSB`), the most accurate
-    on ties."""
+    on ties. ``max_error`` (the requantize guard's limit) caps the budget, so a cheaper recipe
+    never sends a layer the most accurate one keeps on VTA to the CPU."""
     budget = CHEAP_RECIPE_BUDGET_LSB if budget_lsb is None else budget_lsb
+    if max_error is not None:
+        budget = min(budget, max_error)
     cands = requant_candidates(scale, acc_bound, zero_point, qmin, qmax)
     errs = [recipe_error(rq, acc_bound).max_lsb_error for rq in cands]
     limit = max(errs[0], budget)

@@ -59,6 +59,14 @@ def test_a_zero_budget_keeps_the_most_accurate_error():
     assert _err(rq, bound) <= _err(best, bound)
 
 
+def test_a_guard_limit_below_the_budget_caps_it():
+    bound = np.full(16, 300_000)
+    scale = np.linspace(1.1e-4, 2.3e-4, 16)
+    loose = requant_recipe(scale, bound, 0, -128, 127)
+    tight = requant_recipe(scale, bound, 0, -128, 127, max_error=_err(loose, bound) / 2)
+    assert tight.pre_shift > 0 and _err(tight, bound) <= _err(loose, bound) / 2
+
+
 @pytest.mark.parametrize("budget", [0.0, 0.25, CHEAP_RECIPE_BUDGET_LSB, 2.0])
 def test_chosen_recipe_is_never_costlier_nor_beyond_the_budget(budget):
     rng = np.random.default_rng(23)
