@@ -67,10 +67,10 @@ class VTATarget(AccelTarget):
         return hw_config.load_config(path_or_name)
 
     def requant_recipe(self, scale: np.ndarray, acc_bound: np.ndarray, zero_point: int,
-                       qmin: int, qmax: int) -> Requant:
+                       qmin: int, qmax: int, max_error: float | None = None) -> Requant:
         from tvm_vta_cp.numerics import requant_recipe
 
-        return requant_recipe(scale, acc_bound, zero_point, qmin, qmax)
+        return requant_recipe(scale, acc_bound, zero_point, qmin, qmax, max_error=max_error)
 
     def add_recipe(self, scale_a: float, scale_b: float, zero_point: int, qmin: int,
                    qmax: int) -> tuple[int, int, Requant]:

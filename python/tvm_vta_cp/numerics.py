@@ -21,6 +21,12 @@ narrows each lane to 8 bits. The choices, and why:
   values so the strategy can use an immediate ``ADD`` or a vector one.
 - **Scalar zero point, qmin, qmax**: ``ADD`` imm, then ``MAX``/``MIN`` imm (a fused ReLU/Clip is a
   tighter qmin/qmax), then STORE truncates to 8 bits, which is exact after the clip.
+- **Cost-aware choice.** Every tail op costs ``ALU_CYCLES_PER_UOP`` per ACC entry in the
+  compute module the GEMM shares, so :func:`requant_recipe` takes the cheapest recipe (fewest
+  ALU ops, :func:`tail_alu_ops`) among the most accurate one, the best one without a pre-shift
+  and a shift-only one (multiplier 1), whose worst-case error stays within
+  ``max(error of the most accurate, CHEAP_RECIPE_BUDGET_LSB)``; docs/vta.md (Numerics) has
+  the measurements behind the budget.
 - **Residual add.** ``(a - za) * ma + (b - zb) * mb`` with ``ma, mb <= 32767`` and
   ``255 * ma + 255 * mb + round_add < 2^31``, then the same shift/zero point/clip tail (pre_shift
   0, multiplier 1).
@@ -28,21 +34,96 @@ narrows each lane to 8 bits. The choices, and why:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tvm_accel.layers import Requant
-from tvm_accel.numerics import RecipeLimits, check_limits, solve_add, solve_requant
+from tvm_accel.numerics import (
+    RecipeError,
+    RecipeLimits,
+    check_limits,
+    recipe_error,
+    solve_add,
+    solve_requant,
+)
 
 #: VTA ALU limits (int32 lanes, 16-bit signed MUL immediate, shifts 0..31)
 VTA_LIMITS = RecipeLimits(multiplier_max=(1 << 15) - 1, intermediate_bits=32, max_shift=31,
                           max_pre_shift=31)
 
+#: a recipe cheaper than the most accurate one is taken when its worst-case error (output LSBs,
+#: ``recipe_error``) is at most max(the most accurate one's, this); see docs/vta.md (Numerics)
+CHEAP_RECIPE_BUDGET_LSB = 0.5
+
+
+def tail_alu_ops(rq: Requant) -> int:
+    """ALU ops per output entry of ``rq``'s tail on VTA, clip included (the bias and zero point
+    ride on the round add when there is no pre-shift; ``strategy.alu_tail`` may drop more)."""
+    mul = int(bool(np.any(np.asarray(rq.multiplier) != 1)))
+    shr = int(rq.shift > 0)
+    pre = 2 if rq.pre_shift else 0  # its own SHR, and the bias needs its own ADD before it
+    return pre + mul + 1 + shr + 2
+
+
+def shift_only_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
+                      qmax: int) -> Requant | None:
+    """The most accurate recipe with multiplier 1 and no pre-shift (``(acc + r) >> s``) within
+    :data:`VTA_LIMITS`, or None (a zero scale, or no shift fits)."""
+    s = np.atleast_1d(np.asarray(scale, dtype=np.float64)).ravel()
+    if s.size == 0 or np.any(s <= 0):
+        return None
+    exps = -np.log2(s)
+    shifts = {int(np.clip(f(e), 0, VTA_LIMITS.max_shift)) for e in exps
+              for f in (np.floor, np.ceil)}
+    best = None
+    for sh in sorted(shifts):
+        rq = Requant(pre_shift=0, multiplier=np.ones(s.size, dtype=np.int64),
+                     round_add=np.full(s.size, (1 << sh) >> 1, dtype=np.int64), shift=sh,
+                     zero_point=int(zero_point), qmin=int(qmin), qmax=int(qmax), scale=s.copy())
+        if check_limits(rq, acc_bound, VTA_LIMITS):
+            continue
+        err = recipe_error(rq, acc_bound).max_lsb_error
+        if best is None or err < best[0]:
+            best = (err, rq)
+    return None if best is None else best[1]
+
+
+def requant_candidates(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
+                       qmax: int) -> list[Requant]:
+    """The most accurate recipe first, then the cheaper forms: the best without a pre-shift
+    and the shift-only one (those that exist)."""
+    best = solve_requant(scale, acc_bound, zero_point, qmin, qmax, VTA_LIMITS)
+    out = [best]
+    if best.pre_shift:
+        try:
+            out.append(solve_requant(scale, acc_bound, zero_point, qmin, qmax,
+                                     replace(VTA_LIMITS, max_pre_shift=0)))
+        except RecipeError:
+            pass
+    shift_only = shift_only_recipe(scale, acc_bound, zero_point, qmin, qmax)
+    if shift_only is not None:
+        out.append(shift_only)
+    return out
+
 
 def requant_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
-                   qmax: int) -> Requant:
+                   qmax: int, budget_lsb: float | None = None,
+                   max_error: float | None = None) -> Requant:
     """Recipe approximating ``round(acc * scale[c]) + zero_point`` clipped to ``[qmin, qmax]``
-    for ``|acc[c]| <= acc_bound[c]`` within :data:`VTA_LIMITS` (int32-safe by construction)."""
-    rq = solve_requant(scale, acc_bound, zero_point, qmin, qmax, VTA_LIMITS)
+    for ``|acc[c]| <= acc_bound[c]`` within :data:`VTA_LIMITS` (int32-safe by construction):
+    the one with the fewest ALU ops whose worst-case error is at most ``max(error of the most
+    accurate recipe, budget_lsb)`` (default :data:`CHEAP_RECIPE_BUDGET_LSB`), the most accurate
+    on ties. ``max_error`` (the requantize guard's limit) caps the budget, so a cheaper recipe
+    never sends a layer the most accurate one keeps on VTA to the CPU."""
+    budget = CHEAP_RECIPE_BUDGET_LSB if budget_lsb is None else budget_lsb
+    if max_error is not None:
+        budget = min(budget, max_error)
+    cands = requant_candidates(scale, acc_bound, zero_point, qmin, qmax)
+    errs = [recipe_error(rq, acc_bound).max_lsb_error for rq in cands]
+    limit = max(errs[0], budget)
+    within = [i for i, e in enumerate(errs) if e <= limit]
+    rq = cands[min(within, key=lambda i: (tail_alu_ops(cands[i]), errs[i], i))]
     problems = check_limits(rq, acc_bound, VTA_LIMITS)
     assert not problems, problems  # the solver only returns recipes that fit
     return rq

@@ -62,6 +62,20 @@ class _Recipe:
     s: int             # shift after the round add
     zp: int            # output zero point (stored)
 
+    def simplified(self) -> _Recipe:
+        """The same function with fewer ops, by exact shift identities: a uniform multiplier
+        ``2^k`` (``k <= s``, round add a multiple of ``2^k``) becomes ``s - k``
+        (``(t * 2^k + r) >> s == (t + r / 2^k) >> (s - k)``), then with multiplier 1 the
+        pre-shift joins the shift (``((x >> p) + r) >> s == (x + r * 2^p) >> (p + s)``)."""
+        m, r, pre, s = self.m, self.r, self.pre, self.s
+        k = int(m[0]).bit_length() - 1 if len(m) and m[0] > 0 else -1
+        if k > 0 and np.all(m == m[0]) and int(m[0]) == 1 << k and k <= s and np.all(
+                r % (1 << k) == 0):
+            m, r, s = np.ones_like(m), r >> k, s - k
+        if pre and np.all(m == 1) and pre + s <= 31:
+            r, s, pre = r << pre, s + pre, 0
+        return _Recipe(m=m, r=r, bias=self.bias, pre=pre, s=s, zp=self.zp)
+
     def full(self, v: int) -> np.ndarray:
         return np.full(len(self.m), v, dtype=np.int64)
 
@@ -146,7 +160,8 @@ def requant_tail(g_lo: np.ndarray, g_hi: np.ndarray, bias: np.ndarray, rq: Requa
         m=np.broadcast_to(np.asarray(rq.multiplier, dtype=np.int64).reshape(-1), (k,)).copy(),
         r=np.broadcast_to(np.asarray(rq.round_add, dtype=np.int64).reshape(-1), (k,)).copy(),
         bias=np.asarray(bias, dtype=np.int64), pre=pre, s=s, zp=zp)
-    ops, lo, hi = _first_exact(recipe.candidates(), g_lo, g_hi)
+    ops, lo, hi = _first_exact(recipe.simplified().candidates() + recipe.candidates(), g_lo,
+                               g_hi)
     if lo.min() < qmin:
         ops.append(AluOp(ALU_MAX, recipe.full(qmin)))
     if hi.max() > qmax:
