@@ -52,8 +52,8 @@ class RecipeLimits:
 
 
 #: default ``max_requant_error`` of the requantize guard (tvm_accel.canonicalize.guard), in
-#: output LSBs: healthy recipes measure <= 1.2 (MARSELLUS's 16-bit kappa on VGG-16), VTA <= 0.1,
-#: the DPU 0; a recipe beyond 2 LSB is a broken layer
+#: output LSBs: healthy recipes measure <= 1.2 (MARSELLUS's 16-bit kappa on VGG-16), VTA <= 0.5
+#: (its cost-aware recipe's budget), the DPU 0; a recipe beyond 2 LSB is a broken layer
 DEFAULT_MAX_REQUANT_ERROR = 2.0
 
 

@@ -60,7 +60,9 @@ class AccelTarget(ABC):
     def requant_recipe(self, scale: np.ndarray, acc_bound: np.ndarray, zero_point: int,
                        qmin: int, qmax: int) -> Requant:
         """Integer recipe approximating ``round(acc * scale[c]) + zero_point`` clipped to
-        ``[qmin, qmax]`` for accumulators with ``|acc[c]| <= acc_bound[c]``."""
+        ``[qmin, qmax]`` for accumulators with ``|acc[c]| <= acc_bound[c]``. A target whose
+        recipe trades accuracy for cost may also take ``max_error`` (output LSBs): canonicalize
+        then passes the requantize guard's limit, which the recipe must not exceed."""
 
     @abstractmethod
     def add_recipe(self, scale_a: float, scale_b: float, zero_point: int, qmin: int,

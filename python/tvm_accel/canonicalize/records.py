@@ -4,6 +4,8 @@ integer parameters come from (:class:`_Recipes`: the target's recipe or the gene
 
 from __future__ import annotations
 
+import inspect
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,6 +92,14 @@ def format_report(report: list[LayerRecord]) -> str:
 
 
 # --- recipes ---------------------------------------------------------------------------------
+def _capped(solver: Callable, limit: float) -> Callable:
+    """``solver`` with the guard's limit as ``max_error`` when it takes one (a target whose
+    recipe trades accuracy for cost keeps it within the limit instead of falling back)."""
+    if math.isfinite(limit) and "max_error" in inspect.signature(solver).parameters:
+        return partial(solver, max_error=limit)
+    return solver
+
+
 class _Recipes:
     """Where integer parameters come from: the target for offloadable layers, the generic
     int64 CPU recipe for CPU-only ops (and for everything when target is None)."""
@@ -110,7 +120,7 @@ class _Recipes:
             self.add = partial(numerics.solve_add, limits=numerics.CPU_LIMITS)
             self.cpu_add = None  # no guard: the CPU recipe is the fallback itself
         else:
-            self.requant = target.requant_recipe
+            self.requant = _capped(target.requant_recipe, self.max_requant_error)
             self.add = target.add_recipe
 
     def for_op(self, op: str) -> Callable:
