@@ -115,6 +115,7 @@ class _Recipes:
         self.target_name = getattr(target, "name", "") or ("cpu" if target is None else "custom")
         self.target = target
         self.cpu = partial(numerics.solve_requant, limits=numerics.CPU_LIMITS)
+        self.requant: Callable
         if target is None:
             self.requant = self.cpu
             self.add = partial(numerics.solve_add, limits=numerics.CPU_LIMITS)
