@@ -34,6 +34,7 @@ narrows each lane to 8 bits. The choices, and why:
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import replace
 
 import numpy as np
@@ -96,11 +97,9 @@ def requant_candidates(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int
     best = solve_requant(scale, acc_bound, zero_point, qmin, qmax, VTA_LIMITS)
     out = [best]
     if best.pre_shift:
-        try:
+        with suppress(RecipeError):  # no recipe without a pre-shift fits: no such candidate
             out.append(solve_requant(scale, acc_bound, zero_point, qmin, qmax,
                                      replace(VTA_LIMITS, max_pre_shift=0)))
-        except RecipeError:
-            pass
     shift_only = shift_only_recipe(scale, acc_bound, zero_point, qmin, qmax)
     if shift_only is not None:
         out.append(shift_only)

@@ -13,15 +13,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import models
+from helpers.cli import tvmc
 from tvm_accel import cli, quantize
 from tvm_accel.pipeline import host_target
-
-
-def _tvmc(*argv: str) -> int:
-    try:
-        return cli.main([str(a) for a in argv])
-    except SystemExit as e:
-        return e.code
 
 
 def _rows(text: str) -> dict[str, list[str]]:
@@ -59,7 +53,7 @@ def dotted(tmp_path_factory):
     q = quantize.ort_quantize(_dotted_model(), symmetric_activations=True, cache=False)
     onnx.save(q, d / "m.onnx")
     dump = d / "offloads.txt"
-    assert _tvmc("compile", d / "m.onnx", "--target", "vta, llvm", "-o", d / "m.tar",
+    assert tvmc("compile", d / "m.onnx", "--target", "vta, llvm", "-o", d / "m.tar",
                  "--dump-offloads", dump) == 0
     return d, d / "m.onnx", d / "m.tar", dump.read_text()
 
@@ -70,7 +64,7 @@ def test_reports_and_knobs_use_the_onnx_node_names(dotted, capsys):
     assert rows["block.conv1"][3] == "vta" and rows["block.conv2"][3] == "vta"
     assert "block_conv1" not in dump
     capsys.readouterr()
-    assert _tvmc("run", package, "--profile-csv", d / "p.csv") == 0
+    assert tvmc("run", package, "--profile-csv", d / "p.csv") == 0
     with open(d / "p.csv") as f:
         layers = [r["layer"] for r in csv.DictReader(f)]
     assert {"block.conv1", "block.conv2"} <= set(layers)
@@ -101,7 +95,7 @@ def test_every_operator_of_the_model_has_a_row(dotted):
 def test_dump_offloads_all_lists_the_folded_qdq_nodes(dotted, capsys):
     d, model, _, _ = dotted
     capsys.readouterr()
-    assert _tvmc("compile", model, "--target", "vta, llvm", "-o", d / "a.tar",
+    assert tvmc("compile", model, "--target", "vta, llvm", "-o", d / "a.tar",
                  "--dump-offloads", "all") == 0
     rows = _rows(capsys.readouterr().out)
     weight_dq = [r for k, r in rows.items() if k.startswith("w1") and "Dequantize" in k]
@@ -110,11 +104,11 @@ def test_dump_offloads_all_lists_the_folded_qdq_nodes(dotted, capsys):
 
 def test_a_fused_pool_keeps_its_name_in_the_profile(tmp_path, capsys):
     onnx.save(models.quantized("conv_pool", power_of_two=True), tmp_path / "cp.onnx")
-    assert _tvmc("compile", tmp_path / "cp.onnx", "--target", "dpu, llvm", "-o",
+    assert tvmc("compile", tmp_path / "cp.onnx", "--target", "dpu, llvm", "-o",
                  tmp_path / "cp.tar", "--dump-offloads") == 0
     rows = _rows(capsys.readouterr().out)
     assert rows["conv_relu"][3] == "dpu" and "fused into conv" in " ".join(rows["conv_relu"])
-    assert _tvmc("run", tmp_path / "cp.tar", "--profile") == 0
+    assert tvmc("run", tmp_path / "cp.tar", "--profile") == 0
     out = capsys.readouterr().out
     assert "conv+maxpool" in out and "conv_maxpool" not in out
 
@@ -126,15 +120,15 @@ def test_input_shapes_make_a_dynamic_model_compile_and_run(tmp_path, capsys):
     dim.dim_param = "batch"
     onnx.save(model, tmp_path / "dyn.onnx")
     base = ["compile", tmp_path / "dyn.onnx", "--target", "vta, llvm", "-o", tmp_path / "d.tar"]
-    assert _tvmc(*base) == 2
+    assert tvmc(*base) == 2
     err = capsys.readouterr().err
     assert '--input-shapes "input:[1,16,8,8]"' in err
-    assert _tvmc(*base, "--input-shapes", "input:[2,16,8,8]") == 0
+    assert tvmc(*base, "--input-shapes", "input:[2,16,8,8]") == 0
     with tarfile.open(tmp_path / "d.tar") as tar:
         meta = json.load(tar.extractfile("metadata.json"))
     assert meta["inputs"][0]["shape"] == [2, 16, 8, 8]
     capsys.readouterr()
-    assert _tvmc("run", tmp_path / "d.tar") == 0
+    assert tvmc("run", tmp_path / "d.tar") == 0
     assert "shape [2, 16, 8, 8]" in capsys.readouterr().out
 
 
@@ -148,12 +142,12 @@ def test_host_target_reads_the_command_line_form():
 
 def test_c_and_llvm_hosts_give_the_same_outputs(dotted, capsys):
     d, model, package, _ = dotted
-    assert _tvmc("compile", model, "--target", "vta, c", "-o", d / "c.tar") == 0
-    assert _tvmc("compile", model, "--target", "vta, llvm -opt-level=2", "-o",
+    assert tvmc("compile", model, "--target", "vta, c", "-o", d / "c.tar") == 0
+    assert tvmc("compile", model, "--target", "vta, llvm -opt-level=2", "-o",
                  d / "o.tar") == 0
     outs = []
     for pkg in (package, d / "c.tar", d / "o.tar"):
-        assert _tvmc("run", pkg, "--outputs", d / "out.npz") == 0
+        assert tvmc("run", pkg, "--outputs", d / "out.npz") == 0
         outs.append(np.load(d / "out.npz")["y"])
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
@@ -163,7 +157,7 @@ def test_long_compiles_print_a_progress_line_per_function(dotted, capsys, monkey
     d, model, _, _ = dotted
     monkeypatch.setattr(cli.compiler._ProgressLines, "AFTER", 0.0)
     capsys.readouterr()
-    assert _tvmc("compile", model, "--target", "vta, llvm", "-o", d / "p.tar") == 0
+    assert tvmc("compile", model, "--target", "vta, llvm", "-o", d / "p.tar") == 0
     err = capsys.readouterr().err.splitlines()
     assert any(ln.strip().startswith("[lower 1/") for ln in err), err
     assert any(ln.strip().startswith("[embedding 1]") and "block.conv1" in ln for ln in err)
@@ -171,25 +165,25 @@ def test_long_compiles_print_a_progress_line_per_function(dotted, capsys, monkey
 
 def test_timeline_draws_a_package_of_any_target(tmp_path, capsys):
     onnx.save(models.quantized("single_conv", cin=32, cout=32, hw=8), tmp_path / "m.onnx")
-    assert _tvmc("compile", tmp_path / "m.onnx", "--target", "marsellus, llvm", "-o",
+    assert tvmc("compile", tmp_path / "m.onnx", "--target", "marsellus, llvm", "-o",
                  tmp_path / "m.tar", "--target-marsellus-objective", "latency") == 0
     assert '"objective": "latency"' in capsys.readouterr().out  # echoed with the knobs
-    assert _tvmc("timeline", tmp_path / "m.tar", "-o", tmp_path / "t.png") == 0
+    assert tvmc("timeline", tmp_path / "m.tar", "-o", tmp_path / "t.png") == 0
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((tmp_path / "t.json").read_text())
     assert any(e.get("name") == "RBE" for e in trace["traceEvents"])
 
 
 def test_zoo_writes_the_readme_model_and_calibration_data(tmp_path, capsys):
-    assert _tvmc("zoo") == 0
+    assert tvmc("zoo") == 0
     assert "resnet20" in capsys.readouterr().out
-    assert _tvmc("zoo", "tiny_cnn", "-o", tmp_path / "m_fp32.onnx", "--calibration-out",
+    assert tvmc("zoo", "tiny_cnn", "-o", tmp_path / "m_fp32.onnx", "--calibration-out",
                  tmp_path / "inputs.npz", "--samples", "3") == 0
     m = onnx.load(tmp_path / "m_fp32.onnx")
     assert m.graph.node[0].op_type == "Conv"
     cal = np.load(tmp_path / "inputs.npz")
     assert cal["input"].shape == (3, 3, 32, 32)
-    assert _tvmc("quantize", tmp_path / "m_fp32.onnx", "-o", tmp_path / "m.onnx",
+    assert tvmc("quantize", tmp_path / "m_fp32.onnx", "-o", tmp_path / "m.onnx",
                  "--calibration", tmp_path / "inputs.npz") == 0
-    assert _tvmc("compile", tmp_path / "m.onnx", "--target", "vta, llvm", "-o",
+    assert tvmc("compile", tmp_path / "m.onnx", "--target", "vta, llvm", "-o",
                  tmp_path / "m.tar") == 0

@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 from helpers import models
-from tvm_accel import cli
+from helpers.cli import tvmc
 from tvm_accel.compare import (
     compare_layers,
     cut_at_layer_outputs,
@@ -15,13 +15,6 @@ from tvm_accel.compare import (
     ort_session,
 )
 from tvm_accel.frontend import load_onnx, random_inputs
-
-
-def _tvmc(*argv) -> int:
-    try:
-        return cli.main([str(a) for a in argv])
-    except SystemExit as e:
-        return e.code
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +121,10 @@ def test_cli_max_lsb_fails_with_exit_1_when_a_layer_differs_more(residual, tmp_p
     rep = compare_layers(residual, "vta")
     assert rep.max_lsb >= 1  # round-half-up vs half-to-even at least somewhere
     capsys.readouterr()
-    assert _tvmc("compare", path, "--target", "vta, llvm", "--max-lsb", rep.max_lsb) == 0
+    assert tvmc("compare", path, "--target", "vta, llvm", "--max-lsb", rep.max_lsb) == 0
     out = capsys.readouterr().out
     assert f"worst {rep.max_lsb} LSB" in out
-    assert _tvmc("compare", path, "--target", "vta, llvm", "--max-lsb", rep.max_lsb - 1,
+    assert tvmc("compare", path, "--target", "vta, llvm", "--max-lsb", rep.max_lsb - 1,
                  "--top", 1) == 1
     cap = capsys.readouterr()
     assert len(cap.out.strip().splitlines()) == 4  # header, rule, one row, summary
@@ -144,7 +137,7 @@ def test_cli_compare_reads_inputs_from_npz(residual, tmp_path, capsys):
     onnx.save(residual, path)
     x = random_inputs(load_onnx(residual)[1], seed=7)
     np.savez(tmp_path / "x.npz", **x)
-    assert _tvmc("compare", path, "--target", "vta, llvm", "--inputs", tmp_path / "x.npz") == 0
+    assert tvmc("compare", path, "--target", "vta, llvm", "--inputs", tmp_path / "x.npz") == 0
     table = capsys.readouterr().out.strip().splitlines()[:-1]
     assert table == compare_layers(residual, "vta", x).format().splitlines()[:-1]
     assert table != compare_layers(residual, "vta", seed=8).format().splitlines()[:-1]
@@ -162,7 +155,7 @@ def test_cli_compare_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     make(tmp_path)
     np.savez(tmp_path / "x.npz", other=np.zeros(3, np.float32))
-    assert _tvmc("compare", "m.onnx", "--target", "vta, llvm", *args) == 2
+    assert tvmc("compare", "m.onnx", "--target", "vta, llvm", *args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tvmc compare: error:") and needle in err[0]
 

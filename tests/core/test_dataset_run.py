@@ -8,16 +8,9 @@ import onnx
 import pytest
 
 from helpers import models
-from tvm_accel import cli
+from helpers.cli import tvmc
 from tvm_accel.compare import ort_session
 from tvm_accel.evaluate import ProgressBar, evaluate, top_k
-
-
-def _tvmc(*argv) -> int:
-    try:
-        return cli.main([str(a) for a in argv])
-    except SystemExit as e:
-        return e.code
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +20,7 @@ def ws(tmp_path_factory):
     d = tmp_path_factory.mktemp("dataset")
     for batch in (1, 2):
         onnx.save(models.quantized("conv_flatten_dense", batch=batch), d / f"m{batch}.onnx")
-        assert _tvmc("compile", d / f"m{batch}.onnx", "--target", "vta, llvm", "-o",
+        assert tvmc("compile", d / f"m{batch}.onnx", "--target", "vta, llvm", "-o",
                      d / f"m{batch}.tar") == 0
     x = np.random.default_rng(0).standard_normal((6, 8, 4, 4)).astype(np.float32)
     np.savez(d / "data.npz", input=x)
@@ -36,7 +29,7 @@ def ws(tmp_path_factory):
 
 def _single(d, name: str, x: np.ndarray) -> np.ndarray:
     np.savez(d / "one.npz", input=x)
-    assert _tvmc("run", d / name, "--inputs", d / "one.npz", "--outputs", d / "one_y.npz") == 0
+    assert tvmc("run", d / name, "--inputs", d / "one.npz", "--outputs", d / "one_y.npz") == 0
     return next(iter(np.load(d / "one_y.npz").values()))
 
 
@@ -78,7 +71,7 @@ def test_cli_prints_accuracy_and_writes_stacked_outputs(ws, capsys):
     x = np.load(ws / "data.npz")["input"]
     np.savez(ws / "labelled.npz", input=x, labels=np.arange(6))
     capsys.readouterr()
-    assert _tvmc("run", ws / "m1.tar", "--inputs", ws / "labelled.npz", "--reference",
+    assert tvmc("run", ws / "m1.tar", "--inputs", ws / "labelled.npz", "--reference",
                  ws / "m1.onnx", "--outputs", ws / "y.npz") == 0
     out = capsys.readouterr().out
     res = evaluate(ws / "m1.tar", ws / "data.npz", labels=np.arange(6), reference=ws / "m1.onnx")
@@ -86,7 +79,7 @@ def test_cli_prints_accuracy_and_writes_stacked_outputs(ws, capsys):
     assert f"differs on {res.top1_disagree} of 6 samples" in out and "6 samples in" in out
     assert np.array_equal(np.load(ws / "y.npz")["fc_out"], res.outputs[0])
     np.save(ws / "labels.npy", np.arange(6)[::-1].copy())
-    assert _tvmc("run", ws / "m1.tar", "--inputs", ws / "data.npz", "--labels",
+    assert tvmc("run", ws / "m1.tar", "--inputs", ws / "data.npz", "--labels",
                  ws / "labels.npy") == 0
     assert "accuracy: top-1" in capsys.readouterr().out
 
@@ -132,6 +125,6 @@ def test_dataset_user_errors_are_one_line_exit_2(ws, tmp_path, monkeypatch, caps
     args = [a for a in args if a != "--m2"]
     inputs = ["--inputs", "data.npz"] if files else []
     capsys.readouterr()
-    assert _tvmc("run", package, *inputs, *args) == 2
+    assert tvmc("run", package, *inputs, *args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tvmc run: error:") and needle in err[0], err

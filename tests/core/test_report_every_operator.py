@@ -12,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_accel import cli, quantize
+from helpers.cli import tvmc
+from tvm_accel import quantize
 from tvm_accel.frontend import load_onnx
 from tvm_accel.pipeline import compile_model
 from tvm_accel.target import get_target
@@ -64,17 +65,11 @@ def test_every_onnx_node_of_a_quantized_silu_model_has_one_row(named):
     assert on_cpu["out_DequantizeLinear"] == "dequantizes the model output: runs on the CPU"
 
 
-def _tvmc(*argv) -> int:
-    try:
-        return cli.main([str(a) for a in argv])
-    except SystemExit as e:
-        return int(e.code or 0)
-
 
 def test_summary_counts_layers_and_metadata_holds_the_table_rows(tmp_path, capsys):
     q = quantize.ort_quantize(_silu_model())
     onnx.save(q, tmp_path / "silu.onnx")
-    assert _tvmc("compile", tmp_path / "silu.onnx", "--target", "vta, llvm", "-o",
+    assert tvmc("compile", tmp_path / "silu.onnx", "--target", "vta, llvm", "-o",
                  tmp_path / "s.tar", "--dump-offloads", "all") == 0
     out = capsys.readouterr().out.splitlines()
     n_qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
@@ -100,7 +95,7 @@ def test_a_float_conv_has_one_row_named_after_its_node(tmp_path, capsys):
     """A float model: the conv's bias add used to give the conv a second row, named after
     the importer's temporary (``lv``)."""
     onnx.save(_silu_model(), tmp_path / "f.onnx")
-    assert _tvmc("compile", tmp_path / "f.onnx", "--target", "vta, llvm", "-o",
+    assert tvmc("compile", tmp_path / "f.onnx", "--target", "vta, llvm", "-o",
                  tmp_path / "f.tar", "--dump-offloads") == 0
     out = capsys.readouterr().out.splitlines()
     assert "0 of 4 layers on vta; 4 on the cpu ->" in out[0]

@@ -177,6 +177,12 @@ def add_requant_error_option(p: argparse.ArgumentParser) -> None:
                    f"{DEFAULT_MAX_REQUANT_ERROR:g}; 'inf' offloads it anyway)")
 
 
+def add_tuning_records_option(p: argparse.ArgumentParser) -> None:
+    """``--tuning-records FILE`` of a verb that compiles (applied by :func:`tuning_records`)."""
+    p.add_argument("--tuning-records", metavar="FILE",
+                   help="apply the best configuration per workload from 'tvmc tune' records")
+
+
 def tuning_records(path: str | None) -> AbstractContextManager:
     """The best record per workload of ``tvmc tune`` records applied to a compile (none: a
     no-op context)."""

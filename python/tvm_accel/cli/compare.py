@@ -9,6 +9,7 @@ from tvm_accel.cli.common import (
     add_input_shapes_option,
     add_requant_error_option,
     add_target_options,
+    add_tuning_records_option,
     parse_input_shapes,
     parse_target,
     target_knobs,
@@ -66,8 +67,7 @@ def add_parser(sub) -> None:
                    help="per-layer W/I/O bits, as for 'tvmc compile' (onnxruntime runs the "
                    "model as it is)")
     add_requant_error_option(c)
-    c.add_argument("--tuning-records", metavar="FILE",
-                   help="apply the best configuration per workload from 'tvmc tune' records")
+    add_tuning_records_option(c)
     c.add_argument("--inputs", metavar="NPZ",
                    help="input arrays by name (.npz); default: seeded random inputs")
     c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")

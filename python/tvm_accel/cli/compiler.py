@@ -17,6 +17,7 @@ from tvm_accel.cli.common import (
     add_input_shapes_option,
     add_requant_error_option,
     add_target_options,
+    add_tuning_records_option,
     check_output_path,
     one_line,
     parse_input_shapes,
@@ -253,6 +254,5 @@ def add_parser(sub) -> None:
     c.add_argument("--dump-offloads", nargs="?", const="-", metavar="FILE",
                    help="list every layer, where it runs and why (to FILE, or stdout: '-' "
                    "or no value; 'all': stdout, with the folded Q/DQ and constant nodes)")
-    c.add_argument("--tuning-records", metavar="FILE",
-                   help="apply the best configuration per workload from 'tvmc tune' records")
+    add_tuning_records_option(c)
     c.set_defaults(func=cmd_compile)
