@@ -24,14 +24,14 @@ SAVE (209 bits)::
     chans[93:105] fm_pix_stride[105:117] fm_row_stride[117:137] ddr_pix_stride[137:153]
     ddr_row_stride[153:177] img_stride[177:209]
 
-CONV (252 bits)::
+CONV (256 bits)::
 
     in_mem[12:14] in_addr[14:34] in_pix_stride[34:46] in_row_stride[46:66] ic[66:78]
     out_mem[78:80] out_addr[80:100] out_pix_stride[100:112] out_row_stride[112:132]
     out_h[132:144] out_w[144:156] oc[156:168] kernel_h[168:172] kernel_w[172:176]
     stride_h[176:179] stride_w[179:182] pad_top[182:186] pad_bottom[186:190] pad_left[190:194]
     pad_right[194:198] pad_value[198:206]s param_addr[206:230] shift[230:235] clip_lo[235:243]s
-    clip_hi[243:251]s depthwise[251:252]
+    clip_hi[243:251]s depthwise[251:252] dilation[252:256]
 
 MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3 UPSAMPLE,
 4 COPY)::
@@ -209,6 +209,8 @@ class Conv(_Deps):
     clip_lo: int = -128
     clip_hi: int = 127
     depthwise: bool = False
+    #: spacing of the kernel taps in rows and columns (1 = dense); one field for both axes
+    dilation: int = 1
     dpon: frozenset = _deps_field()
     dpby: frozenset = _deps_field()
 
@@ -354,7 +356,7 @@ LAYOUTS: dict[str, tuple] = {
         ("pad_top", 4, False), ("pad_bottom", 4, False), ("pad_left", 4, False),
         ("pad_right", 4, False), ("pad_value", 8, True),
         ("param_addr", 24, False), ("shift", 5, False), ("clip_lo", 8, True),
-        ("clip_hi", 8, True), ("depthwise", 1, False)),
+        ("clip_hi", 8, True), ("depthwise", 1, False), ("dilation", 4, False)),
 }
 MISC_COMMON = (("op", 4, False), *_FM_IN, *_FM_OUT, ("out_h", 12, False), ("out_w", 12, False),
                ("chans", 12, False))

@@ -127,20 +127,29 @@ def _is_conv(ly) -> bool:
 
 def _same_geometry(a: ConvLayer, b: ConvLayer) -> bool:
     return (a.kernel == b.kernel and tuple(a.strides) == tuple(b.strides)
-            and tuple(a.padding) == tuple(b.padding))
+            and tuple(a.padding) == tuple(b.padding)
+            and tuple(a.dilation) == tuple(b.dilation))
+
+
+def _undilated_conv(ly) -> bool:
+    """A conv without dilation: the on-chip chains and the pool templates line up row bands
+    and pool windows with the conv's dense kernel (a dilated conv runs alone, in a conv+add or
+    a horizontal group, whose tiles read its dilated window)."""
+    return _is_conv(ly) and tuple(ly.dilation) == (1, 1)
 
 
 def _chain_conv(ly) -> bool:
-    return _is_conv(ly) and tuple(getattr(ly, "dilation", (1, 1))) == (1, 1) and (
-        ly.groups == 1 or ly.is_depthwise)
+    return _undilated_conv(ly) and (ly.groups == 1 or ly.is_depthwise)
 
 
 def templates(max_horizontal: int) -> list[Template]:
     conv = _is_conv
     tpls = [
-        Template("conv+pool", [conv, lambda ly: isinstance(ly, PoolLayer)], [("flow", 0, 1)]),
+        Template("conv+pool", [_undilated_conv, lambda ly: isinstance(ly, PoolLayer)],
+                 [("flow", 0, 1)]),
         Template("conv+add", [conv, lambda ly: isinstance(ly, AddLayer)], [("flow", 0, 1)]),
-        Template("pool+conv", [lambda ly: isinstance(ly, PoolLayer), conv], [("flow", 0, 1)]),
+        Template("pool+conv", [lambda ly: isinstance(ly, PoolLayer), _undilated_conv],
+                 [("flow", 0, 1)]),
     ]
     for k in range(2, max_horizontal + 1):
         plain = [lambda ly: conv(ly) and ly.groups == 1] * k

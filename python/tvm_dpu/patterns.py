@@ -1,11 +1,11 @@
 """DPU pattern table: which canonical integer layers the CONV engine and MISC unit take.
 
-Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding < kernel, groups 1 or
-depthwise), dense (as a 1x1 conv) and the residual add (MISC ELTADD); on the MISC unit as
-separate layers: max pool (same quantization in and out), average / global average pool with a
-power-of-two window, nearest upsample by integer factors, and channel concat of identically
-quantized inputs (by placement); transpose conv as stride-1 sub-convolutions whose SAVEs
-scatter into the output. The DPU is int8-only with
+Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding <= 15, groups 1 or
+depthwise, the same dilation <= 15 in H and W), dense (as a 1x1 conv) and the residual add
+(MISC ELTADD); on the MISC unit as separate layers: max pool (same quantization in and out),
+average / global average pool, nearest upsample by integer factors, and channel concat of
+identically quantized inputs (by placement); transpose conv as stride-1 sub-convolutions whose
+SAVEs scatter into the output. The DPU is int8-only with
 power-of-two requantization: uint8 activations and non-power-of-two scales stay on the CPU.
 Each check is named; its docstring is the reason a layer stays on the CPU.
 """
@@ -57,9 +57,14 @@ def conv_nchw(m: dict) -> bool:
     return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
 
 
-def conv_no_dilation(m: dict) -> bool:
-    """dilated convolution (the CONV engine has no dilated window)"""
-    return all(int(d) == 1 for d in m["core"].attrs.dilation)
+#: 4-bit CONV dilation field
+MAX_DILATION = 15
+
+
+def conv_dilation_fits(m: dict) -> bool:
+    """dilation differs between H and W or exceeds 15 (one 4-bit CONV dilation field)"""
+    dh, dw = (int(d) for d in m["core"].attrs.dilation)
+    return dh == dw and 1 <= dh <= MAX_DILATION
 
 
 def conv_groups_supported(m: dict) -> bool:
@@ -288,7 +293,7 @@ def pattern_table() -> list[OffloadPattern]:
     add, add_ann = qadd_pattern()
     table = [
         OffloadPattern("dpu.qconv2d", "conv2d", conv, conv_ann,
-                       [conv_nchw, conv_no_dilation, conv_groups_supported, kernel_fits,
+                       [conv_nchw, conv_dilation_fits, conv_groups_supported, kernel_fits,
                         stride_fits, padding_fits, channels_fit, *_COMMON]),
         OffloadPattern("dpu.qdense_flat", "dense", *qlinear_pattern("matmul", flatten=True),
                        [flatten_is_a_view, channels_fit, *_COMMON]),

@@ -99,7 +99,8 @@ def build_xgraph(graph: LayerGraph) -> XGraph:
         if isinstance(ly, ConvLayer):
             params = fold_conv(ly)
             attrs = {"kernel": ly.kernel, "strides": tuple(ly.strides),
-                     "padding": tuple(ly.padding), "depthwise": ly.is_depthwise}
+                     "padding": tuple(ly.padding), "depthwise": ly.is_depthwise,
+                     "dilation": tuple(int(d) for d in ly.dilation)}
         elif isinstance(ly, AddLayer):
             params = fold_add(ly)
         nodes.append(XNode(ly.name, ly.op_name, ins, ly.output, tuple(out.shape), attrs, params,

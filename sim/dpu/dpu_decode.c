@@ -48,7 +48,7 @@ static const dpu_field CONV_F[] = {
     FM_IN, F(ic, 12, 0), FM_OUT, F(out_h, 12, 0), F(out_w, 12, 0), F(oc, 12, 0), F(kernel_h, 4, 0),
     F(kernel_w, 4, 0), F(stride_h, 3, 0), F(stride_w, 3, 0), F(pad_top, 4, 0), F(pad_bottom, 4, 0),
     F(pad_left, 4, 0), F(pad_right, 4, 0), F(pad_value, 8, 1), F(param_addr, 24, 0), F(shift, 5, 0),
-    F(clip_lo, 8, 1), F(clip_hi, 8, 1), F(depthwise, 1, 0)};
+    F(clip_lo, 8, 1), F(clip_hi, 8, 1), F(depthwise, 1, 0), F(dilation, 4, 0)};
 static const dpu_field POOL_F[] = {MISC_COMMON, POOL_FIELDS};
 static const dpu_field ELT_F[] = {MISC_COMMON,       F(b_mem, 2, 0),   F(b_addr, 20, 0),
                                   F(b_pix_stride, 12, 0), F(b_row_stride, 20, 0), F(shift_a, 6, 1),
@@ -316,17 +316,22 @@ static int must_be_zero(const dpu_insn *in, const char *field, int64_t v, const 
     return ACCEL_OK;
 }
 
-/* Window of a CONV / pool: sets win_rows/cols and in_rows/cols. */
+/* Window of a CONV / pool: sets win_rows/cols and in_rows/cols. A kernel spans (kernel - 1) *
+ * dilation + 1 rows / columns (pools have no dilation field: 1). */
 static int check_window(const dpu_insn *in, dpu_insn *out, accel_err *err)
 {
+    const uint64_t d = in->kind == K_CONV ? (uint64_t)in->dilation : 1;
+    if (d < 1)
+        return accel_fail(err, ACCEL_ERR_DECODE, "insn %u (%s): field dilation = 0, a dilation is at least 1", in->index,
+                          in->name);
     if (in->kernel_h < 1 || in->kernel_w < 1)
         return accel_fail(err, ACCEL_ERR_DECODE, "insn %u (%s): field %s = 0, a kernel is at least 1x1", in->index,
                           in->name, in->kernel_h < 1 ? "kernel_h" : "kernel_w");
     if (in->stride_h < 1 || in->stride_w < 1)
         return accel_fail(err, ACCEL_ERR_DECODE, "insn %u (%s): field %s = 0, a stride is at least 1", in->index,
                           in->name, in->stride_h < 1 ? "stride_h" : "stride_w");
-    out->win_rows = ((uint64_t)in->out_h - 1) * (uint64_t)in->stride_h + (uint64_t)in->kernel_h;
-    out->win_cols = ((uint64_t)in->out_w - 1) * (uint64_t)in->stride_w + (uint64_t)in->kernel_w;
+    out->win_rows = ((uint64_t)in->out_h - 1) * (uint64_t)in->stride_h + ((uint64_t)in->kernel_h - 1) * d + 1;
+    out->win_cols = ((uint64_t)in->out_w - 1) * (uint64_t)in->stride_w + ((uint64_t)in->kernel_w - 1) * d + 1;
     if ((uint64_t)(in->pad_top + in->pad_bottom) >= out->win_rows)
         return accel_fail(err, ACCEL_ERR_DECODE,
                           "insn %u (%s): fields pad_top + pad_bottom = %lld leave no input row in the window of %llu rows",
@@ -350,12 +355,13 @@ static int check_clip(const dpu_insn *in, accel_err *err)
 }
 
 /* Taps of a window that fall on real input along one axis, summed over the outputs. */
-static uint64_t valid_taps(uint64_t n_out, uint64_t stride, uint64_t kernel, uint64_t pad, uint64_t n_in)
+static uint64_t valid_taps(uint64_t n_out, uint64_t stride, uint64_t kernel, uint64_t dilation, uint64_t pad,
+                           uint64_t n_in)
 {
     uint64_t o, k, t = 0;
     for (o = 0; o < n_out; o++)
         for (k = 0; k < kernel; k++) {
-            uint64_t r = o * stride + k;
+            uint64_t r = o * stride + k * dilation;
             t += (r >= pad && r - pad < n_in);
         }
     return t;
@@ -477,8 +483,11 @@ static int check_conv(const dpu_geom *g, dpu_insn *in, accel_err *err)
     steps = mul3(accel_ceil_div(oh, g->row_par), ow, accel_ceil_div(oc, g->oc_par));
     steps = mul3(steps, in->depthwise ? 1 : accel_ceil_div(ic, g->ic_par), kh * kw);
     in->dur = accel_compute_cycles(steps, 1, g->lat[DPU_UNIT_CONV]);
-    in->macs = mul3(valid_taps(oh, (uint64_t)in->stride_h, kh, (uint64_t)in->pad_top, in->in_rows),
-                    valid_taps(ow, (uint64_t)in->stride_w, kw, (uint64_t)in->pad_left, in->in_cols), oc * wic * n);
+    in->macs = mul3(valid_taps(oh, (uint64_t)in->stride_h, kh, (uint64_t)in->dilation, (uint64_t)in->pad_top,
+                               in->in_rows),
+                    valid_taps(ow, (uint64_t)in->stride_w, kw, (uint64_t)in->dilation, (uint64_t)in->pad_left,
+                               in->in_cols),
+                    oc * wic * n);
     in->padded_macs = mul3(oh * ow, kh * kw, oc * wic * n);
     in->fm_rd = in->in_rows * in->in_cols * ic * n;
     in->fm_wr = oh * ow * oc * n;

@@ -198,16 +198,19 @@ static uint32_t dot1(const int16_t *DPU_RESTRICT x, const int16_t *DPU_RESTRICT 
     return (uint32_t)s;
 }
 
-/* out[oh][ow][oc] from X[Hw][Ww][ic] and W[oc][kh][kw * ic]; 1 when a stop was requested. */
+/* out[oh][ow][oc] from X[Hw][Ww][ic] and W[oc][kh][kw * ic]; the taps of a kernel row are d * ic
+ * apart in X (contiguous when d = 1: one dot product of kw * ic); 1 when a stop was requested. */
 static int conv_dense(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out)
 {
     const uint64_t ic = (uint64_t)in->ic, oc = (uint64_t)in->oc, oh = (uint64_t)in->out_h, ow = (uint64_t)in->out_w;
-    const uint64_t kh = (uint64_t)in->kernel_h, kw = (uint64_t)in->kernel_w;
+    const uint64_t kh = (uint64_t)in->kernel_h, kw = (uint64_t)in->kernel_w, d = (uint64_t)in->dilation;
     const uint64_t sh = (uint64_t)in->stride_h, sw = (uint64_t)in->stride_w, Ww = in->win_cols;
     const uint64_t K = kw * ic, xrow = Ww * ic, wstride = kh * K;
+    /* segments per kernel row: one of kw * ic (dense) or kw of ic (dilated) */
+    const uint64_t nseg = d == 1 ? 1 : kw, seg = d == 1 ? K : ic, xstep = d * ic;
     const unsigned shift = (unsigned)in->shift;
     const int64_t lo = in->clip_lo, hi = in->clip_hi;
-    uint64_t y, x, o, ky;
+    uint64_t y, x, o, ky, j;
     for (y = 0; y < oh; y++) {
         if (accel_should_stop())
             return 1;
@@ -218,8 +221,11 @@ static int conv_dense(const dpu_insn *in, const int16_t *X, const int16_t *W, co
                 uint32_t acc[4] = {0, 0, 0, 0};
                 const int16_t *w0 = W + o * wstride;
                 for (ky = 0; ky < kh; ky++)
-                    dot4(xb + ky * xrow, w0 + ky * K, w0 + wstride + ky * K, w0 + 2 * wstride + ky * K,
-                         w0 + 3 * wstride + ky * K, K, acc);
+                    for (j = 0; j < nseg; j++) {
+                        const uint64_t wo = ky * K + j * seg;
+                        dot4(xb + ky * d * xrow + j * xstep, w0 + wo, w0 + wstride + wo, w0 + 2 * wstride + wo,
+                             w0 + 3 * wstride + wo, seg, acc);
+                    }
                 o8[o] = requant(acc[0], bias[o], shift, lo, hi);
                 o8[o + 1] = requant(acc[1], bias[o + 1], shift, lo, hi);
                 o8[o + 2] = requant(acc[2], bias[o + 2], shift, lo, hi);
@@ -228,7 +234,8 @@ static int conv_dense(const dpu_insn *in, const int16_t *X, const int16_t *W, co
             for (; o < oc; o++) {
                 uint32_t acc = 0;
                 for (ky = 0; ky < kh; ky++)
-                    acc += dot1(xb + ky * xrow, W + o * wstride + ky * K, K);
+                    for (j = 0; j < nseg; j++)
+                        acc += dot1(xb + ky * d * xrow + j * xstep, W + o * wstride + ky * K + j * seg, seg);
                 o8[o] = requant(acc, bias[o], shift, lo, hi);
             }
         }
@@ -242,7 +249,7 @@ static int conv_depthwise(const dpu_insn *in, const int16_t *X, const int16_t *W
                            uint8_t *out)
 {
     const uint64_t c = (uint64_t)in->oc, oh = (uint64_t)in->out_h, ow = (uint64_t)in->out_w;
-    const uint64_t kh = (uint64_t)in->kernel_h, kw = (uint64_t)in->kernel_w;
+    const uint64_t kh = (uint64_t)in->kernel_h, kw = (uint64_t)in->kernel_w, d = (uint64_t)in->dilation;
     const uint64_t sh = (uint64_t)in->stride_h, sw = (uint64_t)in->stride_w, Ww = in->win_cols;
     const unsigned shift = (unsigned)in->shift;
     uint64_t y, x, ky, kx, ch;
@@ -254,7 +261,7 @@ static int conv_depthwise(const dpu_insn *in, const int16_t *X, const int16_t *W
             memset(acc, 0, (size_t)c * sizeof(int32_t));
             for (ky = 0; ky < kh; ky++)
                 for (kx = 0; kx < kw; kx++) {
-                    const int16_t *DPU_RESTRICT xp = X + ((y * sh + ky) * Ww + x * sw + kx) * c;
+                    const int16_t *DPU_RESTRICT xp = X + ((y * sh + ky * d) * Ww + x * sw + kx * d) * c;
                     const int16_t *DPU_RESTRICT wp = Wd + (ky * kw + kx) * c;
                     int32_t *DPU_RESTRICT a = acc;
                     for (ch = 0; ch < c; ch++)

@@ -93,7 +93,7 @@ def test_header_and_field_positions_follow_the_documented_layout():
     assert (word >> 206) & ((1 << 24) - 1) == 0xABCDE
     assert (word >> 235) & 0xFF == 0xFF and (word >> 243) & 0xFF == 0xFF
     assert (word >> 251) & 1 == 1
-    assert word >> 252 == 0
+    assert word >> 252 == 1  # dilation 1: a dense kernel
     end = int.from_bytes(encode(End()), "little")
     assert end == codegen.OP_END
 

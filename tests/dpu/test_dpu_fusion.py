@@ -157,3 +157,32 @@ def test_pool_stream_runs_beside_an_independent_conv_stream_bit_exact(cfg):
     assert not any("||" in ly.name for ly in off.layers)
     # without the pair, the merged stream's list scheduling overlaps the two groups as well
     assert sum(x.cycles for _, x in st) <= sum(x.cycles for _, x in st_off)
+
+
+def _aspp_like(batch=2, hw=14, c=16):
+    """x -> p, q (3x3, dilation 2, the same geometry: horizontal), r (dilation 6) -> pool,
+    s (dilation 2) -> add(s, x): the dilated window in fused tiles."""
+    rng = np.random.default_rng(6)
+    sh = (batch, c, hw, hw)
+    p = _conv(rng, "p", "x", "tp", c, c, pad=2, dilation=2, shift=10)
+    q = _conv(rng, "q", "x", "tq", c, c, pad=2, dilation=2, shift=10)
+    r = _conv(rng, "r", "x", "tr", c, c, pad=6, dilation=6, shift=10)
+    pool = PoolLayer("pool", "tr", "to", "max", (2, 2), (2, 2), (0,) * 4, 0, None)
+    s = _conv(rng, "s", "x", "ts", c, c, pad=2, dilation=2, shift=10)
+    add = AddLayer("add", ("ts", "x"), "y", 0, 0, 1, 2, _rq(1, 1))
+    shapes = {n: sh for n in ("x", "tp", "tq", "tr", "ts", "y")}
+    shapes["to"] = (batch, c, hw // 2, hw // 2)
+    return _graph([p, q, r, pool, s, add], shapes, ["x"], ["tp", "tq", "to", "y"])
+
+
+def test_dilated_convs_fuse_horizontally_and_with_an_add_bit_exact(cfg):
+    g = _aspp_like(batch=3)
+    cands = {(c.template, c.layers) for c in fusion.find_candidates(g)}
+    # one geometry per horizontal group; no pool template or chain with a dilated conv
+    assert ("horizontal", ("p", "q")) in cands and ("conv+add", ("s", "add")) in cands
+    assert not any(t in ("conv+pool", "pool+conv", "chain") or "r" in ly and t == "horizontal"
+                   for t, ly in cands)
+    prog, _ = _run(g, cfg, {"@fusion": {"p+q": True, "s+add": True, "parallel": False},
+                            "p+q": {"tile_h": 8, "tile_w": 5}, "s+add": {"tile_h": 8}})
+    assert sorted(ly.op for ly in prog.layers) == ["2xconv2d (horizontal)", "conv2d",
+                                                   "conv2d+add", "max_pool2d"]

@@ -158,39 +158,45 @@ def window(x, oh, ow, kh, kw, sh, sw, pt, pl, pad_value):
     return xp, valid, hw - pt - hin, ww - pl - win
 
 
-def taps(xp, oh, ow, kh, kw, sh, sw):
+def taps(xp, oh, ow, kh, kw, sh, sw, d=1):
     for ky in range(kh):
         for kx in range(kw):
-            yield ky, kx, xp[:, ky:ky + (oh - 1) * sh + 1:sh, kx:kx + (ow - 1) * sw + 1:sw]
+            y, x = ky * d, kx * d
+            yield ky, kx, xp[:, y:y + (oh - 1) * sh + 1:sh, x:x + (ow - 1) * sw + 1:sw]
 
 
 def conv_ref(x, w, b, oh, ow, stride=(1, 1), pt=0, pl=0, pad_value=0, shift=0,
-             clip=(-128, 127), depthwise=False):
+             clip=(-128, 127), depthwise=False, dilation=1):
     kh, kw = w.shape[1:3]
-    xp, valid, _, _ = window(x, oh, ow, kh, kw, *stride, pt, pl, pad_value)
+    d = dilation
+    xp, valid, _, _ = window(x, oh, ow, (kh - 1) * d + 1, (kw - 1) * d + 1, *stride, pt, pl,
+                             pad_value)
     acc = np.zeros((x.shape[0], oh, ow, w.shape[0]), np.int64)
-    for ky, kx, patch in taps(xp, oh, ow, kh, kw, *stride):
+    for ky, kx, patch in taps(xp, oh, ow, kh, kw, *stride, d):
         if depthwise:
             acc += patch * w[:, ky, kx].astype(np.int64)
         else:
             acc += np.einsum("nhwc,oc->nhwo", patch, w[:, ky, kx].astype(np.int64))
     s = wrap32(acc) + np.asarray(b, np.int64) + rnd(shift)
-    macs = sum(int(p.sum()) for _, _, p in taps(valid[None, :, :, None], oh, ow, kh, kw, *stride))
+    macs = sum(int(p.sum()) for _, _, p in taps(valid[None, :, :, None], oh, ow, kh, kw, *stride,
+                                                  d))
     macs *= w.shape[0] * (1 if depthwise else x.shape[3]) * x.shape[0]
     return np.clip(s >> shift, *clip).astype(np.int8), macs
 
 
-def conv_insn(H, W, ic, oc, k, s, p, pad_value=0, shift=0, clip=(-128, 127), **kw):
+def conv_insn(H, W, ic, oc, k, s, p, pad_value=0, shift=0, clip=(-128, 127), dilation=1,
+              **kw):
     """CONV of an (H, W, ic) tensor in FM0:0 to FM1:0 with PyTorch-style symmetric padding p."""
     kh, kwid = (k, k) if isinstance(k, int) else k
     sh, sw = (s, s) if isinstance(s, int) else s
-    oh, ow = (H + 2 * p - kh) // sh + 1, (W + 2 * p - kwid) // sw + 1
-    _, _, pb, pr = window(np.zeros((1, H, W, 1), np.int8), oh, ow, kh, kwid, sh, sw, p, p, 0)
+    sph, spw = (kh - 1) * dilation + 1, (kwid - 1) * dilation + 1
+    oh, ow = (H + 2 * p - sph) // sh + 1, (W + 2 * p - spw) // sw + 1
+    _, _, pb, pr = window(np.zeros((1, H, W, 1), np.int8), oh, ow, sph, spw, sh, sw, p, p, 0)
     fields = dict(in_mem=0, in_addr=0, in_pix_stride=ic, in_row_stride=W * ic, ic=ic, out_mem=1,
                   out_addr=0, out_pix_stride=oc, out_row_stride=ow * oc, out_h=oh, out_w=ow,
                   oc=oc, kernel_h=kh, kernel_w=kwid, stride_h=sh, stride_w=sw, pad_top=p,
                   pad_bottom=max(pb, 0), pad_left=p, pad_right=max(pr, 0), pad_value=pad_value,
-                  shift=shift, clip_lo=clip[0], clip_hi=clip[1])
+                  shift=shift, clip_lo=clip[0], clip_hi=clip[1], dilation=dilation)
     fields.update(kw)
     return Conv(**fields), oh, ow
 
@@ -251,6 +257,42 @@ def test_conv_on_eight_pes_and_depthwise():
     np.testing.assert_array_equal(out(), ref)
     assert st.macs == macs
     steps = -(-oh // 8) * ow * -(-C // 16) * 9  # depthwise: no input-channel factor
+    assert st.conv_busy == steps + cfg.CONV_LATENCY_CYCLES
+
+
+DILATED_CASES = [
+    # H, W, ic, oc, kernel, stride, pad, dilation, depthwise
+    (12, 11, 17, 19, 3, 1, 2, 2, False),
+    (16, 16, 8, 20, 3, 1, 6, 6, False),
+    (20, 18, 16, 16, 3, 1, 12, 12, True),
+    (15, 13, 5, 7, (3, 2), 2, 3, 3, False),
+]
+
+
+@pytest.mark.parametrize("case", DILATED_CASES, ids=[f"d{c[7]}{'dw' if c[8] else ''}s{c[5]}"
+                                                     for c in DILATED_CASES])
+def test_dilated_conv_reads_every_dilation_th_pixel(cfg, case):
+    H, W, ic, oc, k, s, p, d, dw = case
+    rng = np.random.default_rng(H * W + d)
+    insn, oh, ow = conv_insn(H, W, ic, oc, k, s, p, -2, 8, (-100, 127), dilation=d,
+                             depthwise=dw, dpon="LOAD", dpby="SAVE")
+    x = i8(rng, cfg.NUM_PE, H, W, ic)
+    w = i8(rng, oc, insn.kernel_h, insn.kernel_w) if dw else \
+        i8(rng, oc, insn.kernel_h, insn.kernel_w, ic)
+    b = rng.integers(-3000, 3000, oc)
+    prog = Prog(cfg)
+    prog.load_images(x)
+    prog.load_params(w, b, dpby="CONV")
+    prog.insns.append(insn)
+    out = prog.save_images(1, 0, oh, ow, oc, dpon="CONV")
+    st = prog.run()
+    ref, macs = conv_ref(x, w, b, oh, ow, (insn.stride_h, insn.stride_w), p, p, -2, 8,
+                         (-100, 127), depthwise=dw, dilation=d)
+    np.testing.assert_array_equal(out(), ref)
+    assert st.macs == macs  # taps on padding do not count
+    # the CONV steps of the dense kernel: dilation only spaces the input pixels it reads
+    steps = (-(-oh // 8) * ow * -(-oc // 16) * (1 if dw else -(-ic // 16))
+             * insn.kernel_h * insn.kernel_w)
     assert st.conv_busy == steps + cfg.CONV_LATENCY_CYCLES
 
 
@@ -718,6 +760,13 @@ BAD = [
     (Conv(ic=1, oc=1, out_h=1, out_w=1, kernel_h=0), r"field kernel_h = 0", "decode"),
     (Conv(ic=1, oc=1, out_h=2, out_w=1, kernel_h=3, pad_top=2, pad_bottom=2),
      r"fields pad_top \+ pad_bottom = 4 leave no input row in the window of 4 rows", "decode"),
+    (Conv(ic=1, oc=1, out_h=1, out_w=1, dilation=0),
+     r"insn 0 \(CONV\): field dilation = 0, a dilation is at least 1", "decode"),
+    (Conv(ic=1, oc=1, out_h=1, out_w=1, kernel_h=2, dilation=15, pad_top=15, pad_bottom=1),
+     r"fields pad_top \+ pad_bottom = 16 leave no input row in the window of 16 rows", "decode"),
+    (Conv(ic=64, oc=1, out_h=1, out_w=1, kernel_h=15, kernel_w=15, dilation=15,
+          in_pix_stride=64, in_row_stride=64 * 211),
+     r"in_addr tensor of 211x211 pixels spans .* more than the FM memory", "bounds"),
     (Pool(op=MISC_AVGPOOL, chans=1, out_h=1, out_w=1, stride_w=0),
      r"insn 0 \(AVGPOOL\): field stride_w = 0", "decode"),
     (EltAdd(chans=4, out_h=1, out_w=1, b_mem=3), r"field b_mem = 3 names a missing FM memory",

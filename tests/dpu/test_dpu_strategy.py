@@ -22,12 +22,13 @@ def _rq(k, shift, zp=0, lo=-128, hi=127):
 
 
 def _conv(rng, name, x, y, c, k, ksz=3, stride=1, pad=1, zx=0, zp=0, shift=7, dw=False,
-          relu=False):
+          relu=False, dilation=1):
     w = rng.integers(-128, 128, size=(k, 1 if dw else c, ksz, ksz))
     return ConvLayer(name=name, input=x, output=y, weight=w,
                      bias=rng.integers(-2000, 2000, size=k), input_zero_point=zx,
                      strides=(stride, stride), padding=(pad,) * 4,
-                     requant=_rq(k, shift, zp, 0 if relu else -128), groups=c if dw else 1)
+                     requant=_rq(k, shift, zp, 0 if relu else -128), groups=c if dw else 1,
+                     dilation=(dilation, dilation))
 
 
 def _graph(layers, shapes, inputs, outputs):
@@ -50,7 +51,8 @@ def _run(graph, cfg, knobs=None, seed=0):
 def _single(c=16, k=24, hw=20, batch=1, **kw):
     rng = np.random.default_rng(1)
     ly = _conv(rng, "conv", "x", "y", c, k, **kw)
-    ho = (hw + 2 * kw.get("pad", 1) - kw.get("ksz", 3)) // kw.get("stride", 1) + 1
+    span = (kw.get("ksz", 3) - 1) * kw.get("dilation", 1) + 1
+    ho = (hw + 2 * kw.get("pad", 1) - span) // kw.get("stride", 1) + 1
     return _graph([ly], {"x": (batch, c, hw, hw), "y": (batch, k, ho, ho)}, ["x"], ["y"])
 
 
@@ -69,6 +71,31 @@ def test_every_tiling_is_bit_exact_with_input_and_output_zero_points(cfg, kn):
 def test_strided_odd_kernel_with_overlapping_windows_is_bit_exact(cfg):
     _run(_single(c=5, k=7, hw=23, ksz=5, stride=2, pad=2), cfg, {"conv": {"tile_h": 8,
                                                                            "tile_w": 3}})
+
+
+@pytest.mark.parametrize("d, kn", [(2, {"tile_h": 8, "tile_w": 5}), (6, {"tile_h": 8}),
+                                   (12, {"tile_h": 8, "tile_w": 7}), (12, {"tile_w": 1})])
+def test_dilated_conv_tiles_read_the_dilated_window_bit_exact(cfg, d, kn):
+    prog, _ = _run(_single(hw=20, pad=d, dilation=d, zx=3, zp=-5, batch=3), cfg, {"conv": kn})
+    convs = [i for ly in prog.layers for i in cg.decode_stream(ly.insns)
+             if isinstance(i, cg.Conv) and i.out_h]
+    assert len(convs) > 1 and all(i.dilation == d for i in convs)  # split in tiles
+
+
+def test_strided_dilated_and_depthwise_dilated_convs_are_bit_exact(cfg):
+    _run(_single(c=5, k=7, hw=23, ksz=3, stride=2, pad=4, dilation=3), cfg,
+         {"conv": {"tile_h": 8, "tile_w": 4}})
+    rng = np.random.default_rng(4)
+    ly = _conv(rng, "dw", "x", "y", 32, 32, dw=True, pad=6, dilation=6, zx=-2)
+    g = _graph([ly], {"x": (2, 32, 18, 18), "y": (2, 32, 18, 18)}, ["x"], ["y"])
+    _run(g, _small_cfg(PM_BYTES=2048), {"dw": {"oc_tile": 16, "tile_h": 8, "tile_w": 9}})
+
+
+def test_dilated_conv_never_uses_the_format_unit(cfg):
+    rng = np.random.default_rng(5)
+    ly = _conv(rng, "rgb", "x", "y", 3, 16, pad=2, dilation=2)
+    space = knob_space(ly, (1, 3, 16, 16), cfg)
+    assert space["format"].options == (False,)
 
 
 def test_depthwise_with_weight_tiling_is_bit_exact():

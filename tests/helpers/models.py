@@ -146,10 +146,33 @@ def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
     return b.model(f"conv_{op.lower()}", x, (batch, c, hw, hw), [y])
 
 
+def dilated_conv(b: Builder, x: str, cin: int, cout: int, dilation: int, name: str,
+                 relu: bool = True) -> str:
+    """A 3x3 conv with ``dilation`` and padding ``dilation`` (DeepLab's atrous conv: same size)."""
+    y = b.conv(x, cin, cout, 3, pad=dilation, name=name, relu=relu)
+    conv = next(n for n in reversed(b.nodes) if n.op_type == "Conv")
+    conv.attribute.append(onnx.helper.make_attribute("dilations", [dilation, dilation]))
+    return y
+
+
+def aspp_head(c: int = 8, hw: int = 16, dilations: tuple[int, ...] = (2, 6, 12),
+              batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """DeepLab's ASPP head: a 1x1 conv and 3x3 atrous convs (dilation d, padding d) of the same
+    input, concatenated on channels, then a 1x1 projection (each conv with ReLU)."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    ys = [b.conv(x, c, c, 1, name="aspp_1x1", relu=True)]
+    ys += [dilated_conv(b, x, c, c, d, f"aspp_d{d}") for d in dilations]
+    y = b.concat(ys, "aspp_concat")
+    y = b.conv(y, c * len(ys), c, 1, name="aspp_project", relu=True)
+    return b.model("aspp_head", x, (batch, c, hw, hw), [y])
+
+
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dense",
-    "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense", "conv_unary")}
+    "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense", "conv_unary",
+    "aspp_head")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,

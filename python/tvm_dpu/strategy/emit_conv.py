@@ -17,7 +17,14 @@ from tvm_dpu.program import LayerProgram, TensorPlacement
 from tvm_dpu.strategy.dependencies import _Tile
 from tvm_dpu.strategy.emit import Emitter
 from tvm_dpu.strategy.knobs import knob_space
-from tvm_dpu.strategy.tiling import _conv_geometry, _in_window, _pm_block, _subsamples
+from tvm_dpu.strategy.tiling import (
+    _conv_geometry,
+    _in_window,
+    _pm_block,
+    _subsamples,
+    conv_dilation,
+    conv_span,
+)
 from tvm_dpu.xgraph import XGraphError, fold_conv
 
 
@@ -81,6 +88,7 @@ class ConvEmitter(Emitter):
         ``x0 .. x0+nw`` and channels ``k0 .. k0+kk`` into ``out_mem`` at ``out_addr``."""
         h, w, c = tin.hwc
         kh, kw = layer.kernel
+        (span_h, span_w), dil = conv_span(layer), conv_dilation(layer)
         sh, sw = layer.strides
         pt, pl, _, _ = layer.padding
         rq, zx, dw = layer.requant, folded["pad_value"], layer.is_depthwise
@@ -89,8 +97,8 @@ class ConvEmitter(Emitter):
             (r0, rows, ptop, pbot), (c0, cols, pleft, pright) = (y0 * sh, nh, 0, 0), \
                 (x0 * sw, nw, 0, 0)
         else:
-            r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, kh, h)
-            c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, kw, w)
+            r0, rows, ptop, pbot = _in_window(y0, nh, sh, pt, span_h, h)
+            c0, cols, pleft, pright = _in_window(x0, nw, sw, pl, span_w, w)
         if rows < 1 or cols < 1:
             raise MappingError(f"layer {layer.name}: an output tile reads padding only")
         ic, ch0 = (kk, k0) if dw else (c, 0)
@@ -114,7 +122,7 @@ class ConvEmitter(Emitter):
                        out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh, out_w=nw, oc=kk,
                        kernel_h=kh, stride_h=sh, stride_w=sw, pad_value=zx, param_addr=pm_addr,
                        shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
-                       depthwise=dw, **geo)
+                       depthwise=dw, dilation=dil, **geo)
         return ld, conv
 
     def _conv_segments(self, layer: ConvLayer, tin: TensorPlacement, kn: dict, tail,

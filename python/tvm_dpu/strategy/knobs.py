@@ -24,28 +24,30 @@ from tvm_dpu.strategy.tiling import (
     _pm_bytes,
     _pool_window,
     _subsamples,
+    conv_span,
     format_applies,
 )
 
 
 def _check_conv(layer: ConvLayer, in_shape, cfg: DPUConfig, kn: dict) -> None:
-    c, k, ho, wo, kh, kw = _conv_geometry(layer, in_shape)
+    c, k, ho, wo, _, kw = _conv_geometry(layer, in_shape)
+    sph, spw = conv_span(layer)  # the window a tile reads grows with the dilation
     half = cfg.fm_memory_bytes // 2
     kt, th, tw = kn["oc_tile"], kn["tile_h"], kn["tile_w"]
     pm = _pm_bytes(_param_bytes(layer, kt, c))
     if pm > cfg.PM_BYTES:
         raise ValueError(f"oc_tile {kt}: parameters of {pm} bytes exceed the PM "
                          f"({cfg.PM_BYTES})")
-    rows = (th - 1) * layer.strides[0] + kh
-    cols = (tw - 1) * layer.strides[1] + kw
+    rows = (th - 1) * layer.strides[0] + sph
+    cols = (tw - 1) * layer.strides[1] + spw
     if _subsamples(layer, bool(kn.get("format"))):
         rows, cols = th, tw
     if not kn.get("format"):  # the LOAD brings real rows only; the CONV pads the window
         rows, cols = min(rows, in_shape[2]), min(cols, in_shape[3])
     (pt, pl, _, _), (sh, sw) = layer.padding, layer.strides
-    if any(_in_window(y, min(th, ho - y), sh, pt, kh, in_shape[2])[1] < 1
+    if any(_in_window(y, min(th, ho - y), sh, pt, sph, in_shape[2])[1] < 1
            for y in range(0, ho, th)) or any(
-            _in_window(x, min(tw, wo - x), sw, pl, kw, in_shape[3])[1] < 1
+            _in_window(x, min(tw, wo - x), sw, pl, spw, in_shape[3])[1] < 1
             for x in range(0, wo, tw)):
         raise ValueError(f"tile_h {th} x tile_w {tw}: a tile's windows read padding only")
     ic = kt if layer.is_depthwise else c
@@ -311,7 +313,8 @@ def _horizontal_knobs(layers: list, in_shape, cfg: DPUConfig):
     """``horizontal``: tiles shared by the convs (every conv's output channels in the PM)."""
     half = cfg.fm_memory_bytes // 2
     conv = layers[0]
-    c, k, hc, wc, kh, kw = _conv_geometry(conv, in_shape)
+    c, k, hc, wc, _, _ = _conv_geometry(conv, in_shape)
+    kh, kw = conv_span(conv)
     ks = [ly.weight.shape[0] for ly in layers]
 
     def check(kn):

@@ -27,6 +27,20 @@ def _conv_geometry(layer: ConvLayer, in_shape):
     return c, k, ho, wo, kh, kw
 
 
+def conv_span(layer: ConvLayer) -> tuple[int, int]:
+    """Input rows x columns one output pixel of a conv reads: its dilated kernel (the CONV's
+    window, and the overlap of neighbouring tiles' input windows, grow with the dilation)."""
+    return layer.dilated_kernel
+
+
+def conv_dilation(layer: ConvLayer) -> int:
+    """The CONV's dilation field (the pattern check keeps H and W dilations equal)."""
+    dh, dw = (int(d) for d in layer.dilation)
+    if dh != dw:
+        raise ValueError(f"layer {layer.name}: dilation {dh}x{dw} differs between H and W")
+    return dh
+
+
 def _param_bytes(layer: ConvLayer, kt: int, ic: int) -> int:
     kh, kw = layer.kernel
     per = kh * kw * (1 if layer.is_depthwise else ic)
@@ -63,9 +77,11 @@ def _subsamples(layer: ConvLayer, fmt: bool) -> bool:
 
 def format_applies(layer: ConvLayer, c: int, cfg: DPUConfig) -> bool:
     """The format unit (W-direction im2col on LOAD) can feed this conv: few input channels
-    (e.g. an RGB first layer) and a kernel width it can gather."""
+    (e.g. an RGB first layer), a kernel width it can gather and no dilation (it gathers
+    neighbouring pixels)."""
     kw = layer.kernel[1]
     return (cfg.format_unit and not layer.is_depthwise and layer.groups == 1 and kw > 1
+            and tuple(layer.dilation) == (1, 1)
             and c <= cfg.FORMAT_MAX_CHANNELS and kw <= cfg.FORMAT_MAX_FACTOR
             and c * kw <= 4095)
 
