@@ -76,6 +76,16 @@ class AccelTarget(ABC):
         None: canonicalize's default for ``op``."""
         return None
 
+    def global_pool_steps(self, h: int, w: int, dtype: str,
+                          zero_points: tuple[int, int]) -> list[tuple[int, int]] | None:
+        """Windows ``[(kh, kw), ...]`` of a global average pool over ``h x w`` (input
+        ``dtype``, input and output ``zero_points``) in steps (each step but the last an
+        average pool with stride = window, the last the global pool of what is left; the
+        products are ``h`` and ``w``) when the target can run the steps but not the one window;
+        the steps become the canonical form, the reference included
+        (:mod:`tvm_accel.canonicalize.stepped`). None: one step."""
+        return None
+
     @abstractmethod
     def pattern_table(self) -> list:
         """The target's :class:`~tvm_accel.partition.OffloadPattern` s, highest priority

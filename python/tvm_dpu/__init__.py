@@ -63,6 +63,12 @@ class DPUTarget(AccelTarget):
             return avgpool_recipe
         return None
 
+    def global_pool_steps(self, h: int, w: int, dtype: str, zero_points: tuple[int, int]):
+        """Global average pools beyond AVGPOOL's 15 x 15 window run in steps."""
+        from tvm_dpu.numerics import global_pool_steps
+
+        return global_pool_steps(h, w, dtype, zero_points)
+
     def pattern_table(self):
         return patterns.pattern_table()
 

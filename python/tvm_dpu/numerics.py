@@ -48,3 +48,40 @@ def avgpool_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qm
                    qmax: int) -> Requant:
     """Recipe of an average pool (the window divisor is part of ``scale``) on AVGPOOL."""
     return solve_requant(scale, acc_bound, zero_point, qmin, qmax, AVGPOOL_LIMITS)
+
+
+#: MISC pool fields: 4-bit kernel, 3-bit stride
+POOL_MAX_WINDOW, POOL_MAX_STRIDE = 15, 7
+#: at most this many pools for one global average pool
+MAX_POOL_STEPS = 3
+
+
+def _axis_chains(n: int, steps: int) -> list[tuple[int, ...]]:
+    """Factorizations ``n = k_1 * ... * k_steps``: every step but the last a stride = window
+    pool (``k <= POOL_MAX_STRIDE``), the last a window ``<= POOL_MAX_WINDOW``."""
+    if steps == 1:
+        return [(n,)] if n <= POOL_MAX_WINDOW else []
+    return [(k, *rest) for k in range(1, POOL_MAX_STRIDE + 1) if n % k == 0
+            for rest in _axis_chains(n // k, steps - 1)]
+
+
+def global_pool_steps(h: int, w: int, dtype: str,
+                      zero_points: tuple[int, int]) -> list[tuple[int, int]] | None:
+    """A global average pool over more than the 15 x 15 AVGPOOL window, in steps: average
+    pools with stride = window (at most 7, the stride field) down to a map of at most 15 x 15,
+    then the global pool (``AccelTarget.global_pool_steps``). Fewest steps first, then the most
+    power-of-two windows (their 1/(kh*kw) is a shift: exact), then the largest first window
+    (the smallest intermediate map). None when one window holds the map, when AVGPOOL cannot
+    run the steps (not int8 with zero points 0) or when no split exists (a prime side > 15)."""
+    if (h <= POOL_MAX_WINDOW and w <= POOL_MAX_WINDOW) or dtype != "int8" or any(zero_points):
+        return None
+    for n in range(2, MAX_POOL_STEPS + 1):
+        splits = [list(zip(a, b, strict=True)) for a in _axis_chains(h, n)
+                  for b in _axis_chains(w, n)]
+        splits = [s for s in splits if all(kh * kw > 1 for kh, kw in s)]
+        if splits:
+            def rank(s):
+                inexact = sum((kh * kw) & (kh * kw - 1) != 0 for kh, kw in s)
+                return inexact, [-kh * kw for kh, kw in s]
+            return min(splits, key=rank)
+    return None

@@ -236,7 +236,9 @@ def avg_recipe_fits(m: dict) -> bool:
 
 
 def global_pool_fits(m: dict) -> bool:
-    """global pool over more than 15 x 15 pixels (4-bit kernel fields)"""
+    """global pool over more than 15 x 15 pixels (4-bit kernel fields) not split in steps (a
+    side without factors <= 7 then <= 15, or the steps' 8-bit intermediates would cost more than
+    --max-requant-error output LSBs)"""
     s = static_shape(m["data"])
     return s is not None and len(s) == 4 and s[2] <= 15 and s[3] <= 15
 

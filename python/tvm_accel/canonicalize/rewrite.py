@@ -37,6 +37,7 @@ from tvm_accel.canonicalize.records import (
     LayerRecord,
     _Recipes,
 )
+from tvm_accel.canonicalize.stepped import emit_window_sum_pool, stepped_global_pool
 from tvm_accel.errors import ConfigError, ModelError
 from tvm_accel.layers import Requant
 
@@ -667,6 +668,10 @@ class _Canonicalizer:
         n = int(np.prod([shape[a] for a in axes]))
         keep = bool(c.attrs.keepdims)
         kind = "global_avg_pool2d" if sorted(axes) == [2, 3] and len(shape) == 4 else "mean"
+        if kind == "global_avg_pool2d" and keep:
+            plan = stepped_global_pool(self, core, out, x, shape)
+            if plan is not None:  # a window the target's pool cannot hold: in steps
+                return plan
         name, onnx_name = self.g.layer_name([core], kind)
         bound = n * x.reach
         rq = self._rescale_rq(kind, x, out, 1.0 / n, bound)
@@ -707,16 +712,8 @@ class _Canonicalizer:
         name = self.g.claim(name)
 
         def emit(bb, look):
-            # int64 avg_pool2d of (x - zx) * n with count_include_pad divides exactly: the
-            # result is the window sum (TVM keeps int64 pools in int64)
-            t = bb.emit(R.astype(look(x.var), "int64"), name_hint=f"{name}_x64")
-            t = bb.emit(R.subtract(t, relax.const(x.zp, "int64")), name_hint=f"{name}_xc")
-            t = bb.emit(R.multiply(t, relax.const(n, "int64")), name_hint=f"{name}_xn")
-            acc = bb.emit(R.nn.avg_pool2d(t, pool_size=(kh, kw), strides=_ints(a.strides),
-                                          padding=pad, count_include_pad=True, layout="NCHW"),
-                          name_hint=f"{name}_acc")
-            return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
-                                         out_name=name)
+            return emit_window_sum_pool(bb, look(x.var), x.zp, (kh, kw), _ints(a.strides), pad,
+                                        rq, out.dtype, name)
 
         rec = self._record(name, onnx_name, "avg_pool2d", out, err, window=n,
                            bits=self._bits(out, [x]),

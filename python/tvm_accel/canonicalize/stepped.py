@@ -1,0 +1,97 @@
+"""Window-sum average pools and the stepped global average pool.
+
+An average pool's canonical form sums each window exactly (int64 ``avg_pool2d`` of values
+pre-multiplied by the window) and requantizes the sum (:func:`emit_window_sum_pool`). A target
+whose pooling window is smaller than a global pool's input (``AccelTarget.global_pool_steps``)
+gets the global average pool in steps: average pools with stride = window down to a map its
+window holds, each step's average requantized to the input's quantization, then the global pool
+of the rest (:func:`stepped_global_pool`). The intermediate values are 8-bit, so no split equals
+the one-step average bit for bit; the stepped form *is* that target's recipe (the reference
+computes it too) and its record carries the extra rounding (half an input LSB per intermediate
+step, in output LSBs); beyond ``max_requant_error`` the layer keeps the one-step form.
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from tvm_accel import numerics
+from tvm_accel.canonicalize.graph import _Out, _Plan, _QAct
+from tvm_accel.layers import DTYPE_RANGE
+
+R = relax.op
+
+
+def emit_window_sum_pool(bb, v, zp: int, kernel: tuple[int, int], strides, padding,
+                         rq, out_dtype: str, name: str):
+    """``avg_pool2d`` of ``(v - zp) * KH*KW`` in int64 with ``count_include_pad`` (exactly the
+    window sum; TVM keeps int64 pools in int64), then the requant chain to ``out_dtype``."""
+    kh, kw = kernel
+    t = bb.emit(R.astype(v, "int64"), name_hint=f"{name}_x64")
+    t = bb.emit(R.subtract(t, relax.const(zp, "int64")), name_hint=f"{name}_xc")
+    t = bb.emit(R.multiply(t, relax.const(kh * kw, "int64")), name_hint=f"{name}_xn")
+    acc = bb.emit(R.nn.avg_pool2d(t, pool_size=(kh, kw), strides=tuple(strides),
+                                  padding=tuple(padding), count_include_pad=True,
+                                  layout="NCHW"), name_hint=f"{name}_acc")
+    return numerics.emit_requant(bb, acc, rq, out_dtype, 1, name=f"{name}_rq", out_name=name)
+
+
+def _valid_steps(steps, h: int, w: int) -> bool:
+    if not steps or len(steps) < 2:
+        return False
+    ph = pw = 1
+    for kh, kw in steps:
+        if int(kh) < 1 or int(kw) < 1:
+            return False
+        ph, pw = ph * int(kh), pw * int(kw)
+    return (ph, pw) == (h, w)
+
+
+def stepped_global_pool(cz, core, out: _Out, x: _QAct, shape) -> _Plan | None:
+    """The stepped form of a global average pool (``mean`` over H, W with keepdims) for a
+    target that asks for it, or None (one step)."""
+    steps_of = getattr(cz.rc.target, "global_pool_steps", None)
+    h, w = int(shape[2]), int(shape[3])
+    steps = steps_of(h, w, x.dtype, (x.zp, out.zp)) if steps_of is not None else None
+    if not _valid_steps(steps, h, w):
+        return None
+    steps = [(int(kh), int(kw)) for kh, kw in steps]
+    lo, hi = DTYPE_RANGE[x.dtype]
+    inter = _Out(x.scale, x.zp, x.dtype, lo, hi)  # each step averages back to x's grid
+    rqs, rel, carried = [], 0.0, 0.0  # carried: error of the intermediate, in x's LSBs
+    for kh, kw in steps[:-1]:
+        bound = kh * kw * x.reach
+        rq = cz._rescale_rq("avg_pool2d", x, inter, 1.0 / (kh * kw), bound)
+        e = numerics.recipe_error(rq, bound)
+        rel = max(rel, e.max_rel_error)
+        carried += e.max_lsb_error + 0.5  # the average of errors is within their bound
+        rqs.append(rq)
+    kh, kw = steps[-1]
+    bound = kh * kw * x.reach
+    rq = cz._rescale_rq("global_avg_pool2d", x, out, 1.0 / (kh * kw), bound)
+    e = numerics.recipe_error(rq, bound)
+    lsb = e.max_lsb_error + carried * x.scale / out.scale
+    if lsb > cz.rc.max_requant_error:
+        return None
+    err = numerics.ApproximationError(max(rel, e.max_rel_error), lsb)
+    _, detail = cz._rq_error(rq, bound)
+    name, onnx_name = cz.g.layer_name([core], "global_avg_pool2d")
+    step_names = [cz.g.claim(f"{name}_step{i + 1}") for i in range(len(steps) - 1)]
+    name = cz.g.claim(name)
+
+    def emit(bb, look):
+        v = look(x.var)
+        for (sh, sw), srq, sname in zip(steps[:-1], rqs, step_names, strict=True):
+            v = emit_window_sum_pool(bb, v, x.zp, (sh, sw), (sh, sw), (0, 0, 0, 0), srq,
+                                     x.dtype, sname)
+        xi = bb.emit(R.astype(v, "int32"), name_hint=f"{name}_xi")
+        xc = bb.emit(R.subtract(xi, relax.const(x.zp, "int32")), name_hint=f"{name}_xc")
+        acc = bb.emit(R.sum(xc, axis=[2, 3], keepdims=True), name_hint=f"{name}_acc")
+        return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
+                                     out_name=name)
+
+    rec = cz._record(name, onnx_name, "global_avg_pool2d", out, err, window=h * w,
+                     steps=[list(s) for s in steps], step_layers=step_names,
+                     input_scale=x.scale, bits=cz._bits(out, [x]), input_zero_point=x.zp,
+                     input_dtype=x.dtype, **detail)
+    return _Plan(rec, emit)
