@@ -1,6 +1,7 @@
 """DPU operator coverage beyond the plain conv / pool: dilated convs (DeepLab's ASPP head) on the
-CONV engine, global average pools beyond the 15 x 15 AVGPOOL window in steps, bit-exact
-against the CPU reference and within 1 LSB of onnxruntime."""
+CONV engine, global average pools beyond the 15 x 15 AVGPOOL window in steps, ceil-mode
+average pools whose windows are whole; bit-exact against the CPU reference and within 1 LSB of
+onnxruntime."""
 
 import numpy as np
 import onnx
@@ -13,6 +14,7 @@ from tvm_accel.frontend import load_onnx, random_inputs
 from tvm_accel.pipeline import compile_model, compile_reference
 from tvm_accel.quantize import ort_quantize
 from tvm_accel.target import get_target
+from tvm_accel.zoo import INPUT_NAME, Builder
 from tvm_dpu.numerics import global_pool_steps
 
 
@@ -125,3 +127,32 @@ def test_global_pool_steps_prefer_few_exact_windows_within_the_misc_fields():
     assert global_pool_steps(17, 16, "int8", (0, 0)) is None  # prime side
     assert global_pool_steps(16, 16, "uint8", (0, 0)) is None  # AVGPOOL is int8 only
     assert global_pool_steps(16, 16, "int8", (3, 0)) is None   # ... with zero points 0
+
+
+# --- average pools with ceil_mode --------------------------------------------------------------
+def _conv_ceil_avg_pool(hw: int, k: int, stride: int, pad: int) -> onnx.ModelProto:
+    b = Builder(0)
+    y = b.conv(INPUT_NAME, 8, 16, 3, name="conv", relu=True)
+    y = b.node("AveragePool", [y], "pool", kernel_shape=[k, k], strides=[stride, stride],
+               pads=[pad] * 4, ceil_mode=1, count_include_pad=1)
+    return ort_quantize(b.model("ceil_avg_pool", INPUT_NAME, (1, 8, hw, hw), [y]),
+                        power_of_two=True)
+
+
+@pytest.mark.parametrize("hw, k, stride, pad", [(8, 3, 1, 1), (8, 2, 2, 0), (14, 5, 3, 0)])
+def test_ceil_mode_average_pool_without_overhang_runs_on_the_dpu(compare, hw, k, stride, pad):
+    """Every window whole (ceil and floor give one output size): the floor-mode pool."""
+    m = _conv_ceil_avg_pool(hw, k, stride, pad)
+    r = compare(m)
+    assert {o.layer: o.placement for o in r.report.offloads}["pool"] == "dpu"
+    r.assert_bit_exact()
+    assert np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max() <= _output_lsb(m) + 1e-6
+
+
+def test_ceil_mode_average_pool_with_overhanging_windows_stays_float(compare):
+    """3x3 stride 2 on 8x8: the last windows overhang and onnxruntime divides them by their
+    clipped size (6, 4 instead of 9), which one AVGPOOL recipe cannot: float, on the CPU."""
+    r = compare(_conv_ceil_avg_pool(8, 3, 2, 0))
+    pool = next(o for o in r.report.offloads if o.layer == "pool")
+    assert pool.placement == "cpu" and "last windows overhang the input" in pool.reason
+    r.assert_bit_exact()

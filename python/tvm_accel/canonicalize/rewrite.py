@@ -12,6 +12,11 @@ import numpy as np
 from tvm import relax
 
 from tvm_accel import numerics, precision
+from tvm_accel.canonicalize.avg_pools import (
+    ceil_mode_is_floor,
+    emit_window_sum_pool,
+    stepped_global_pool,
+)
 from tvm_accel.canonicalize.graph import (
     _clamp,
     _dtype,
@@ -37,7 +42,6 @@ from tvm_accel.canonicalize.records import (
     LayerRecord,
     _Recipes,
 )
-from tvm_accel.canonicalize.stepped import emit_window_sum_pool, stepped_global_pool
 from tvm_accel.errors import ConfigError, ModelError
 from tvm_accel.layers import Requant
 
@@ -699,10 +703,14 @@ class _Canonicalizer:
         shape = _shape(c.args[0])
         pad = _ints(a.padding)
         if (x is None or shape is None or a.layout != "NCHW"
-                or (a.out_layout or "NCHW") != "NCHW" or bool(a.ceil_mode)
+                or (a.out_layout or "NCHW") != "NCHW"
                 or any(d != 1 for d in _ints(a.dilation))
                 or (any(pad) and not bool(a.count_include_pad))):
             return None  # border windows with a varying divisor: leave float
+        if bool(a.ceil_mode) and not ceil_mode_is_floor(c):
+            raise numerics.RecipeError(
+                "ceil-mode average pool whose last windows overhang the input: they are "
+                "divided by their clipped size, not by the window")
         kh, kw = _ints(a.pool_size)
         n = kh * kw
         name, onnx_name = self.g.layer_name([core], "avg_pool2d")

@@ -1,7 +1,10 @@
-"""Window-sum average pools and the stepped global average pool.
+"""Average pools: the window-sum form, ceil mode, and the stepped global average pool.
 
 An average pool's canonical form sums each window exactly (int64 ``avg_pool2d`` of values
-pre-multiplied by the window) and requantizes the sum (:func:`emit_window_sum_pool`). A target
+pre-multiplied by the window) and requantizes the sum (:func:`emit_window_sum_pool`), so every
+window must have the same divisor: a ceil-mode pool qualifies when its last windows do not
+overhang the padded input (:func:`ceil_mode_is_floor`; otherwise onnxruntime divides those
+windows by their clipped size and the pool stays float). A target
 whose pooling window is smaller than a global pool's input (``AccelTarget.global_pool_steps``)
 gets the global average pool in steps: average pools with stride = window down to a map its
 window holds, each step's average requantized to the input's quantization, then the global pool
@@ -16,7 +19,7 @@ from __future__ import annotations
 from tvm import relax
 
 from tvm_accel import numerics
-from tvm_accel.canonicalize.graph import _Out, _Plan, _QAct
+from tvm_accel.canonicalize.graph import _ints, _Out, _Plan, _QAct, _shape
 from tvm_accel.layers import DTYPE_RANGE
 
 R = relax.op
@@ -34,6 +37,19 @@ def emit_window_sum_pool(bb, v, zp: int, kernel: tuple[int, int], strides, paddi
                                   padding=tuple(padding), count_include_pad=True,
                                   layout="NCHW"), name_hint=f"{name}_acc")
     return numerics.emit_requant(bb, acc, rq, out_dtype, 1, name=f"{name}_rq", out_name=name)
+
+
+def ceil_mode_is_floor(c) -> bool:
+    """A ceil-mode pool call whose output is the floor-mode one (no window overhangs the
+    padded input, e.g. a 3x3 stride-1 or a 2x2 stride-2 pool on an even map): the same pool
+    with every window whole. False if a shape is not static."""
+    ishape, oshape = _shape(c.args[0]), _shape(c)
+    if ishape is None or oshape is None or len(ishape) != 4:
+        return False
+    a = c.attrs
+    k, s, d, p = _ints(a.pool_size), _ints(a.strides), _ints(a.dilation), _ints(a.padding)
+    return all((ishape[2 + i] + p[i] + p[2 + i] - (k[i] - 1) * d[i] - 1) // s[i] + 1
+               == oshape[2 + i] for i in range(2))
 
 
 def _valid_steps(steps, h: int, w: int) -> bool:
