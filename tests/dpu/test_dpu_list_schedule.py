@@ -138,3 +138,13 @@ def test_dense_layer_in_chunks_is_bit_exact(cfg):
     assert len(pm) >= 3  # a's weights and fc's in chunks
     out, _ = execute_program(prog, feed, cfg)
     np.testing.assert_array_equal(out["y"], reference_execute(g, feed)["y"])
+
+
+def test_a_dilated_conv_reads_its_whole_dilated_window(cfg):
+    """The merged stream orders instructions by the FM bytes they touch: a 3x3 CONV with
+    dilation 6 on 8 output rows reads (8 - 1) + 2 * 6 + 1 = 20 input rows, not 10."""
+    conv = cg.Conv(in_pix_stride=16, in_row_stride=16 * 20, ic=16, out_mem=1, out_pix_stride=16,
+                   out_row_stride=16 * 8, out_h=8, out_w=8, oc=16, kernel_h=3, kernel_w=3,
+                   dilation=6)
+    ((_, lo, hi, _),) = [f for f in _footprint(conv, cfg) if f[0] == ("FM", 0)]
+    assert (lo, hi) == (0, 19 * 16 * 20 + 19 * 16 + 16)

@@ -133,8 +133,11 @@ def _footprint(insn, cfg: DPUConfig) -> list[tuple[tuple, int, int, bool]]:
     else:
         chans_in = chans_out = insn.chans
     if isinstance(insn, (cg.Conv, cg.Pool)):
-        rows = (insn.out_h - 1) * insn.stride_h + insn.kernel_h - insn.pad_top - insn.pad_bottom
-        cols = (insn.out_w - 1) * insn.stride_w + insn.kernel_w - insn.pad_left - insn.pad_right
+        d = insn.dilation if isinstance(insn, cg.Conv) else 1  # the window a dilated CONV reads
+        rows = ((insn.out_h - 1) * insn.stride_h + (insn.kernel_h - 1) * d + 1 - insn.pad_top
+                - insn.pad_bottom)
+        cols = ((insn.out_w - 1) * insn.stride_w + (insn.kernel_w - 1) * d + 1 - insn.pad_left
+                - insn.pad_right)
     else:  # ELTADD / COPY read what they write; UPSAMPLE reads less (counted as much)
         rows, cols = insn.out_h, insn.out_w
     out.append((("FM", insn.in_mem), insn.in_addr, insn.in_addr
