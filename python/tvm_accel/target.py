@@ -83,7 +83,7 @@ class AccelTarget(ABC):
         average pool with stride = window, the last the global pool of what is left; the
         products are ``h`` and ``w``) when the target can run the steps but not the one window;
         the steps become the canonical form, the reference included
-        (:mod:`tvm_accel.canonicalize.stepped`). None: one step."""
+        (:mod:`tvm_accel.canonicalize.avg_pools`). None: one step."""
         return None
 
     @abstractmethod
