@@ -951,6 +951,10 @@ def _base_programs(cfg):
                            in_row_stride=32, ic=8, out_mem=1, out_pix_stride=8,
                            out_row_stride=32, out_h=4, out_w=4, oc=8, kernel_h=3, kernel_w=3,
                            pad_top=1, pad_bottom=1, pad_left=1, pad_right=1, shift=6))
+    prog.insns.append(Conv(in_mem=0, in_addr=4096, in_pix_stride=8, in_row_stride=32, ic=8,
+                           out_mem=1, out_addr=1024, out_pix_stride=8, out_row_stride=32,
+                           out_h=4, out_w=4, oc=8, kernel_h=3, kernel_w=3, pad_top=2,
+                           pad_bottom=2, pad_left=2, pad_right=2, shift=6, dilation=2))
     prog.save_images(0, 4096, 4, 4, 8, dpon="MISC")
     out.append((prog.stream(), prog.ddr.copy(), prog.regions))
     return out
