@@ -15,6 +15,7 @@ from tvm_accel.pipeline import compile_model, compile_reference
 from tvm_accel.quantize import ort_quantize
 from tvm_accel.target import get_target
 from tvm_accel.zoo import INPUT_NAME, Builder
+from tvm_dpu.codegen import load_blob
 from tvm_dpu.numerics import global_pool_steps
 
 
@@ -41,6 +42,9 @@ def test_aspp_head_runs_its_dilated_branches_on_the_dpu(compare, dilations, batc
     placed = {o.layer: o.placement for o in r.report.offloads}
     assert placed == {"aspp_1x1": "dpu", **{f"aspp_d{d}": "dpu" for d in dilations},
                       "aspp_concat": "dpu", "aspp_project": "dpu"}
+    shapes = {ly.name: ly.shape for f in r.report.functions
+              for ly in load_blob(f.blob)[0].layers}
+    assert all(shapes[f"aspp_d{d}"].endswith(f"k3x3 s1 d{d}") for d in dilations)
     r.assert_bit_exact()
     diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
     assert diff <= _output_lsb(m) + 1e-6

@@ -46,7 +46,8 @@ class ConvEmitter(Emitter):
         macs = n * k * ho * wo * kh * kw * (1 if dw else c)
         op = "dense" if layer.is_dense else ("depthwise_conv2d" if dw else "conv2d")
         return LayerProgram(layer.name, op, cg.encode_stream(insns), len(insns), int(macs),
-                            f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{layer.strides[0]}",
+                            f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{layer.strides[0]}"
+                            + (f" d{conv_dilation(layer)}" if conv_dilation(layer) > 1 else ""),
                             kn)
 
     def _conv_params(self, layer: ConvLayer, in_c: int) -> dict:
