@@ -40,6 +40,9 @@ class _EmitState:
     io_out: bool  # the output lives in L3
     last_w: dict[int, int]  # weight group -> index of its last step (frees a staged L2 slot)
     n_w: int = 0  # weight loads so far (they alternate between the two L1 weight buffers)
+    #: the first weight group is already in L1: the previous layer's stream loaded it
+    #: (:meth:`Emit._prefetch`)
+    prefetched: bool = False
 
 
 def _chain(loads: list, comps: list, free_at: int, final: bool) -> None:
@@ -78,8 +81,10 @@ class Emit:
     def emit_program(self, progs: list[LayerProgram], l2_bytes: int, l3_bytes: int
                      ) -> MarsProgram:
         """The commands of every layer program, and the program with its memory map."""
-        for lp, ly in zip(progs, self.g.layers, strict=True):
-            lp.commands = self._emit(ly, lp)
+        states = self._place_l1(self.g.layers)
+        for i, (lp, ly) in enumerate(zip(progs, self.g.layers, strict=True)):
+            nxt = states[i + 1] if i + 1 < len(states) else None
+            lp.commands = self._emit(ly, lp, states[i], nxt)
         img = bytes(self.image)
         return MarsProgram(
             layers=progs, tensors={n: t.placement() for n, t in self.t.items()},
@@ -87,12 +92,50 @@ class Emit:
             l2_image=b"" if self.l3 else img, l3_image=img if self.l3 else b"",
             l2_bytes=l2_bytes, l3_bytes=l3_bytes)
 
-    def _emit(self, ly, lp: LayerProgram) -> list:
+    def _place_l1(self, layers: list) -> list[_EmitState]:
+        """The emit state of every layer with its L1 map, and which layers get their first
+        weight group from the previous layer's stream (:meth:`_prefetch`). A layer's buffers
+        go at the bottom of L1, or at the top when that keeps them clear of the previous
+        layer's; a layer clear of its predecessor, with weights in L2 and no Kin tiling, is
+        prefetched (global knob ``prefetch_weights``, default on)."""
+        states: list[_EmitState] = []
+        prev: tuple[int, int] | None = None  # the previous layer's L1 range
+        for ly in layers:
+            lay = self.layers[ly.name]
+            size = self._l1_size(lay)
+            base = 0
+            if prev is not None and prev[0] < size and self.cfg.L1_BYTES - size >= prev[1]:
+                base = self.cfg.L1_BYTES - size  # the bottom overlaps it, the top does not
+            st = self._emit_state(ly, lay, base)
+            st.prefetched = (self.user.get("prefetch_weights", True) and prev is not None
+                             and "w" in st.l1 and not st.staged and not lay.chunked
+                             and (base >= prev[1] or base + size <= prev[0]))
+            states.append(st)
+            prev = (base, base + size)
+        return states
+
+    @staticmethod
+    def _l1_size(lay: _Layer) -> int:
+        """Bytes of a layer's L1 map (:meth:`_emit_state`)."""
+        b = lay.buffers(lay.plan.tile_h, lay.plan.tile_k)
+        return sum(_al(v, 64) * (1 if k == "psum" else 2) for k, v in b.items())
+
+    def _prefetch(self, st: _EmitState) -> cg.Dma:
+        """DMA_IN of a layer's first weight group into its first L1 weight buffer, issued by
+        the previous layer after its last loads: weights depend on no tensor, and the two
+        layers' L1 maps are disjoint (:meth:`_place_l1`), so the copy overlaps the previous
+        layer's last tiles instead of opening this layer's fill. The DMA_IN engine runs in
+        order, so it completes before this layer's first input load marks the step full."""
+        off, size = st.lay.wsrc[st.steps[0][0][0]]
+        return cg.Dma(src_mem="L2", dst_mem="L1", src=off, dst=st.l1["w"][0], length=size)
+
+    def _emit(self, ly, lp: LayerProgram, st: _EmitState, nxt: _EmitState | None = None
+              ) -> list:
         """Commands of one layer. A step is one output tile or, under Kin tiling, one input-
         channel chunk of it: every step loads its input window (and weight chunk) into one of
         the two input / weight buffers; the output buffers, stores and L3 drains go by output
-        tile, after the step of its last chunk."""
-        st = self._emit_state(ly, self.layers[ly.name])
+        tile, after the step of its last chunk. The stream ends with the next layer's first
+        weight group when ``nxt`` is prefetched."""
         cmds = self._credits(st)
         io_loads: list[list] = []  # per step: its I/O DMA L3 -> L2 copies
         body = []
@@ -103,17 +146,19 @@ class Emit:
             body.append(part)
             io_loads.append(io)
         cmds += _interleave(body, io_loads)
+        if nxt is not None and nxt.prefetched:
+            cmds.append(self._prefetch(nxt))
         cmds += self._closing_waits(st)
         lp.meta["tiles"] = o + 1
         lp.meta["chunks"] = len(st.chunks)
         return cmds
 
-    def _emit_state(self, ly, lay: _Layer) -> _EmitState:
-        """The L1 map of a layer's buffers (two copies of every buffer but the partial sums),
-        its steps in order, and where its weights and tensors live."""
+    def _emit_state(self, ly, lay: _Layer, base: int = 0) -> _EmitState:
+        """The L1 map of a layer's buffers from ``base`` (two copies of every buffer but the
+        partial sums), its steps in order, and where its weights and tensors live."""
         g, plan = lay.geo, lay.plan
         th, kt = plan.tile_h, plan.tile_k
-        l1, addr = {}, 0
+        l1, addr = {}, base
         for name, size in lay.buffers(th, kt).items():
             one = _al(size, 64)
             l1[name] = (addr, addr) if name == "psum" else (addr, addr + one)
@@ -203,7 +248,9 @@ class Emit:
         new_group = i == 0 or st.steps[i - 1][0][0] != gi
         wslot = l1["w"][st.n_w % 2] if "w" in l1 else 0
         nq = None  # L1 NormQuant address of a chunked layer's last chunk
-        if "w" in l1 and (new_group or lay.chunked):
+        if i == 0 and st.prefetched:  # the previous layer's stream brought it
+            st.n_w = 1
+        elif "w" in l1 and (new_group or lay.chunked):
             off, size = lay.wsrc[gi]
             src = off
             if st.staged:  # I/O DMA: this group's weights L3 -> an L2 slot, then to L1
