@@ -201,7 +201,7 @@ def test_objective_knob_trades_the_rbe_adds_energy_for_latency():
         runs[obj] = (adds, stats.cycles, energy_uj(stats, NOMINAL))
     assert runs[None] == runs["energy"] and runs["energy"][0] == ["rbe", "rbe"]
     assert runs["latency"][0] == ["rbe", "cluster"]
-    assert runs["latency"][1] < 0.95 * runs["energy"][1]
+    assert runs["latency"][1] < runs["energy"][1]
     assert runs["latency"][2] > runs["energy"][2]
     with pytest.raises(ConfigError, match="objective: 'speed' is not one of"):
         _two_blocks(np.random.default_rng(1), 16, 16, {"objective": "speed"})

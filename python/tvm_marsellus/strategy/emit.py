@@ -26,6 +26,10 @@ IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
 #: "input full" for a step whose first compute command is an RBE job (FULL_IN: the cluster)
 FULL_IN_RBE = 14
 
+#: a layer's output rows that the next layer's first input window reads are stored
+#: (:meth:`Emit._prefetch`)
+ROWS_STORED = 15
+
 
 @dataclass
 class _EmitState:
@@ -43,6 +47,10 @@ class _EmitState:
     #: the first weight group is already in L1: the previous layer's stream loaded it
     #: (:meth:`Emit._prefetch`)
     prefetched: bool = False
+    #: so is the first step's input window
+    input_prefetched: bool = False
+    #: the step whose store lets the next layer's first input window be prefetched
+    rows_step: int | None = None
 
 
 def _chain(loads: list, comps: list, free_at: int, final: bool) -> None:
@@ -110,9 +118,32 @@ class Emit:
             st.prefetched = (self.user.get("prefetch_weights", True) and prev is not None
                              and "w" in st.l1 and not st.staged and not lay.chunked
                              and (base >= prev[1] or base + size <= prev[0]))
+            if st.prefetched and not st.io_in:
+                self._prefetch_input(states[-1], st)
             states.append(st)
             prev = (base, base + size)
         return states
+
+    @staticmethod
+    def _prefetch_input(prev: _EmitState, st: _EmitState) -> None:
+        """Whether ``prev``'s stream also loads ``st``'s first input window, and after which of
+        its own steps' store: the last one whose output tile (image 0) meets that window, when
+        ``st`` reads ``prev``'s output (in L2), else none."""
+        _, _, _, n, ho0, hh, wo0, ww = st.steps[0][0]
+        lay, g = st.lay, st.lay.geo
+        if lay.kind == "add":
+            lo, hi, clo, chi = ho0, ho0 + hh, wo0, wo0 + ww
+        else:
+            lo, hi, _, _ = g.in_rows(ho0, hh)
+            clo, chi, _, _ = g.in_cols(wo0, ww)
+        if prev.lay.tout.name in {t.name for t in lay.tins}:
+            if prev.io_out:
+                return
+            meets = [i for i, ((_, _, _, pn, r0, rh, c0, cw), j, _, _) in enumerate(prev.steps)
+                     if pn == n and j == len(prev.chunks) - 1 and r0 < hi and r0 + rh > lo
+                     and c0 < chi and c0 + cw > clo]
+            prev.rows_step = max(meets)
+        st.input_prefetched = True
 
     @staticmethod
     def _l1_size(lay: _Layer) -> int:
@@ -120,14 +151,23 @@ class Emit:
         b = lay.buffers(lay.plan.tile_h, lay.plan.tile_k)
         return sum(_al(v, 64) * (1 if k == "psum" else 2) for k, v in b.items())
 
-    def _prefetch(self, st: _EmitState) -> cg.Dma:
+    def _prefetch(self, prev: _EmitState, st: _EmitState) -> list:
         """DMA_IN of a layer's first weight group into its first L1 weight buffer, issued by
-        the previous layer after its last loads: weights depend on no tensor, and the two
-        layers' L1 maps are disjoint (:meth:`_place_l1`), so the copy overlaps the previous
-        layer's last tiles instead of opening this layer's fill. The DMA_IN engine runs in
-        order, so it completes before this layer's first input load marks the step full."""
+        the previous layer (``prev``) after its last loads: weights depend on no tensor, and
+        the two layers' L1 maps are disjoint (:meth:`_place_l1`), so the copy overlaps the
+        previous layer's last tiles instead of opening this layer's fill. Then, when
+        :meth:`_prefetch_input` allows, its first input window, waiting for the store of the
+        rows it reads (``ROWS_STORED``, signalled by ``prev``'s step ``rows_step``). The
+        DMA_IN engine runs in order, so both are complete before this layer's first step
+        (whose input-full token a NOP gives) starts."""
         off, size = st.lay.wsrc[st.steps[0][0][0]]
-        return cg.Dma(src_mem="L2", dst_mem="L1", src=off, dst=st.l1["w"][0], length=size)
+        cmds = [cg.Dma(src_mem="L2", dst_mem="L1", src=off, dst=st.l1["w"][0], length=size)]
+        if st.input_prefetched:  # its first input window, once the rows it reads are stored
+            _, _, _, n, ho0, hh, wo0, ww = st.steps[0][0]
+            acts, _ = self._loads(st.lay, n, ho0, hh, wo0, ww, st.l1["in"][0], 0)
+            acts[0].wait = (ROWS_STORED,) if prev.rows_step is not None else ()
+            cmds += acts
+        return cmds
 
     def _emit(self, ly, lp: LayerProgram, st: _EmitState, nxt: _EmitState | None = None
               ) -> list:
@@ -147,7 +187,7 @@ class Emit:
             io_loads.append(io)
         cmds += _interleave(body, io_loads)
         if nxt is not None and nxt.prefetched:
-            cmds.append(self._prefetch(nxt))
+            cmds += self._prefetch(st, nxt)
         cmds += self._closing_waits(st)
         lp.meta["tiles"] = o + 1
         lp.meta["chunks"] = len(st.chunks)
@@ -225,8 +265,11 @@ class Emit:
             return l1[name][out_slot if name in ("out", "t3") else step_slot]
 
         loads, wfetch, wslot, nq = self._weight_loads(st, i)
-        acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
-                                  if st.io_in else 0, c0, cc)
+        if i == 0 and st.input_prefetched:  # in L1 already: a NOP marks the step full
+            acts, fetch = [cg.Nop(engine="DMA_IN")], []
+        else:
+            acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
+                                      if st.io_in else 0, c0, cc)
         loads += acts
         self._sync_loads(loads, wfetch, fetch)
         comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot,
@@ -291,6 +334,7 @@ class Emit:
         stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
         last = i == len(st.steps) - 1
         stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
+            (ROWS_STORED,) if i == st.rows_step else ()) + (
             (DONE_IO,) if last and st.staged else ()) + ((IO_OUT_FULL,) if drain else ())
         if drain:
             drain[0].wait, drain[-1].signal = (IO_OUT_FULL,), (IO_OUT_FREE,)
