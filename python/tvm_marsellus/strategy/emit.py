@@ -104,8 +104,9 @@ class Emit:
         """The emit state of every layer with its L1 map, and which layers get their first
         weight group from the previous layer's stream (:meth:`_prefetch`). A layer's buffers
         go at the bottom of L1, or at the top when that keeps them clear of the previous
-        layer's; a layer clear of its predecessor, with weights in L2 and no Kin tiling, is
-        prefetched (global knob ``prefetch_weights``, default on)."""
+        layer's; a layer clear of its predecessor, with its weights (if any) in L2 and no Kin
+        tiling, is prefetched (global knob ``prefetch_weights``, default on): its first weight
+        group and, unless it reads an L3 tensor, its first input window."""
         states: list[_EmitState] = []
         prev: tuple[int, int] | None = None  # the previous layer's L1 range
         for ly in layers:
@@ -115,10 +116,11 @@ class Emit:
             if prev is not None and prev[0] < size and self.cfg.L1_BYTES - size >= prev[1]:
                 base = self.cfg.L1_BYTES - size  # the bottom overlaps it, the top does not
             st = self._emit_state(ly, lay, base)
-            st.prefetched = (self.user.get("prefetch_weights", True) and prev is not None
-                             and "w" in st.l1 and not st.staged and not lay.chunked
-                             and (base >= prev[1] or base + size <= prev[0]))
-            if st.prefetched and not st.io_in:
+            clear = (self.user.get("prefetch_weights", True) and prev is not None
+                     and not st.staged and not lay.chunked
+                     and (base >= prev[1] or base + size <= prev[0]))
+            st.prefetched = clear and "w" in st.l1
+            if clear and not st.io_in:
                 self._prefetch_input(states[-1], st)
             states.append(st)
             prev = (base, base + size)
@@ -160,8 +162,11 @@ class Emit:
         rows it reads (``ROWS_STORED``, signalled by ``prev``'s step ``rows_step``). The
         DMA_IN engine runs in order, so both are complete before this layer's first step
         (whose input-full token a NOP gives) starts."""
-        off, size = st.lay.wsrc[st.steps[0][0][0]]
-        cmds = [cg.Dma(src_mem="L2", dst_mem="L1", src=off, dst=st.l1["w"][0], length=size)]
+        cmds = []
+        if st.prefetched:
+            off, size = st.lay.wsrc[st.steps[0][0][0]]
+            cmds.append(cg.Dma(src_mem="L2", dst_mem="L1", src=off, dst=st.l1["w"][0],
+                               length=size))
         if st.input_prefetched:  # its first input window, once the rows it reads are stored
             _, _, _, n, ho0, hh, wo0, ww = st.steps[0][0]
             acts, _ = self._loads(st.lay, n, ho0, hh, wo0, ww, st.l1["in"][0], 0)
@@ -175,7 +180,7 @@ class Emit:
         channel chunk of it: every step loads its input window (and weight chunk) into one of
         the two input / weight buffers; the output buffers, stores and L3 drains go by output
         tile, after the step of its last chunk. The stream ends with the next layer's first
-        weight group when ``nxt`` is prefetched."""
+        weight group and input window when ``nxt`` is prefetched."""
         cmds = self._credits(st)
         io_loads: list[list] = []  # per step: its I/O DMA L3 -> L2 copies
         body = []
@@ -186,7 +191,7 @@ class Emit:
             body.append(part)
             io_loads.append(io)
         cmds += _interleave(body, io_loads)
-        if nxt is not None and nxt.prefetched:
+        if nxt is not None:
             cmds += self._prefetch(st, nxt)
         cmds += self._closing_waits(st)
         lp.meta["tiles"] = o + 1
