@@ -1,9 +1,12 @@
 """ResNets on MARSELLUS (paper Sec. IV, Table II, Figs. 16-18) at the paper's operating points.
 
-- ResNet-20 (CIFAR-10), Fig. 17 style: per-layer latency and energy at 8 bits and mixed
-  precision at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
-  the paper's at the same point (Sec. IV: ~28 uJ, ~21 uJ, 12 uJ; mixed 68 % below 8-bit;
-  Table II: 1.05 ms and 6.38 Top/s/W, the 0.5 V figures, see :data:`PAPER_R20`).
+- ResNet-20 (CIFAR-10), Fig. 17 style: per layer (``--layers``) engine, cycles, MACs per
+  cycle, the RBE's job phases, the cores' busy cycles, the fill / drain no engine computes,
+  and energy at 8 bits and mixed precision at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and
+  0.5 V / 100 MHz; where the mixed network's cycles go by layer group; totals beside the
+  paper's at the same point (Sec. IV: ~28 uJ, ~21 uJ, 12 uJ; mixed 68 % below 8-bit;
+  Table II: 1.05 ms and 6.38 Top/s/W, the 0.5 V figures, see :data:`PAPER_R20`), and the
+  mixed totals under the other ``--objective``.
 - ResNet-18 (ImageNet, 224x224, ``quantize.resnet18_mixed``: HAWQ-V3's W4A4, the paper's RBE
   4x4b network) at 0.5 V / 100 MHz, the point of Table II's 48 ms and 5.83 Top/s/W
   (:data:`PAPER_R18`), and at 0.8 V for reference; per layer what bounds it (Fig. 18:
