@@ -144,7 +144,7 @@ class Emit:
             meets = [i for i, ((_, _, _, pn, r0, rh, c0, cw), j, _, _) in enumerate(prev.steps)
                      if pn == n and j == len(prev.chunks) - 1 and r0 < hi and r0 + rh > lo
                      and c0 < chi and c0 + cw > clo]
-            prev.rows_step = max(meets)
+            prev.rows_step = max(meets, default=len(prev.steps) - 1)
         st.input_prefetched = True
 
     @staticmethod
