@@ -1,9 +1,12 @@
 """ResNets on MARSELLUS (paper Sec. IV, Table II, Figs. 16-18) at the paper's operating points.
 
-- ResNet-20 (CIFAR-10), Fig. 17 style: per-layer latency and energy at 8 bits and mixed
-  precision at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and 0.5 V / 100 MHz, totals beside
-  the paper's at the same point (Sec. IV: ~28 uJ, ~21 uJ, 12 uJ; mixed 68 % below 8-bit;
-  Table II: 1.05 ms and 6.38 Top/s/W, the 0.5 V figures, see :data:`PAPER_R20`).
+- ResNet-20 (CIFAR-10), Fig. 17 style: per layer (``--layers``) engine, cycles, MACs per
+  cycle, the RBE's job phases, the cores' busy cycles, the fill / drain no engine computes,
+  and energy at 8 bits and mixed precision at 0.8 V / 420 MHz, 0.65 V / 400 MHz with ABB and
+  0.5 V / 100 MHz; where the mixed network's cycles go by layer group; totals beside the
+  paper's at the same point (Sec. IV: ~28 uJ, ~21 uJ, 12 uJ; mixed 68 % below 8-bit;
+  Table II: 1.05 ms and 6.38 Top/s/W, the 0.5 V figures, see :data:`PAPER_R20`), and the
+  mixed totals under the other ``--objective``.
 - ResNet-18 (ImageNet, 224x224, ``quantize.resnet18_mixed``: HAWQ-V3's W4A4, the paper's RBE
   4x4b network) at 0.5 V / 100 MHz, the point of Table II's 48 ms and 5.83 Top/s/W
   (:data:`PAPER_R18`), and at 0.8 V for reference; per layer what bounds it (Fig. 18:
@@ -143,33 +146,83 @@ def _bound(st) -> str:
                         "compute": max(st.rbe_busy, st.cluster_busy)})
 
 
+def _category(name: str, engine: str, macs: int) -> str:
+    """The group a ResNet layer's cycles are counted in (:func:`cycle_breakdown`)."""
+    if name.endswith("add"):
+        return f"residual adds ({engine})"
+    if "." not in name:
+        return "stem, pool, FC" if macs else "pools"
+    return f"stage {name[5]} convs ({engine})" if name.startswith("layer") else name
+
+
+def cycle_breakdown(rows: list[tuple]) -> list[tuple]:
+    """Where the cycles go: per group of layers (:func:`_category`) its cycles, share, MACs per
+    cycle, the RBE's job phases and the cycles no engine was computing (a layer's fill and
+    drain: the first tile's loads, the last tile's store)."""
+    total = sum(r[3].cycles for r in rows)
+    groups: dict[str, list] = {}
+    for name, eng, _, st, macs in rows:
+        groups.setdefault(_category(name, eng, macs), []).append((st, macs))
+    out = []
+    for cat, items in groups.items():
+        cyc = sum(st.cycles for st, _ in items)
+        macs = sum(m for _, m in items)
+        ph = [sum(getattr(st, f"rbe_{p}") for st, _ in items)
+              for p in ("load", "compute", "normquant", "streamout")]
+        exposed = sum(st.cycles - max(st.rbe_busy, st.cluster_busy) for st, _ in items)
+        out.append((cat, len(items), cyc, f"{100 * cyc / total:.1f}%",
+                    f"{macs / cyc:.1f}" if macs else "-", *ph, exposed))
+    return out
+
+
+def _layer_table(rows: list[tuple]) -> str:
+    """Per layer: engine, precision, cycles, MACs per cycle, the RBE's job phases, the cores'
+    busy cycles, the cycles no engine computed (fill / drain), energy at the three points and
+    what bounds it."""
+    table = []
+    for name, eng, prec, st, macs in rows:
+        table.append((name, eng, prec, st.cycles, f"{macs / st.cycles:.1f}" if macs else "-",
+                      st.rbe_load, st.rbe_compute, st.rbe_normquant, st.rbe_streamout,
+                      st.cluster_busy, st.cycles - max(st.rbe_busy, st.cluster_busy),
+                      *[f"{energy_uj(st, op):.3f}" for _, op in POINTS], _bound(st)))
+    return format_table(["layer", "engine", "W/I/O", "cycles", "MAC/cycle", "RBE LOAD",
+                         "COMPUTE", "NORMQUANT", "STREAMOUT", "cores busy", "fill/drain",
+                         *[f"uJ @{p}" for p, _ in POINTS], "bound"], table)
+
+
 def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
+    knobs = dict(knobs or {})
     base = resnet_graphs(quantize.quantized("resnet20"))
     mixed, how = resnet_graphs(quantize.resnet20_mixed()), "quantize.resnet20_mixed"
+    objective = knobs.get("objective", "energy")
+    other = next(o for o in OBJECTIVES if o != objective)
     totals = {}
-    for label, graphs in (("8-bit", base), ("mixed", mixed)):
-        rows, exact = run(graphs, cfg, knobs)
+    for label, graphs, kn in (("8-bit", base, knobs), ("mixed", mixed, knobs),
+                              (f"mixed, objective {other}", mixed,
+                               {**knobs, "objective": other})):
+        rows, exact = run(graphs, cfg, kn)
         cyc = sum(r[3].cycles for r in rows)
         tot = {p: sum(energy_uj(r[3], op) for r in rows) for p, op in POINTS}
         floor = {p: energy_floor_uj(rows, cfg, op) for p, op in POINTS}
         totals[label] = (cyc, tot, exact, floor)
-        ops = 2 * sum(r[4] for r in rows)  # the last label's: the mixed network
-        if layers:
-            print(f"\nResNet-20 {label} ({how if label == 'mixed' else 'zoo QDQ int8'}), "
-                  f"bit-exact vs reference: {exact}")
-            table = []
-            for name, eng, prec, st, _ in rows:
-                table.append((name, eng, prec, st.cycles,
-                              *[f"{st.cycles / op.freq_mhz:.1f}" for _, op in POINTS],
-                              *[f"{energy_uj(st, op):.3f}" for _, op in POINTS], _bound(st)))
-            print(format_table(["layer", "engine", "W/I/O", "cycles",
-                                *[f"us @{p}" for p, _ in POINTS],
-                                *[f"uJ @{p}" for p, _ in POINTS], "bound"], table))
-    print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how}; knobs {knobs or {}}), "
+        if label == "mixed":
+            ops = 2 * sum(r[4] for r in rows)
+            macs = sum(r[4] for r in rows)
+            print(f"\nResNet-20 mixed ({how}, objective {objective}): where the cycles go "
+                  f"(0.8 V / 420 MHz; {cyc} cycles, {macs / cyc:.1f} MAC/cycle)")
+            print(format_table(["layers", "n", "cycles", "share", "MAC/cycle", "RBE LOAD",
+                                "COMPUTE", "NORMQUANT", "STREAMOUT", "fill/drain"],
+                               cycle_breakdown(rows)))
+        if layers and "objective" not in label:
+            print(f"\nResNet-20 {label} ({how if label == 'mixed' else 'zoo QDQ int8'}, "
+                  f"objective {objective}), bit-exact vs reference: {exact}")
+            print(_layer_table(rows))
+    print(f"\nResNet-20 / CIFAR-10 on MARSELLUS (mixed: {how}; knobs {knobs}), "
           "each row beside the paper at the same operating point")
     out = []
     c8, e8, _, _ = totals["8-bit"]
     cm, em, _, fm = totals["mixed"]
+    co, eo, _, _ = totals[f"mixed, objective {other}"]
     for p, op in POINTS:
         p_ms = paper_latency_ms(PAPER_R20, op)
         p_uj = PAPER_R20["uj"][p]
@@ -177,19 +230,22 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
                     f"{cm / op.freq_mhz / 1e3:.3f}", f"{p_ms:.3f}", f"{em[p]:.1f}",
                     f"{p_uj:.0f}", f"{fm[p]:.1f}", f"{ops / (em[p] * 1e-6) / 1e12:.2f}",
                     f"{PAPER_R20['tops_w']:.2f}" if op is PAPER_R20["op"] else "",
-                    f"{e8[p] / em[p]:.2f}x"))
+                    f"{e8[p] / em[p]:.2f}x",
+                    f"{co / op.freq_mhz / 1e3:.3f} / {eo[p]:.1f}"))
     print(format_table(["operating point", "8-bit ms", "8-bit uJ", "mixed ms",
                         "paper ms", "mixed uJ", "paper uJ", "floor uJ", "mixed Top/s/W",
-                        "paper Top/s/W", "8-bit / mixed"], out))
+                        "paper Top/s/W", "8-bit / mixed", f"mixed ms / uJ, {other}"], out))
     print(f"paper: {PAPER_R20['ms']} ms and {PAPER_R20['tops_w']} Top/s/W at 0.5 V / 100 MHz "
           f"(Table II), i.e. {PAPER_R20['ms'] * PAPER_R20['op'].freq_mhz:.0f}k cycles, carried "
           "to each clock; energies Sec. IV; 8-bit / mixed = 1 / (1 - "
           f"{PAPER_R20['saving']}) = {1 / (1 - PAPER_R20['saving']):.2f}x")
-    print(f"mixed: {ops / 1e6:.1f} Mop (2 x MACs of the convs and FC), {cm} cycles")
+    print(f"mixed: {ops / 1e6:.1f} Mop (2 x MACs of the convs and FC), {cm} cycles "
+          f"(objective {other}: {co} cycles)")
     print("floor: the convs and FC alone, each on the RBE at its peak rate for its W x I bits, "
           "charged as the energy model charges RBE jobs, for that time only (energy_floor_uj)")
     print(f"bit-exact vs reference_execute: 8-bit {totals['8-bit'][2]}, "
-          f"mixed {totals['mixed'][2]}")
+          f"mixed {totals['mixed'][2]}, objective {other} "
+          f"{totals[f'mixed, objective {other}'][2]}")
 
 
 def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:

@@ -40,9 +40,11 @@ class MarsellusTarget(AccelTarget):
     name = "marsellus"
     package = "tvm_marsellus"
     #: knobs for the whole function: the operating point, ``biased_hwc``,
-    #: ``cluster_marshals_out`` and ``objective`` (``energy`` / ``latency``, what the engine
-    #: choice of residual adds minimises; ``strategy.plan``)
-    global_knobs = frozenset({OP_KNOB, "biased_hwc", "cluster_marshals_out", "objective"})
+    #: ``cluster_marshals_out``, ``objective`` (``energy`` / ``latency``, what the engine
+    #: choice of residual adds minimises) and ``prefetch_weights`` (a layer loads the next
+    #: layer's first weight group; ``strategy.plan``)
+    global_knobs = frozenset({OP_KNOB, "biased_hwc", "cluster_marshals_out", "objective",
+                              "prefetch_weights"})
 
     def load_config(self, path_or_name=None) -> MarsellusConfig:
         return hw_config.load_config(path_or_name)

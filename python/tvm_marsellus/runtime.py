@@ -49,8 +49,9 @@ def execute_program(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: Ma
     placements (:func:`~tvm_marsellus.layout.pack_tensor`; 4-D ``hwc`` tensors as NCHW host
     arrays, every other one in its placement's shape), the outputs unpacked the same way (int64).
 
-    By default one simulator run per layer, so every layer gets its own cycles and energy (L2
-    and L3 persist between the runs; the strategy balances every layer's semaphores). With
+    By default one simulator run per layer, so every layer gets its own cycles and energy (L1,
+    L2 and L3 persist between the runs: a layer may load the next layer's first weight group
+    into L1; the strategy balances every layer's semaphores). With
     ``whole_stream`` one run of ``program.stream()``: the layers overlap, and L1 and the
     semaphores carry over from layer to layer (hand-written programs). A program of several
     batch ``passes`` runs once per slice of the inputs' leading axis, from fresh L2 / L3
@@ -101,8 +102,9 @@ def _execute_pass(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: Mars
                                       trace_append=append, max_cycles=max_cycles))]
     else:
         stats = []
+        l1 = np.zeros(cfg.L1_BYTES, np.uint8)  # carries a prefetched weight group over
         for i, ly in enumerate(program.layers):
-            st = simulate(cfg, encode_stream(ly.commands), l2=mems["L2"], l3=mems["L3"],
+            st = simulate(cfg, encode_stream(ly.commands), l1=l1, l2=mems["L2"], l3=mems["L3"],
                           trace_path=trace_path, trace_offset_us=offset_us,
                           trace_append=append or i > 0, max_cycles=max_cycles)
             offset_us += st.cycles / cfg.CLOCK_MHZ

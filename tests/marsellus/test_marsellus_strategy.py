@@ -254,3 +254,35 @@ def test_a_stem_the_cores_run_faster_goes_to_the_cores_under_both_objectives():
     assert runs["energy"][0] == runs["latency"][0] == ["cluster", "rbe"]
     assert runs["rbe"][0] == ["rbe", "rbe"]
     assert runs["energy"][1] < runs["rbe"][1] and runs["energy"][2] < runs["rbe"][2]
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_next_layers_first_weights_and_window_load_during_the_previous_layer(prefetch):
+    """Weights depend on no tensor: when two layers' L1 maps are disjoint (the second at the
+    top of L1), the first layer's stream ends by loading the second's first weight group and,
+    once the rows it reads are stored (semaphore 15, signalled by that store), its first input
+    window; the second layer's first step then starts on a NOP. Bit-exact run per layer (L1
+    carries over) and as one stream; ``prefetch_weights: False`` keeps the loads apart."""
+    rng = np.random.default_rng(5)
+    layers = [conv(rng, "c1", "x", "y", 32, 32, 3, wbits=4, obits=4, osigned=False),
+              conv(rng, "c2", "y", "z", 32, 64, 3, wbits=4, obits=4, osigned=False)]
+    ts = {"x": T("x", (1, 32, 12, 12), 4, "uint8"), "y": T("y", (1, 32, 12, 12), 4, "uint8"),
+          "z": T("z", (1, 64, 12, 12), 4, "uint8")}
+    prog, _ = check(rng, layers, ts, ["x"], ["z"], {"prefetch_weights": prefetch})
+    c1, c2 = prog.layers
+    assert [c1.engine, c2.engine] == ["rbe", "rbe"]
+    job = next(c for c in c2.commands if isinstance(c, cg.RbeJob))
+    into = [c for c in c1.commands if isinstance(c, cg.Dma) and c.dst in (job.w_ptr, job.x_ptr)]
+    before_job = c2.commands[:c2.commands.index(job)]
+    own = [c for c in before_job if isinstance(c, cg.Dma) and c.dst_mem == "L1"]
+    if prefetch:
+        assert [c.dst for c in into] == [job.w_ptr, job.x_ptr] and own == []
+        assert into[1].wait == (15,)
+        assert sum(15 in c.signal for c in c1.commands if isinstance(c, cg.Dma)) == 1
+    else:
+        assert into == [] and [c.dst for c in own] == [job.w_ptr, job.x_ptr]
+    g = LayerGraph(ts, layers, ["x"], ["z"])
+    xs = {"x": rng.integers(0, 16, (1, 32, 12, 12)).astype("uint8")}
+    outs, stats = execute_program(prog, xs, CFG)
+    np.testing.assert_array_equal(outs["z"], reference_execute(g, xs)["z"])
+    assert [n for n, _ in stats] == ["c1", "c2"]

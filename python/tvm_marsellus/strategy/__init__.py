@@ -64,6 +64,7 @@ def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
          op: OperatingPoint | None = None) -> MarsProgram:
     """Compile a layer graph to a MARSELLUS program (``knobs``: ``{layer: {knob: value}}``, plus
     the globals ``"biased_hwc": False`` to store signed HWC tensors two's complement,
+    ``"prefetch_weights": False`` to load every layer's weights in its own stream,
     ``"cluster_marshals_out": False`` and ``"objective"``: ``"energy"`` (default) or
     ``"latency"``, what a residual add's engine choice minimises; ``op``: the operating point
     whose energy that choice weighs, default nominal). A batch beyond L2 / L3 runs in passes

@@ -26,6 +26,10 @@ IO_IN_FREE, IO_IN_FULL, IO_OUT_FREE, IO_OUT_FULL, STAGE_FREE = range(9, 14)
 #: "input full" for a step whose first compute command is an RBE job (FULL_IN: the cluster)
 FULL_IN_RBE = 14
 
+#: a layer's output rows that the next layer's first input window reads are stored
+#: (:meth:`Emit._prefetch`)
+ROWS_STORED = 15
+
 
 @dataclass
 class _EmitState:
@@ -40,6 +44,13 @@ class _EmitState:
     io_out: bool  # the output lives in L3
     last_w: dict[int, int]  # weight group -> index of its last step (frees a staged L2 slot)
     n_w: int = 0  # weight loads so far (they alternate between the two L1 weight buffers)
+    #: the first weight group is already in L1: the previous layer's stream loaded it
+    #: (:meth:`Emit._prefetch`)
+    prefetched: bool = False
+    #: so is the first step's input window
+    input_prefetched: bool = False
+    #: the step whose store lets the next layer's first input window be prefetched
+    rows_step: int | None = None
 
 
 def _chain(loads: list, comps: list, free_at: int, final: bool) -> None:
@@ -78,8 +89,10 @@ class Emit:
     def emit_program(self, progs: list[LayerProgram], l2_bytes: int, l3_bytes: int
                      ) -> MarsProgram:
         """The commands of every layer program, and the program with its memory map."""
-        for lp, ly in zip(progs, self.g.layers, strict=True):
-            lp.commands = self._emit(ly, lp)
+        states = self._place_l1(self.g.layers)
+        for i, (lp, ly) in enumerate(zip(progs, self.g.layers, strict=True)):
+            nxt = states[i + 1] if i + 1 < len(states) else None
+            lp.commands = self._emit(ly, lp, states[i], nxt)
         img = bytes(self.image)
         return MarsProgram(
             layers=progs, tensors={n: t.placement() for n, t in self.t.items()},
@@ -87,12 +100,87 @@ class Emit:
             l2_image=b"" if self.l3 else img, l3_image=img if self.l3 else b"",
             l2_bytes=l2_bytes, l3_bytes=l3_bytes)
 
-    def _emit(self, ly, lp: LayerProgram) -> list:
+    def _place_l1(self, layers: list) -> list[_EmitState]:
+        """The emit state of every layer with its L1 map, and which layers get their first
+        weight group from the previous layer's stream (:meth:`_prefetch`). A layer's buffers
+        go at the bottom of L1, or at the top when that keeps them clear of the previous
+        layer's; a layer clear of its predecessor, with its weights (if any) in L2 and no Kin
+        tiling, is prefetched (global knob ``prefetch_weights``, default on): its first weight
+        group and, unless it reads an L3 tensor, its first input window."""
+        states: list[_EmitState] = []
+        prev: tuple[int, int] | None = None  # the previous layer's L1 range
+        for ly in layers:
+            lay = self.layers[ly.name]
+            size = self._l1_size(lay)
+            base = 0
+            if prev is not None and prev[0] < size and self.cfg.L1_BYTES - size >= prev[1]:
+                base = self.cfg.L1_BYTES - size  # the bottom overlaps it, the top does not
+            st = self._emit_state(ly, lay, base)
+            clear = (self.user.get("prefetch_weights", True) and prev is not None
+                     and not st.staged and not lay.chunked
+                     and (base >= prev[1] or base + size <= prev[0]))
+            st.prefetched = clear and "w" in st.l1
+            if clear and not st.io_in:
+                self._prefetch_input(states[-1], st)
+            states.append(st)
+            prev = (base, base + size)
+        return states
+
+    @staticmethod
+    def _prefetch_input(prev: _EmitState, st: _EmitState) -> None:
+        """Whether ``prev``'s stream also loads ``st``'s first input window, and after which of
+        its own steps' store: the last one whose output tile (image 0) meets that window, when
+        ``st`` reads ``prev``'s output (in L2), else none."""
+        _, _, _, n, ho0, hh, wo0, ww = st.steps[0][0]
+        lay, g = st.lay, st.lay.geo
+        if lay.kind == "add":
+            lo, hi, clo, chi = ho0, ho0 + hh, wo0, wo0 + ww
+        else:
+            lo, hi, _, _ = g.in_rows(ho0, hh)
+            clo, chi, _, _ = g.in_cols(wo0, ww)
+        if prev.lay.tout.name in {t.name for t in lay.tins}:
+            if prev.io_out:
+                return
+            meets = [i for i, ((_, _, _, pn, r0, rh, c0, cw), j, _, _) in enumerate(prev.steps)
+                     if pn == n and j == len(prev.chunks) - 1 and r0 < hi and r0 + rh > lo
+                     and c0 < chi and c0 + cw > clo]
+            prev.rows_step = max(meets, default=len(prev.steps) - 1)
+        st.input_prefetched = True
+
+    @staticmethod
+    def _l1_size(lay: _Layer) -> int:
+        """Bytes of a layer's L1 map (:meth:`_emit_state`)."""
+        b = lay.buffers(lay.plan.tile_h, lay.plan.tile_k)
+        return sum(_al(v, 64) * (1 if k == "psum" else 2) for k, v in b.items())
+
+    def _prefetch(self, prev: _EmitState, st: _EmitState) -> list:
+        """DMA_IN of a layer's first weight group into its first L1 weight buffer, issued by
+        the previous layer (``prev``) after its last loads: weights depend on no tensor, and
+        the two layers' L1 maps are disjoint (:meth:`_place_l1`), so the copy overlaps the
+        previous layer's last tiles instead of opening this layer's fill. Then, when
+        :meth:`_prefetch_input` allows, its first input window, waiting for the store of the
+        rows it reads (``ROWS_STORED``, signalled by ``prev``'s step ``rows_step``). The
+        DMA_IN engine runs in order, so both are complete before this layer's first step
+        (whose input-full token a NOP gives) starts."""
+        cmds = []
+        if st.prefetched:
+            off, size = st.lay.wsrc[st.steps[0][0][0]]
+            cmds.append(cg.Dma(src_mem="L2", dst_mem="L1", src=off, dst=st.l1["w"][0],
+                               length=size))
+        if st.input_prefetched:  # its first input window, once the rows it reads are stored
+            _, _, _, n, ho0, hh, wo0, ww = st.steps[0][0]
+            acts, _ = self._loads(st.lay, n, ho0, hh, wo0, ww, st.l1["in"][0], 0)
+            acts[0].wait = (ROWS_STORED,) if prev.rows_step is not None else ()
+            cmds += acts
+        return cmds
+
+    def _emit(self, ly, lp: LayerProgram, st: _EmitState, nxt: _EmitState | None = None
+              ) -> list:
         """Commands of one layer. A step is one output tile or, under Kin tiling, one input-
         channel chunk of it: every step loads its input window (and weight chunk) into one of
         the two input / weight buffers; the output buffers, stores and L3 drains go by output
-        tile, after the step of its last chunk."""
-        st = self._emit_state(ly, self.layers[ly.name])
+        tile, after the step of its last chunk. The stream ends with the next layer's first
+        weight group and input window when ``nxt`` is prefetched."""
         cmds = self._credits(st)
         io_loads: list[list] = []  # per step: its I/O DMA L3 -> L2 copies
         body = []
@@ -103,17 +191,19 @@ class Emit:
             body.append(part)
             io_loads.append(io)
         cmds += _interleave(body, io_loads)
+        if nxt is not None:
+            cmds += self._prefetch(st, nxt)
         cmds += self._closing_waits(st)
         lp.meta["tiles"] = o + 1
         lp.meta["chunks"] = len(st.chunks)
         return cmds
 
-    def _emit_state(self, ly, lay: _Layer) -> _EmitState:
-        """The L1 map of a layer's buffers (two copies of every buffer but the partial sums),
-        its steps in order, and where its weights and tensors live."""
+    def _emit_state(self, ly, lay: _Layer, base: int = 0) -> _EmitState:
+        """The L1 map of a layer's buffers from ``base`` (two copies of every buffer but the
+        partial sums), its steps in order, and where its weights and tensors live."""
         g, plan = lay.geo, lay.plan
         th, kt = plan.tile_h, plan.tile_k
-        l1, addr = {}, 0
+        l1, addr = {}, base
         for name, size in lay.buffers(th, kt).items():
             one = _al(size, 64)
             l1[name] = (addr, addr) if name == "psum" else (addr, addr + one)
@@ -180,8 +270,11 @@ class Emit:
             return l1[name][out_slot if name in ("out", "t3") else step_slot]
 
         loads, wfetch, wslot, nq = self._weight_loads(st, i)
-        acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
-                                  if st.io_in else 0, c0, cc)
+        if i == 0 and st.input_prefetched:  # in L1 already: a NOP marks the step full
+            acts, fetch = [cg.Nop(engine="DMA_IN")], []
+        else:
+            acts, fetch = self._loads(lay, n, ho0, hh, wo0, ww, buf("in"), self.bounce_in[s]
+                                      if st.io_in else 0, c0, cc)
         loads += acts
         self._sync_loads(loads, wfetch, fetch)
         comps, free_at = self._computes(lay, n, ho0, hh, wo0, ww, k0, kk, buf, wslot,
@@ -203,7 +296,9 @@ class Emit:
         new_group = i == 0 or st.steps[i - 1][0][0] != gi
         wslot = l1["w"][st.n_w % 2] if "w" in l1 else 0
         nq = None  # L1 NormQuant address of a chunked layer's last chunk
-        if "w" in l1 and (new_group or lay.chunked):
+        if i == 0 and st.prefetched:  # the previous layer's stream brought it
+            st.n_w = 1
+        elif "w" in l1 and (new_group or lay.chunked):
             off, size = lay.wsrc[gi]
             src = off
             if st.staged:  # I/O DMA: this group's weights L3 -> an L2 slot, then to L1
@@ -244,6 +339,7 @@ class Emit:
         stores[0].wait = (FULL_OUT,) + ((IO_OUT_FREE,) if drain else ())
         last = i == len(st.steps) - 1
         stores[-1].signal = (FREE_OUT,) + ((DONE,) if last else ()) + (
+            (ROWS_STORED,) if i == st.rows_step else ()) + (
             (DONE_IO,) if last and st.staged else ()) + ((IO_OUT_FULL,) if drain else ())
         if drain:
             drain[0].wait, drain[-1].signal = (IO_OUT_FULL,), (IO_OUT_FREE,)
