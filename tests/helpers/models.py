@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from tvm_accel import zoo
 from tvm_accel.quantize import ort_quantize
@@ -147,8 +148,40 @@ def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
 
 
 #: the builders above by name
+def _dilated_conv(b: Builder, x: str, cin: int, cout: int, d: int, name: str) -> str:
+    """A 3x3 Conv with dilation ``d`` and padding ``d`` (the spatial size kept), then Relu."""
+    y = b.conv(x, cin, cout, 3, 1, d, name=name)
+    b.nodes[-1].attribute.append(helper.make_attribute("dilations", [d, d]))
+    return b.relu(y, f"{name}_relu")
+
+
+def single_dilated_conv(cin: int = 16, cout: int = 16, dilation: int = 2, hw: int = 12,
+                        batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """conv3x3 -> one 3x3 Conv with ``dilation`` (padding = dilation) + Relu."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, cin, cin, 3, name="conv", relu=True)
+    y = _dilated_conv(b, y, cin, cout, dilation, "dilated")
+    return b.model("single_dilated_conv", x, (batch, cin, hw, hw), [y])
+
+
+def aspp_head(c: int = 16, hw: int = 16, dilations: tuple[int, ...] = (2, 6),
+              seed: int = 0) -> onnx.ModelProto:
+    """DeepLab's ASPP head on a conv3x3 feature: a 1x1 branch and one 3x3 branch per
+    dilation, concatenated, then a 1x1 projection."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    f = b.conv(x, c, c, 3, name="feature", relu=True)
+    branches = [b.conv(f, c, c, 1, name="aspp0", relu=True)]
+    branches += [_dilated_conv(b, f, c, c, d, f"aspp_d{d}") for d in dilations]
+    y = b.concat(branches, "aspp_concat")
+    y = b.conv(y, c * len(branches), c, 1, name="project")
+    return b.model("aspp_head", x, (1, c, hw, hw), [y])
+
+
 MODELS = {name: globals()[name] for name in (
-    "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dense",
+    "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
+    "aspp_head", "single_dense",
     "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense", "conv_unary")}
 
 

@@ -15,6 +15,8 @@ A batch whose tensors do not fit L2 / L3 runs in passes of the largest sub-batch
 (``batch``).
 
 ``layers`` holds what every stage shares: tensors, geometry, the RBE eligibility rules.
+Transpose and dilated convs enter the stages as their phase convs (``phases``: ``deconv``,
+``dilated``) and leave as one layer program each.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from tvm_marsellus.strategy.engines import OBJECTIVES, EngineChoice
 from tvm_marsellus.strategy.kernels import Kernels
 from tvm_marsellus.strategy.layers import _tensor_infos, rbe_reasons
 from tvm_marsellus.strategy.memory import CapacityError, Memory
+from tvm_marsellus.strategy.phases import PhaseConv, Phases, expand_phases, merge_phases
 from tvm_marsellus.strategy.tiling import Tiling, _Layer, knob_space
 
 
-class Planner(EngineChoice, Tiling, Memory, Emit, Kernels):
+class Planner(Phases, EngineChoice, Tiling, Memory, Emit, Kernels):
     """The state the stages share while planning one layer graph: the tensors, each layer's
     kind, engine and tile, the L2 image and the memory map."""
 
@@ -77,21 +80,24 @@ def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
 def _plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None,
           op: OperatingPoint | None) -> MarsProgram:
     """The four stages over the whole graph, one pass."""
+    graph, knobs, parents = expand_phases(graph, knobs)
     p = Planner(graph, cfg, knobs, op)
     p._choose()  # 1. engines: the engine of every layer, the layout of every tensor
     progs = p.tile_layers()  # 2. tiling: tiles and knobs, the weights into the L2 image
     progs, l2_bytes, l3_bytes = p.place(progs)  # 3. memory: the L2 / L3 map
-    return p.emit_program(progs, l2_bytes, l3_bytes)  # 4. emit: the commands
+    return merge_phases(p.emit_program(progs, l2_bytes, l3_bytes), parents)  # 4. emit
 
 
 def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, KnobSpace]:
     """The knob space of every layer (defaults = the solver's choice). An add's ``engine`` is
     left out: a tuning task measures one layer alone, with HWC inputs, where the RBE add (whose
     gain is the marshaling it spares its neighbours) cannot run; set it in ``knobs``."""
-    p = Planner(graph, cfg)
+    p = Planner(expand_phases(graph, None)[0], cfg)
     p._choose()
     out = {}
-    for ly in graph.layers:
+    for ly in p.g.layers:
+        if isinstance(ly, PhaseConv):  # knobs of a decomposed layer hold for all its phases
+            continue
         p._layer(ly)
         lay = p.layers[ly.name]
         out[ly.name] = knob_space(lay, lay.kind == "conv" and not rbe_reasons(
