@@ -4,7 +4,8 @@ takes. Each check is named; its docstring is the reason a layer stays on the hos
 Offloaded: quantized conv2d (the strategy puts 3x3 / 1x1, stride 1 / 2 convs on the RBE and the
 rest, including depthwise, wide kernels such as 20x5 and padding not smaller than the kernel,
 on the cores: windows up to 255 in the cluster kernels' 8-bit fields; a dilated stride-1 conv
-as its input phases), transpose conv (its output phases, ``strategy.deconv``), dense (cluster FC),
+as its input phases), transpose conv (its output phases, ``strategy.deconv``), channel concat
+(its inputs written into their slices of the output, ``strategy.concat``), dense (cluster FC),
 the residual add (a 1x1 BinConv on the RBE between RBE layers, else the cluster ADD: one
 recipe fits both), max pool with the same quantization in and out, and average / global
 average pool (cluster AVGPOOL). Requantization must be expressible as NormQuant: no
@@ -18,10 +19,12 @@ import numpy as np
 
 from tvm_accel.partition import (
     OffloadPattern,
+    concat_on_channels,
     const_value,
     dtype_of,
     pool_is_plain,
     qadd_pattern,
+    qconcat_pattern,
     qdeconv_pattern,
     qlinear_pattern,
     qpool_pattern,
@@ -182,6 +185,30 @@ def deconv_acc_fits(m: dict) -> bool:
     return bool((sums * 256).max() < 2 ** 31)
 
 
+def concat_inputs_fit(m: dict) -> bool:
+    """an input is not 4-D int8/uint8 of the output's type or its rescale is not one NormQuant
+
+    (a pre-shift, several or above 16-bit multipliers, a shift above 31, a clip narrower than
+    the output's range): the cores copy a rescaled input into its slice with a 1x1 AVGPOOL."""
+    i, dt = 0, dtype_of(m["core"]) if hasattr(m["core"], "ty") else None
+    while f"input{i}" in m:
+        x, p = m[f"input{i}"], f"in{i}_"
+        s = static_shape(x)
+        if dtype_of(x) not in _INT or s is None or len(s) != 4 or (dt and dtype_of(x) != dt):
+            return False
+        if f"{p}input_zero_point" in m:
+            pre, sh, mult = (const_value(m[p + k]).ravel() for k in ("pre_shift", "shift",
+                                                                   "multiplier"))
+            lo, hi = (int(const_value(m[p + k]).ravel()[0]) for k in ("qmin", "qmax"))
+            rlo, rhi = (-128, 127) if dtype_of(x) == "int8" else (0, 255)
+            if not (pre.size == sh.size == mult.size == 1 and int(pre[0]) == 0
+                    and 0 <= int(sh[0]) <= 31 and 1 <= int(mult[0]) <= KAPPA_MAX
+                    and hi == rhi and lo in (rlo, 0)):
+                return False
+        i += 1
+    return True
+
+
 def add_same_shape(m: dict) -> bool:
     """operands differ in shape or are not 4-D (cluster ADD has no broadcasting)"""
     a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
@@ -259,6 +286,8 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("marsellus.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, clip_is_output_range,
                         add_recipe_fits]),
+        *[OffloadPattern(f"marsellus.concat{n}", "concat", *qconcat_pattern(n),
+                         [concat_on_channels, concat_inputs_fit]) for n in range(2, 9)],
         OffloadPattern("marsellus.maxpool", "max_pool2d", *qpool_pattern("max"),
                        [pool_is_plain, pool_input_8bit, pool_shape_fits, pool_window_fits]),
         OffloadPattern("marsellus.avgpool", "avg_pool2d", *qpool_pattern("avg"),

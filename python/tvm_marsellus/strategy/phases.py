@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import tvm_marsellus.codegen as cg
-from tvm_accel.errors import MappingError
 from tvm_accel.layers import ConvLayer, DeconvLayer, LayerGraph
 from tvm_marsellus.program import LayerProgram, MarsProgram
 from tvm_marsellus.strategy.layers import Geometry, TensorInfo
@@ -127,100 +125,3 @@ def merge_phases(prog: MarsProgram, parents: dict[str, object]) -> MarsProgram:
                                      if k in ("tile_h", "tile_k", "tile_w", "tile_c", "shape")}
         m.meta["phases"][lp.name]["engine"] = lp.engine
     return replace(prog, layers=out)
-
-
-class Phases:
-    """Planner stage mixin: the strided views of phase convs (gathering loads, scattering
-    stores), their output tensors kept in HWC, and weights shared by phases stored once."""
-
-    def _layouts(self) -> None:
-        """A tensor written through a scattering view stays in bit-packed HWC: the scatter
-        copies whole pixels, which a bit-plane tensor written by sub-word tiles does not have
-        (our choice, see docs/marsellus.md)."""
-        super()._layouts()
-        for ly in self.g.layers:
-            if isinstance(ly, PhaseConv) and ly.scatters:
-                self.t[ly.output].layout = "hwc"
-
-    def _layer(self, ly) -> LayerProgram:
-        lp = super()._layer(ly)
-        if isinstance(ly, PhaseConv):
-            t = self.t[ly.output]
-            lp.meta["phase_of"] = ly.parent
-            if ly.useful_taps is not None:
-                geo = self.layers[ly.name].geo
-                lp.macs = t.n * geo.ho * geo.wo * geo.k * ly.useful_taps * (
-                    geo.c if ly.groups == 1 else 1)
-            lp.meta["parent_shape"] = f"{list(self.t[ly.input].placement().shape)} -> " \
-                                      f"{[t.n, t.h, t.w, t.c]}"
-            for what, tn in (("input", ly.input) if ly.gathers else (None, None),
-                             ("output", ly.output) if ly.scatters else (None, None)):
-                if what and self.t[tn].layout == "hwc" and (self.t[tn].c * self.t[tn].cbits) % 8:
-                    raise MappingError(f"layer {ly.parent}: a pixel of its {what} {tn} is not "
-                                       "whole bytes (the phase views copy whole pixels)")
-            if ly.gathers and self.layers[ly.name].chunked:
-                raise MappingError(f"layer {ly.parent}: its phases would need Kin tiling, "
-                                   "which the gathering input view does not have")
-        return lp
-
-    def _weights(self, lay, k0: int, kt: int):
-        """Phases with the same weights (a dilated conv's) share one copy in the image."""
-        if not isinstance(lay.layer, PhaseConv):
-            return super()._weights(lay, k0, kt)
-        self._shared_blobs = getattr(self, "_shared_blobs", {})
-        self._sharing = True
-        try:
-            return super()._weights(lay, k0, kt)
-        finally:
-            self._sharing = False
-
-    def _blob(self, data: bytes) -> int:
-        if not getattr(self, "_sharing", False):
-            return super()._blob(data)
-        off = self._shared_blobs.get(bytes(data))
-        if off is not None and bytes(self.image[off:off + len(data)]) == bytes(data):
-            return off
-        off = super()._blob(data)
-        self._shared_blobs[bytes(data)] = off
-        return off
-
-    def _loads(self, lay, n: int, ho0: int, hh: int, wo0: int, ww: int, dst: int,
-               bounce: int, c0: int = 0, cc: int = 0) -> tuple[list, list]:
-        """A gathering phase: one 3-D copy of the tile's window of the input view (a pixel
-        per row, a view row per plane) into a dense L1 tile; an L3 input goes to the bounce
-        slot that way first."""
-        ly = lay.layer
-        if not (isinstance(ly, PhaseConv) and ly.gathers):
-            return super()._loads(lay, n, ho0, hh, wo0, ww, dst, bounce, c0, cc)
-        g, t = lay.geo, lay.tin
-        lo, hi, _, _ = g.in_rows(ho0, hh)
-        clo, chi, _, _ = g.in_cols(wo0, ww)
-        pix = int(t.pix_bytes())
-        (py, px), (dy, dx) = ly.in_phase, ly.in_step
-        src = t.offset + ((n * t.h + py + dy * lo) * t.w + px + dx * clo) * pix
-        cols = chi - clo
-        window = cg.Dma(src_mem="L2", dst_mem="L1", src=src, dst=dst, length=pix, rows=cols,
-                        planes=hi - lo, src_row_stride=dx * pix, src_plane_stride=dy * t.w * pix,
-                        dst_row_stride=pix, dst_plane_stride=pix * cols)
-        if t.mem != "L3":
-            return [window], []
-        fetch = replace(window, src_mem="L3", dst_mem="L2", dst=bounce)
-        return [cg.Dma(src_mem="L2", dst_mem="L1", src=bounce, dst=dst,
-                       length=window.nbytes)], [fetch]
-
-    def _placed_stores(self, lay, n: int, ho0: int, hh: int, wo0: int, ww: int, k0: int,
-                       kk: int, src: int) -> list:
-        """A scattering phase: one 3-D copy of the output tile's pixels (``kk`` channels each)
-        to rows ``o + s * m`` and columns ``o' + s' * m'`` of the HWC output."""
-        ly = lay.layer
-        if not (isinstance(ly, PhaseConv) and ly.scatters):
-            return super()._placed_stores(lay, n, ho0, hh, wo0, ww, k0, kk, src)
-        t = lay.tout
-        pix, tp = t.c * t.cbits // 8, kk * t.cbits // 8
-        (oy, ox), (sy, sx) = ly.out_phase, ly.out_step
-        y0, x0 = oy + sy * ho0, ox + sx * wo0
-        dst = t.offset + ((n * t.h + y0) * t.w + x0) * pix + k0 * t.cbits // 8
-        return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=dst, length=tp, rows=ww,
-                       planes=hh, src_row_stride=tp, src_plane_stride=ww * tp,
-                       dst_row_stride=sx * pix, dst_plane_stride=sy * t.w * pix)]
-
