@@ -5,7 +5,8 @@ Offloaded: quantized conv2d (the strategy puts 3x3 / 1x1, stride 1 / 2 convs on 
 rest, including depthwise, wide kernels such as 20x5 and padding not smaller than the kernel,
 on the cores: windows up to 255 in the cluster kernels' 8-bit fields; a dilated stride-1 conv
 as its input phases), transpose conv (its output phases, ``strategy.deconv``), channel concat
-(its inputs written into their slices of the output, ``strategy.concat``), dense (cluster FC),
+(its inputs written into their slices of the output, ``strategy.concat``), nearest upsample by
+integer factors (phase copies on the cores, ``strategy.resize``), dense (cluster FC),
 the residual add (a 1x1 BinConv on the RBE between RBE layers, else the cluster ADD: one
 recipe fits both), max pool with the same quantization in and out, and average / global
 average pool (cluster AVGPOOL). Requantization must be expressible as NormQuant: no
@@ -28,7 +29,9 @@ from tvm_accel.partition import (
     qdeconv_pattern,
     qlinear_pattern,
     qpool_pattern,
+    qupsample_pattern,
     static_shape,
+    upsample_is_nearest,
 )
 from tvm_marsellus.numerics import KAPPA_MAX
 
@@ -288,6 +291,12 @@ def pattern_table() -> list[OffloadPattern]:
                         add_recipe_fits]),
         *[OffloadPattern(f"marsellus.concat{n}", "concat", *qconcat_pattern(n),
                          [concat_on_channels, concat_inputs_fit]) for n in range(2, 9)],
+        OffloadPattern("marsellus.upsample_rescaled", "upsample",
+                       *qupsample_pattern(rescale=True),
+                       [upsample_is_nearest, pool_input_8bit, pool_shape_fits, dims_fit,
+                        clip_is_output_range, avg_recipe_fits]),
+        OffloadPattern("marsellus.upsample", "upsample", *qupsample_pattern(),
+                       [upsample_is_nearest, pool_input_8bit, pool_shape_fits, dims_fit]),
         OffloadPattern("marsellus.maxpool", "max_pool2d", *qpool_pattern("max"),
                        [pool_is_plain, pool_input_8bit, pool_shape_fits, pool_window_fits]),
         OffloadPattern("marsellus.avgpool", "avg_pool2d", *qpool_pattern("avg"),

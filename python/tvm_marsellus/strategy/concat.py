@@ -28,7 +28,7 @@ class SliceCopy(PoolLayer):
     parent: str = ""
 
 
-def _identity(z: int, dtype: str, bits: int) -> Requant:
+def identity_requant(z: int, dtype: str, bits: int) -> Requant:
     """The requant of a plain copy of a ``bits``-bit tensor with zero point ``z``."""
     lo, hi = DTYPE_RANGE[dtype]
     if bits < 8:
@@ -76,7 +76,8 @@ def expand_concats(graph: LayerGraph) -> tuple[LayerGraph, dict[str, tuple[str, 
                 tensors[copy] = Tensor(copy, tuple(t.shape), out.dtype, out.bits)
                 layers.append(SliceCopy(
                     f"{ly.name}_copy{i}", name, copy, "avg", (1, 1), (1, 1), (0, 0, 0, 0), z,
-                    rq or _identity(z, out.dtype, out.bits), op_name="concat", parent=ly.name))
+                    rq or identity_requant(z, out.dtype, out.bits), op_name="concat",
+                    parent=ly.name))
                 slices[copy] = (ly.output, c0)
             c0 += c
     return (LayerGraph(tensors, layers, graph.inputs, graph.outputs), slices,

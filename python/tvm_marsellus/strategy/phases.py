@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tvm_accel.layers import ConvLayer, DeconvLayer, LayerGraph
+from tvm_accel.layers import ConvLayer, DeconvLayer, LayerGraph, UpsampleLayer
 from tvm_marsellus.program import LayerProgram, MarsProgram
 from tvm_marsellus.strategy.layers import Geometry, TensorInfo
 
@@ -70,11 +70,13 @@ def phase_padding(count: int, taps: int, top: int, size: int) -> tuple[int, int]
 def expand_phases(graph: LayerGraph, knobs: dict | None) -> tuple[LayerGraph, dict | None,
                                                                    dict[str, object]]:
     """``graph`` with every transpose conv and dilated conv replaced by its phase convs (or,
-    for a dilated conv whose pruned kernel is dense, one ordinary conv), the knobs of such a
+    for a dilated conv whose pruned kernel is dense, one ordinary conv) and every nearest
+    upsample by its phase copies (``resize``), the knobs of such a
     layer given to each of its phases, and the replaced layers by name. MappingError (the
     layer runs on the CPU) when a layer has no phase form."""
     from tvm_marsellus.strategy.deconv import deconv_phases
     from tvm_marsellus.strategy.dilated import dilated_phases
+    from tvm_marsellus.strategy.resize import upsample_phases
 
     layers, parents, user = [], {}, dict(knobs or {})
     for ly in graph.layers:
@@ -82,6 +84,8 @@ def expand_phases(graph: LayerGraph, knobs: dict | None) -> tuple[LayerGraph, di
             subs = deconv_phases(ly, graph)
         elif isinstance(ly, ConvLayer) and tuple(ly.dilation) != (1, 1):
             subs = dilated_phases(ly, graph)
+        elif isinstance(ly, UpsampleLayer):
+            subs = upsample_phases(ly, graph)
         else:
             layers.append(ly)
             continue

@@ -2,8 +2,9 @@
 that is not a whole contiguous L2 tensor (``docs/marsellus.md``, Transpose and dilated
 convolutions, Concat by placement).
 
-- a *phase* (:class:`~tvm_marsellus.strategy.phases.PhaseConv`) reads every ``d``-th row and
-  column of its input (gather) or writes every ``s``-th of its output (scatter);
+- a *phase* (:class:`~tvm_marsellus.strategy.phases.PhaseConv`, or an upsample's
+  :class:`~tvm_marsellus.strategy.resize.PhaseCopy`) reads every ``d``-th row and column of its
+  input (gather) or writes every ``s``-th of its output (scatter);
 - a *channel slice* (``slices``: tensor -> (concat output, first channel)) is a concat input
   that lives inside the concat's output: its producer writes, and its readers read, its
   channels of every pixel of that tensor.
@@ -25,10 +26,13 @@ from tvm_marsellus.strategy.phases import PhaseConv
 
 
 def _phase(ly) -> tuple[int, int, int, int]:
-    """(first row, first column, row step, column step) of a layer's output view."""
-    if isinstance(ly, PhaseConv):
-        return (*ly.out_phase, *ly.out_step)
-    return 0, 0, 1, 1
+    """(first row, first column, row step, column step) of a layer's output view (a phase
+    conv's or an upsample's phase copy's)."""
+    return (*getattr(ly, "out_phase", (0, 0)), *getattr(ly, "out_step", (1, 1)))
+
+
+def _scatters(ly) -> bool:
+    return _phase(ly)[2:] != (1, 1)
 
 
 class Views:
@@ -48,11 +52,10 @@ class Views:
         """Tensors written or read through a view, and the tensors slices live in."""
         out = set(self.slices) | {p for p, _ in self.slices.values()}
         for ly in self.g.layers:
-            if isinstance(ly, PhaseConv):
-                if ly.scatters:
-                    out.add(ly.output)
-                if ly.gathers and self.t[ly.input].layout == "hwc":
-                    out.add(ly.input)
+            if _scatters(ly):
+                out.add(ly.output)
+            if isinstance(ly, PhaseConv) and ly.gathers and self.t[ly.input].layout == "hwc":
+                out.add(ly.input)
         return out
 
     def _layouts(self) -> None:
@@ -61,7 +64,7 @@ class Views:
         have (our choice, docs/marsellus.md); a gathered input may be either."""
         super()._layouts()
         for ly in self.g.layers:
-            if isinstance(ly, PhaseConv) and ly.scatters:
+            if _scatters(ly):
                 self.t[ly.output].layout = "hwc"
         for n, (p, _) in self.slices.items():
             self.t[n].layout = self.t[p].layout = "hwc"
