@@ -131,3 +131,18 @@ def test_onnx_concats_run_on_marsellus_bit_exact(compare, name, kwargs, concat):
     placed = {o.layer: o.placement for o in r.report.offloads}
     assert placed[concat] == "marsellus" and set(placed.values()) == {"marsellus"}
     r.assert_bit_exact()
+
+
+def test_4_bit_slices_at_batch_2_are_bit_exact():
+    """Two channels a byte: slices of 8 and 6 channels start on whole bytes."""
+    rng = np.random.default_rng(8)
+    a = conv(rng, "a", "x", "ya", 16, 8, 3, wbits=4, obits=4)
+    b = conv(rng, "b", "x", "yb", 16, 6, 1, wbits=4, obits=4)
+    c = conv(rng, "c", "y", "z", 14, 16, 3, wbits=4, obits=4)
+    cat = ConcatLayer("cat", ("ya", "yb"), "y", (0, 0), (None, None))
+    tensors = {"x": T("x", (2, 16, 6, 6), 4), "ya": T("ya", (2, 8, 6, 6), 4),
+               "yb": T("yb", (2, 6, 6, 6), 4), "y": T("y", (2, 14, 6, 6), 4),
+               "z": T("z", (2, 16, 6, 6), 4)}
+    prog, _ = check(rng, [a, b, cat, c], tensors, ["x"], ["z"])
+    assert [lp.name for lp in prog.layers] == ["a", "b", "c"]
+    assert prog.tensors["y"].bits == 4 and prog.tensors["y"].layout == "hwc"

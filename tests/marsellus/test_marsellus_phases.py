@@ -246,3 +246,19 @@ def test_an_aspp_head_runs_its_dilated_branches_on_marsellus(compare):
     placed = {o.layer: o.placement for o in r.report.offloads}
     assert placed["aspp_d2"] == placed["aspp_d6"] == "marsellus"
     r.assert_bit_exact()
+
+
+def test_phase_views_of_4_bit_tensors_at_batch_2_are_bit_exact():
+    """4-bit HWC views (two channels a byte) and bit-plane inputs at 4 bits, two images: a
+    transpose conv, then a dilated conv reading its scattered output."""
+    rng = np.random.default_rng(9)
+    dc = _deconv(rng, 32, 16, 4, 2, 1, 0, izp=0, wbits=4, inp="x", out="d")
+    dc.requant = _requant(rng, 16, np.full(16, 60), obits=4)
+    dl = _dilated(rng, 16, 16, 3, 2, 2, inp="d", out="y")
+    dl.requant = _requant(rng, 16, np.abs(dl.weight).reshape(16, -1).sum(1), obits=4)
+    dl.input_zero_point = 0
+    tensors = {"x": T("x", (2, 32, 5, 5), 4), "d": T("d", (2, 16, 10, 10), 4),
+               "y": T("y", (2, 16, 10, 10), 4)}
+    prog, _ = check(rng, [dc, dl], tensors, ["x"], ["y"])
+    assert [lp.name for lp in prog.layers] == ["dc", "dl"]
+    assert prog.tensors["d"].layout == "hwc" and prog.tensors["d"].bits == 4
