@@ -262,3 +262,12 @@ def test_phase_views_of_4_bit_tensors_at_batch_2_are_bit_exact():
     prog, _ = check(rng, [dc, dl], tensors, ["x"], ["y"])
     assert [lp.name for lp in prog.layers] == ["dc", "dl"]
     assert prog.tensors["d"].layout == "hwc" and prog.tensors["d"].bits == 4
+
+
+def test_a_phase_on_the_cores_drops_the_rbe_embeddings_zero_taps():
+    rng = np.random.default_rng(11)
+    ly = _deconv(rng, 32, 32, 4, 2, 1, 0)
+    (lp,) = _run_deconv(rng, ly, 6, knobs={"dc": {"engine": "cluster"}}).layers
+    convs = [c for c in lp.commands if isinstance(c, cg.ClusterKernel) and c.kernel == "CONV"]
+    assert convs and {(c.kh, c.kw) for c in convs} == {(2, 2)}
+    assert lp.macs == 6 * 6 * 32 * 32 * 16

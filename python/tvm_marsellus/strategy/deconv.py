@@ -7,9 +7,10 @@ A sub-kernel of 2 or 3 taps per axis is embedded in a 3x3 kernel with zero taps 
 stays 1x1) where the padding then stays below the kernel, so the phase is an ordinary RBE job
 (4x4 / 2 kernels: four 2x2 sub-kernels, each a 3x3 job with one zero row and column: 9/4 of
 the useful binary products, against a cluster kernel at the cores' MAC rate); the engine stage
-then chooses between the RBE and the cores as for any conv. Other sub-kernels run compact on
-the cores. Only the useful MACs of a phase count (``tiling``'s count of a padded 3x3 would
-include the zero taps)."""
+then chooses between the RBE and the cores as for any conv; a phase the cores run gets its
+compact sub-kernel back (``views``: no zero taps). Other sub-kernels run compact on the cores.
+Only the useful MACs of a phase count (``tiling``'s count of a padded 3x3 would include the
+zero taps)."""
 
 from __future__ import annotations
 
@@ -60,21 +61,27 @@ def deconv_phases(layer: DeconvLayer, graph: LayerGraph) -> list[PhaseConv]:
         sub = sc.conv.weight
         (th, tw), (qh, qw), (nh, nw) = sub.shape[2:], sc.crop, sc.count
         top, left = th - 1 - qh, tw - 1 - qw
-        weight, pads = sub, (top, left, phase_padding(nh, th, top, h)[1],
-                             phase_padding(nw, tw, left, w)[1])
+
+        def phase(weight, pads, compact=None, sc=sc):
+            return PhaseConv(
+                name=sc.conv.name, input=layer.input, output=layer.output, weight=weight,
+                bias=layer.bias, input_zero_point=layer.input_zero_point, strides=(1, 1),
+                padding=pads, requant=layer.requant, groups=g, weight_bits=wbits,
+                parent=layer.name, out_phase=sc.offset, out_step=(sh, sw),
+                out_count=sc.count, useful_taps=len(range(sc.phase[0], layer.kernel[0], sh))
+                * len(range(sc.phase[1], layer.kernel[1], sw)), compact=compact)
+
+        compact = phase(sub, (top, left, phase_padding(nh, th, top, h)[1],
+                              phase_padding(nw, tw, left, w)[1]))
         for k in RBE_KERNELS if g == 1 else ():
             eh = rbe_embedding(th, top, nh, h, k) if th <= k else None
             ew = rbe_embedding(tw, left, nw, w, k) if tw <= k else None
             if eh and ew:
                 weight = np.zeros((sub.shape[0], sub.shape[1], k, k), dtype=sub.dtype)
                 weight[:, :, eh[0]:eh[0] + th, ew[0]:ew[0] + tw] = sub
-                pads = (eh[1], ew[1], eh[2], ew[2])
+                out.append(phase(weight, (eh[1], ew[1], eh[2], ew[2]),
+                                 compact if (k, k) != (th, tw) else None))
                 break
-        out.append(PhaseConv(
-            name=sc.conv.name, input=layer.input, output=layer.output, weight=weight,
-            bias=layer.bias, input_zero_point=layer.input_zero_point, strides=(1, 1),
-            padding=pads, requant=layer.requant, groups=g, weight_bits=wbits,
-            parent=layer.name, out_phase=sc.offset, out_step=(sh, sw),
-            out_count=sc.count, useful_taps=len(range(sc.phase[0], layer.kernel[0], sh))
-            * len(range(sc.phase[1], layer.kernel[1], sw))))
+        else:
+            out.append(compact)
     return out

@@ -41,6 +41,8 @@ class PhaseConv(ConvLayer):
     #: kernel taps that are not zero padding (an RBE embedding's zero taps are not counted
     #: as MACs); None: all of them
     useful_taps: int | None = None
+    #: the same phase without the RBE embedding's zero taps, for the cores (``deconv``)
+    compact: PhaseConv | None = None
 
     def view_size(self, h: int, w: int) -> tuple[int, int]:
         """Rows and columns of the input view of an ``h x w`` input."""

@@ -71,10 +71,17 @@ class Views:
 
     def _choose(self) -> None:
         """Engines and layouts; then slices and the tensors they live in stay unbiased (one
-        storage form for the bytes of all the concat's producers)."""
+        storage form for the bytes of all the concat's producers), and a phase embedded in an
+        RBE kernel that the cores run gets its compact kernel back (no zero taps)."""
         super()._choose()
         for n, (p, _) in self.slices.items():
             self.t[n].biased = self.t[p].biased = False
+        swap = {ly.name for ly in self.g.layers if getattr(ly, "compact", None) is not None
+                and self.engines[ly.name] == "cluster"}
+        if swap:
+            self.g.layers = [ly.compact if ly.name in swap else ly for ly in self.g.layers]
+            for n in swap & set(self.user):  # its engine knob is honoured: the cores
+                self.user[n] = {k: v for k, v in self.user[n].items() if k != "engine"}
 
     def _layer(self, ly) -> LayerProgram:
         lp = super()._layer(ly)
