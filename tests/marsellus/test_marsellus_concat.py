@@ -146,3 +146,23 @@ def test_4_bit_slices_at_batch_2_are_bit_exact():
     prog, _ = check(rng, [a, b, cat, c], tensors, ["x"], ["z"])
     assert [lp.name for lp in prog.layers] == ["a", "b", "c"]
     assert prog.tensors["y"].bits == 4 and prog.tensors["y"].layout == "hwc"
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("encoder_decoder", {}), ("aspp_head", {}), ("single_upsample", {}),
+    ("single_deconv", {"k": 4, "pad": 1}), ("single_dilated_conv", {"dilation": 6})])
+def test_phase_convs_concat_and_upsample_stay_within_2_lsb_of_onnxruntime(compare, name, kwargs):
+    """Issue 24's acceptance: the offloaded network within 2 output LSB of onnxruntime running
+    the same QDQ model (the NormQuant recipes round differently from its float requantize)."""
+    import onnx
+    import onnxruntime as ort
+
+    m = models.quantized(name, **kwargs)
+    r = compare(m)
+    assert {o.placement for o in r.report.offloads} == {"marsellus"}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {m.graph.input[0].name: r.inputs[0]})
+    dq = next(n for n in m.graph.node if n.output[0] == m.graph.output[0].name)
+    scale = next(onnx.numpy_helper.to_array(i) for i in m.graph.initializer
+                 if i.name == dq.input[1])
+    assert np.abs(r.outputs[0].astype(np.float64) - y).max() / scale <= 2 + 1e-3
