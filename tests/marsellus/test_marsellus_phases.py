@@ -271,3 +271,20 @@ def test_a_phase_on_the_cores_drops_the_rbe_embeddings_zero_taps():
     convs = [c for c in lp.commands if isinstance(c, cg.ClusterKernel) and c.kernel == "CONV"]
     assert convs and {(c.kh, c.kw) for c in convs} == {(2, 2)}
     assert lp.macs == 6 * 6 * 32 * 32 * 16
+
+
+def test_dilated_phases_gather_a_bit_plane_input():
+    """conv -> dilated conv, both on the RBE: the phases gather whole bit-plane pixels of the
+    intermediate tensor (never leaves the RBE layout)."""
+    from .test_marsellus_strategy import conv
+
+    rng = np.random.default_rng(12)
+    a = conv(rng, "a", "x", "f", 32, 64, 3)
+    dl = _dilated(rng, 64, 32, 3, 2, 2, inp="f", out="y")
+    dl.input_zero_point = 0
+    tensors = {"x": T("x", (1, 32, 10, 10)), "f": T("f", (1, 64, 10, 10)),
+               "y": T("y", (1, 32, 10, 10))}
+    prog, _ = check(rng, [a, dl], tensors, ["x"], ["y"], {"a": {"engine": "rbe"},
+                                                           "dl": {"engine": "rbe"}})
+    assert prog.tensors["f"].layout == "rbe"
+    assert {ph["engine"] for ph in prog.layers[1].meta["phases"].values()} == {"rbe"}
