@@ -10,8 +10,9 @@ output tile's pixels to their places (the transpose of that copy), so the RBE an
 run their ordinary jobs on dense tiles and the phases of one layer together write every output
 pixel once, with no intermediate tensor and no host copy.
 
-:func:`expand_phases` replaces the layers the strategy decomposes (``deconv``, ``dilated``)
-by their phase convs before the stages run; :func:`merge_phases` gathers their programs back
+:func:`expand_phases` replaces the layers the strategy decomposes (``deconv``, ``dilated``,
+and ``resize``'s nearest upsample, whose phases are copies) by their phases before the stages
+run; :func:`merge_phases` gathers their programs back
 into one layer program named after the original layer (its profile row and placement).
 """
 
@@ -73,9 +74,9 @@ def expand_phases(graph: LayerGraph, knobs: dict | None) -> tuple[LayerGraph, di
                                                                    dict[str, object]]:
     """``graph`` with every transpose conv and dilated conv replaced by its phase convs (or,
     for a dilated conv whose pruned kernel is dense, one ordinary conv) and every nearest
-    upsample by its phase copies (``resize``), the knobs of such a
-    layer given to each of its phases, and the replaced layers by name. MappingError (the
-    layer runs on the CPU) when a layer has no phase form."""
+    upsample by its phase copies (``resize``); the knobs of such a layer given to each of its
+    phases; and the replaced layers by name. MappingError (the layer runs on the CPU) when a
+    layer has no phase form."""
     from tvm_marsellus.strategy.deconv import deconv_phases
     from tvm_marsellus.strategy.dilated import dilated_phases
     from tvm_marsellus.strategy.resize import upsample_phases
