@@ -62,8 +62,10 @@ class MarsellusTarget(AccelTarget):
         return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
 
     def recipe_for(self, op: str):
-        """Average pools divide on the cluster AVGPOOL (one 16-bit kappa + shift)."""
-        if op in ("avg_pool2d", "global_avg_pool2d"):
+        """Average pools divide on the cluster AVGPOOL (one 16-bit kappa + shift), and a
+        concat's rescaled input or a rescaling upsample is copied by a 1x1 AVGPOOL
+        (``strategy.concat``, ``strategy.resize``)."""
+        if op in ("avg_pool2d", "global_avg_pool2d", "concat", "upsample"):
             from tvm_marsellus.numerics import avgpool_recipe
 
             return avgpool_recipe

@@ -3,7 +3,10 @@ takes. Each check is named; its docstring is the reason a layer stays on the hos
 
 Offloaded: quantized conv2d (the strategy puts 3x3 / 1x1, stride 1 / 2 convs on the RBE and the
 rest, including depthwise, wide kernels such as 20x5 and padding not smaller than the kernel,
-on the cores: windows up to 255 in the cluster kernels' 8-bit fields), dense (cluster FC),
+on the cores: windows up to 255 in the cluster kernels' 8-bit fields; a dilated stride-1 conv
+as its input phases), transpose conv (its output phases, ``strategy.deconv``), channel concat
+(its inputs written into their slices of the output, ``strategy.concat``), nearest upsample by
+integer factors (phase copies on the cores, ``strategy.resize``), dense (cluster FC),
 the residual add (a 1x1 BinConv on the RBE between RBE layers, else the cluster ADD: one
 recipe fits both), max pool with the same quantization in and out, and average / global
 average pool (cluster AVGPOOL). Requantization must be expressible as NormQuant: no
@@ -17,13 +20,18 @@ import numpy as np
 
 from tvm_accel.partition import (
     OffloadPattern,
+    concat_on_channels,
     const_value,
     dtype_of,
     pool_is_plain,
     qadd_pattern,
+    qconcat_pattern,
+    qdeconv_pattern,
     qlinear_pattern,
     qpool_pattern,
+    qupsample_pattern,
     static_shape,
+    upsample_is_nearest,
 )
 from tvm_marsellus.numerics import KAPPA_MAX
 
@@ -50,9 +58,11 @@ def conv_nchw(m: dict) -> bool:
     return a.data_layout == "NCHW" and a.kernel_layout == "OIHW" and a.out_layout == "NCHW"
 
 
-def conv_no_dilation(m: dict) -> bool:
-    """dilated convolution (neither the RBE nor the cluster kernels have dilated windows)"""
-    return all(int(d) == 1 for d in m["core"].attrs.dilation)
+def conv_dilation_mappable(m: dict) -> bool:
+    """dilated convolution with a stride above 1 (neither engine has dilated windows; the
+    strategy's input-phase decomposition needs stride 1)"""
+    a = m["core"].attrs
+    return all(int(d) == 1 for d in a.dilation) or all(int(s) == 1 for s in a.strides)
 
 
 def conv_groups_supported(m: dict) -> bool:
@@ -116,15 +126,19 @@ def _weight_sums(w: np.ndarray) -> np.ndarray:
 
 def lambda_fits_int32(m: dict) -> bool:
     """NormQuant lambda (bias, zero points and the RBE's unsigned offset folded) leaves 32 bits"""
-    w = const_value(m["weight"]).astype(np.int64)
+    return _lambda_fits(m, _weight_sums(const_value(m["weight"]).astype(np.int64)))
+
+
+def _lambda_fits(m: dict, sums: np.ndarray) -> bool:
+    """The NormQuant lambda of every output channel fits 32 bits with weight sums ``sums``
+    (per output channel; a transpose conv: per phase and output channel)."""
     zx = int(const_value(m["input_zero_point"]))
     off = 128 if dtype_of(m["data"]) == "int8" else 0
     b = const_value(m["bias"]).astype(np.int64).reshape(-1)
     mult = np.broadcast_to(const_value(m["multiplier"]).astype(np.int64).reshape(-1), b.shape)
     sh = int(const_value(m["shift"]))
     zp = int(const_value(m["zero_point"]))
-    lam = mult * (b - (zx + off) * _weight_sums(w)) + (1 << max(sh - 1, 0)) + ((abs(zp) + 128)
-                                                                              << sh)
+    lam = mult * (b - (zx + off) * sums) + (1 << max(sh - 1, 0)) + ((abs(zp) + 128) << sh)
     return bool(np.abs(lam).max() < 2 ** 31)
 
 
@@ -132,6 +146,70 @@ def acc_fits_int32(m: dict) -> bool:
     """accumulator may overflow int32 (RBE and cores accumulate in 32 bits)"""
     w = np.abs(const_value(m["weight"]).astype(np.int64))
     return bool((_weight_sums(w) * 256).max() < 2 ** 31)
+
+
+def deconv_layout(m: dict) -> bool:
+    """transpose conv layout is not NCHW/IOHW"""
+    a = m["core"].attrs
+    return a.data_layout == "NCHW" and a.kernel_layout == "IOHW" and a.out_layout == "NCHW"
+
+
+def deconv_mappable(m: dict) -> bool:
+    """dilated or grouped (non-depthwise) transpose conv, or kernel / stride above 255 (its
+    output phases are stride-1 convs of the input: dilation 1, CONV or DWCONV, 8-bit window
+    fields)"""
+    a, w = m["core"].attrs, const_value(m["weight"])
+    g, c = int(a.groups), static_shape(m["data"])[1]
+    return (all(int(d) == 1 for d in a.dilation) and (g == 1 or (g == c and w.shape[1] == 1))
+            and max(w.shape[2:]) <= MAX_WINDOW
+            and all(1 <= int(s) <= MAX_WINDOW for s in a.strides))
+
+
+def _deconv_phase_sums(m: dict, w: np.ndarray) -> np.ndarray:
+    """Per phase and output channel, the sum of the IOHW weights its sub-convolution
+    multiplies: shape (phases, K)."""
+    a = m["core"].attrs
+    g, (sh, sw) = int(a.groups), (int(s) for s in a.strides)
+    c, kg = w.shape[:2]
+    return np.stack([w[:, :, rh::sh, rw::sw].sum(axis=(2, 3)).reshape(g, c // g, kg).sum(axis=1)
+                     .reshape(-1) for rh in range(sh) for rw in range(sw)])
+
+
+def deconv_lambda_fits(m: dict) -> bool:
+    """NormQuant lambda of an output phase (bias, zero points and the RBE's unsigned offset
+    folded) leaves 32 bits"""
+    sums = _deconv_phase_sums(m, const_value(m["weight"]).astype(np.int64))
+    return all(_lambda_fits(m, s) for s in sums)
+
+
+def deconv_acc_fits(m: dict) -> bool:
+    """accumulator of an output phase may overflow int32 (RBE and cores accumulate in 32 bits)"""
+    sums = _deconv_phase_sums(m, np.abs(const_value(m["weight"]).astype(np.int64)))
+    return bool((sums * 256).max() < 2 ** 31)
+
+
+def concat_inputs_fit(m: dict) -> bool:
+    """an input is not 4-D int8/uint8 of the output's type or its rescale is not one NormQuant
+
+    (a pre-shift, several or above 16-bit multipliers, a shift above 31, a clip narrower than
+    the output's range): the cores copy a rescaled input into its slice with a 1x1 AVGPOOL."""
+    i, dt = 0, dtype_of(m["core"]) if hasattr(m["core"], "ty") else None
+    while f"input{i}" in m:
+        x, p = m[f"input{i}"], f"in{i}_"
+        s = static_shape(x)
+        if dtype_of(x) not in _INT or s is None or len(s) != 4 or (dt and dtype_of(x) != dt):
+            return False
+        if f"{p}input_zero_point" in m:
+            pre, sh, mult = (const_value(m[p + k]).ravel() for k in ("pre_shift", "shift",
+                                                                   "multiplier"))
+            lo, hi = (int(const_value(m[p + k]).ravel()[0]) for k in ("qmin", "qmax"))
+            rlo, rhi = (-128, 127) if dtype_of(x) == "int8" else (0, 255)
+            if not (pre.size == sh.size == mult.size == 1 and int(pre[0]) == 0
+                    and 0 <= int(sh[0]) <= 31 and 1 <= int(mult[0]) <= KAPPA_MAX
+                    and hi == rhi and lo in (rlo, 0)):
+                return False
+        i += 1
+    return True
 
 
 def add_same_shape(m: dict) -> bool:
@@ -201,12 +279,24 @@ def pattern_table() -> list[OffloadPattern]:
     add, add_ann = qadd_pattern()
     return [
         OffloadPattern("marsellus.qconv2d", "conv2d", conv, conv_ann,
-                       [conv_nchw, conv_no_dilation, conv_groups_supported, window_fits,
+                       [conv_nchw, conv_dilation_mappable, conv_groups_supported, window_fits,
                         *_COMMON]),
+        OffloadPattern("marsellus.qdeconv", "conv2d_transpose", *qdeconv_pattern(),
+                       [deconv_layout, deconv_mappable, activations_8bit, static_shapes, dims_fit,
+                        weights_fit_int8, requant_is_normquant, clip_is_output_range,
+                        deconv_acc_fits, deconv_lambda_fits]),
         OffloadPattern("marsellus.qdense", "dense", dense, dense_ann, [dense_is_2d, *_COMMON]),
         OffloadPattern("marsellus.qadd", "add", add, add_ann,
                        [add_operands_8bit, add_same_shape, clip_is_output_range,
                         add_recipe_fits]),
+        *[OffloadPattern(f"marsellus.concat{n}", "concat", *qconcat_pattern(n),
+                         [concat_on_channels, concat_inputs_fit]) for n in range(2, 9)],
+        OffloadPattern("marsellus.upsample_rescaled", "upsample",
+                       *qupsample_pattern(rescale=True),
+                       [upsample_is_nearest, pool_input_8bit, pool_shape_fits, dims_fit,
+                        clip_is_output_range, avg_recipe_fits]),
+        OffloadPattern("marsellus.upsample", "upsample", *qupsample_pattern(),
+                       [upsample_is_nearest, pool_input_8bit, pool_shape_fits, dims_fit]),
         OffloadPattern("marsellus.maxpool", "max_pool2d", *qpool_pattern("max"),
                        [pool_is_plain, pool_input_8bit, pool_shape_fits, pool_window_fits]),
         OffloadPattern("marsellus.avgpool", "avg_pool2d", *qpool_pattern("avg"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from tvm_accel import zoo
 from tvm_accel.quantize import ort_quantize
@@ -168,11 +169,21 @@ def aspp_head(c: int = 8, hw: int = 16, dilations: tuple[int, ...] = (2, 6, 12),
     return b.model("aspp_head", x, (batch, c, hw, hw), [y])
 
 
+def single_dilated_conv(cin: int = 16, cout: int = 16, dilation: int = 2, hw: int = 12,
+                        batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """conv3x3 -> one 3x3 Conv with ``dilation`` (padding = dilation) + Relu."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, cin, cin, 3, name="conv", relu=True)
+    y = dilated_conv(b, y, cin, cout, dilation, "dilated")
+    return b.model("single_dilated_conv", x, (batch, cin, hw, hw), [y])
+
+
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
-    "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dense",
-    "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense", "conv_unary",
-    "aspp_head")}
+    "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
+    "single_dense", "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense",
+    "conv_unary", "aspp_head")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,

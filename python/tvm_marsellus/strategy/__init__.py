@@ -15,6 +15,9 @@ A batch whose tensors do not fit L2 / L3 runs in passes of the largest sub-batch
 (``batch``).
 
 ``layers`` holds what every stage shares: tensors, geometry, the RBE eligibility rules.
+Transpose and dilated convs enter the stages as their phase convs (``phases``: ``deconv``,
+``dilated``) and leave as one layer program each; a concat's inputs live in their channel
+slices of its output (``concat``); ``views`` holds the DMA copies of both.
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_coefficients
 from tvm_marsellus.hw_config import MarsellusConfig
 from tvm_marsellus.program import MarsProgram
 from tvm_marsellus.strategy.batch import plan_in_passes
+from tvm_marsellus.strategy.concat import expand_concats
 from tvm_marsellus.strategy.emit import Emit
 from tvm_marsellus.strategy.engines import OBJECTIVES, EngineChoice
 from tvm_marsellus.strategy.kernels import Kernels
 from tvm_marsellus.strategy.layers import _tensor_infos, rbe_reasons
 from tvm_marsellus.strategy.memory import CapacityError, Memory
+from tvm_marsellus.strategy.phases import expand_phases, merge_phases
 from tvm_marsellus.strategy.tiling import Tiling, _Layer, knob_space
+from tvm_marsellus.strategy.views import Views
 
 
-class Planner(EngineChoice, Tiling, Memory, Emit, Kernels):
+class Planner(Views, EngineChoice, Tiling, Memory, Emit, Kernels):
     """The state the stages share while planning one layer graph: the tensors, each layer's
     kind, engine and tile, the L2 image and the memory map."""
 
@@ -58,6 +64,7 @@ class Planner(EngineChoice, Tiling, Memory, Emit, Kernels):
         self.bounce_in = self.bounce_out = (0, 0)  # L2 bounce slots of L3 tensors' tiles
         self.stage: tuple[int, ...] = ()  # L2 slots of weight groups staged from L3
         self.l3_costs = False  # the tile costs include the L3 transfers of the placement
+        self.slices: dict[str, tuple[str, int]] = {}  # concat inputs in their output (views)
 
 
 def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
@@ -78,21 +85,28 @@ def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
 def _plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None,
           op: OperatingPoint | None) -> MarsProgram:
     """The four stages over the whole graph, one pass."""
+    graph, knobs, parents = expand_phases(graph, knobs)
+    graph, slices, concats = expand_concats(graph)
     p = Planner(graph, cfg, knobs, op)
+    p.slices = slices
     p._choose()  # 1. engines: the engine of every layer, the layout of every tensor
     progs = p.tile_layers()  # 2. tiling: tiles and knobs, the weights into the L2 image
     progs, l2_bytes, l3_bytes = p.place(progs)  # 3. memory: the L2 / L3 map
-    return p.emit_program(progs, l2_bytes, l3_bytes)  # 4. emit: the commands
+    return merge_phases(p.emit_program(progs, l2_bytes, l3_bytes), parents | concats)  # 4.
 
 
 def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, KnobSpace]:
     """The knob space of every layer (defaults = the solver's choice). An add's ``engine`` is
     left out: a tuning task measures one layer alone, with HWC inputs, where the RBE add (whose
     gain is the marshaling it spares its neighbours) cannot run; set it in ``knobs``."""
+    graph, slices, _ = expand_concats(expand_phases(graph, None)[0])
     p = Planner(graph, cfg)
+    p.slices = slices
     p._choose()
     out = {}
-    for ly in graph.layers:
+    for ly in p.g.layers:
+        if getattr(ly, "parent", ""):  # knobs of a decomposed layer hold for all its parts
+            continue
         p._layer(ly)
         lay = p.layers[ly.name]
         out[ly.name] = knob_space(lay, lay.kind == "conv" and not rbe_reasons(

@@ -152,6 +152,8 @@ def _tensor_infos(graph: LayerGraph) -> dict[str, TensorInfo]:
 
 
 def _geometry(layer, tin: TensorInfo, tout: TensorInfo) -> Geometry:
+    if hasattr(layer, "geometry"):  # a phase conv: its input / output views (``phases``)
+        return layer.geometry(tin, tout)
     if isinstance(layer, ConvLayer):
         kh, kw = layer.kernel
         pt, pl, pb, pr = layer.padding
