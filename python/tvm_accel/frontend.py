@@ -225,7 +225,7 @@ def _named_importer_class():
             else:
                 sym = super()._convert_operator(op_name, inputs, attrs, opset)
             name = (attrs.get("tvm_custom") or {}).get("name", "")
-            if (name and isinstance(sym, relax.Call)
+            if (name and isinstance(sym, (relax.Call, relax.TupleGetItem))
                     and isinstance(getattr(sym, "ty", None), relax.TensorType)):
                 sym = self.bb.emit(sym, name_hint=sanitize_name(name))
             return sym

@@ -12,6 +12,13 @@ import numpy as np
 from tvm import relax
 
 from tvm_accel import numerics, precision
+from tvm_accel.canonicalize.elementwise import (
+    batchnorm_plan,
+    fold_batchnorm,
+    lut_plan,
+    mul_plan,
+    peel_batchnorm,
+)
 from tvm_accel.canonicalize.graph import (
     _clamp,
     _dtype,
@@ -177,7 +184,7 @@ class _Canonicalizer:
             try:
                 for m in (self._conv, self._deconv, self._dense, self._add, self._avg_pool,
                           self._global_pool, self._concat, self._max_pool, self._resize,
-                          self._passthrough):
+                          self._passthrough, self._elementwise):
                     plan = m(core, out)
                     if plan is not None:
                         break
@@ -196,6 +203,12 @@ class _Canonicalizer:
             bits = plan.record.detail.get("bits")
             if bits is not None:
                 self.layer_bits[plan.record.name] = bits
+
+    def _elementwise(self, core, out: _Out):
+        """A table lookup, a product of two quantized tensors or a BatchNormalization
+        (elementwise.py)."""
+        return lut_plan(self, core, out) or mul_plan(self, core, out) or batchnorm_plan(
+            self, core, out)
 
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
@@ -298,6 +311,7 @@ class _Canonicalizer:
         return None, None
 
     def _conv(self, core, out: _Out):
+        core, bn = peel_batchnorm(self.g, core)  # Conv -> BN, no Q/DQ between
         op_e, bias_e = self._split_bias(core)
         if op_e is None or self.g.op(op_e) != "relax.nn.conv2d":
             return None
@@ -326,6 +340,8 @@ class _Canonicalizer:
         bias, bias_kind = self._bias_ints(bias_e, k, x.scale, sw, name)
         if bias is None:
             return None
+        if bn is not None:
+            wz, sw, bias = fold_batchnorm(bn, wz, sw, bias, x.scale, name)
         wz, sw, bias, wbits = self._weights_for_bits(onnx_name, conv.args[1], wz, sw, bias, 0)
         g = self._guarded("conv2d", x.scale * sw / out.scale,
                           numerics.conv_acc_bound(wz, 0 * bias, x.dtype, x.zp), bias, sw, out)
@@ -346,7 +362,9 @@ class _Canonicalizer:
             return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
                                          out_name=name)
 
-        rec = self._record(name, onnx_name, "conv2d", out, err, parts=(core, op_e), **attrs,
+        rec = self._record(name, onnx_name, "conv2d", out, err,
+                           parts=(core, op_e, *(bn.vars if bn else ())), **attrs,
+                           batchnorm="folded" if bn is not None else "none",
                            bits=self._bits(out, [x], wbits),
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw).size > 1),
