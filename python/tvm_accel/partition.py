@@ -560,10 +560,13 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         if row is not None:
             for v in rec.detail.get("absorbed", ()):
                 owner.setdefault(v, row)
+    # an intermediate layer composed into another one's table (the Sigmoid of a SiLU)
+    composed = {n: rec.onnx_name for rec in integer.values()
+                for n in rec.detail.get("composed", ())}
     bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
     floats = _float_reasons(numerics)
     order = {name: i for i, (name, _, _) in enumerate(nodes)}
-    keyed, last = [], -1.0
+    keyed, last, later = [], -1.0, []
     for r in records:  # a record without a node stays after its predecessor
         last = order.get(r.layer, last + 1e-6)
         keyed.append((last, r))
@@ -596,10 +599,19 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
             else:  # taken into a layer's pattern (a Flatten the DPU reads as a view)
                 row = OffloadRecord(name, op, _shape_str(bound[var]), target_name,
                                     f"inside an offloaded {target_name} function", "fused")
+        elif name in composed:  # its row follows the layer's, which may come later
+            later.append((i, name, op))
+            continue
         else:
             row = OffloadRecord(name, op, "-", "-", "folded away at import (constant or no-op)",
                                 "folded")
         keyed.append((float(i), row))
+    rows = {r.layer: r for _, r in keyed}
+    for i, name, op in later:
+        lay = rows.get(composed[name])
+        keyed.append((float(i), OffloadRecord(
+            name, op, lay.shape if lay else "-", lay.placement if lay else "-",
+            f"fused into {composed[name]}", "fused")))
     keyed.sort(key=lambda kr: kr[0])
     return [r for _, r in keyed]
 

@@ -401,7 +401,7 @@ def lut_plan(canon, core, out: _Out) -> _Plan | None:
         return None
     x = t.x
     name, onnx_name = canon.g.layer_name([*out.act_exprs, core], "lut")
-    composed = [canon.g.names.get(v.name, v.name) for v in t.composed]
+    composed = [canon.plans[v].record.onnx_name for v in t.composed if v in canon.plans]
     name = canon.g.claim(name)
 
     def emit(bb, look):
