@@ -186,11 +186,25 @@ def relu_batchnorm(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> on
     return b.model("relu_batchnorm", x, (batch, c, hw, hw), [y])
 
 
+def conv_batchnorm(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """Conv 3x3 (no bias) -> BatchNormalization -> Relu, as a training export has it (the
+    quantizer's pre-processing folds the BN into the conv)."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    w = b.init("conv_w", b.rng.normal(0, .3, (c, c, 3, 3)).astype(np.float32))
+    y = b.node("Conv", [x, w], "conv", pads=[1] * 4)
+    params = [b.init(n, v.astype(np.float32)) for n, v in (
+        ("bn_scale", b.rng.uniform(-1.5, 1.5, c)), ("bn_bias", b.rng.normal(0, .2, c)),
+        ("bn_mean", b.rng.normal(0, .2, c)), ("bn_var", b.rng.uniform(.5, 2, c)))]
+    y = b.relu(b.node("BatchNormalization", [y, *params], "bn"), "relu")
+    return b.model("conv_batchnorm", x, (batch, c, hw, hw), [y])
+
+
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dense",
     "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense", "conv_unary",
-    "squeeze_excitation", "relu_batchnorm")}
+    "squeeze_excitation", "relu_batchnorm", "conv_batchnorm")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,
