@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import Compared
-from helpers import models
 
+from helpers import models
 from tvm_accel import quantize
 from tvm_accel.canonicalize import canonicalize
 from tvm_accel.canonicalize.elementwise import apply_lut
