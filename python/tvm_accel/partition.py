@@ -608,9 +608,10 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         keyed.append((float(i), row))
     rows = {r.layer: r for _, r in keyed}
     for i, name, op in later:
-        lay = rows.get(composed[name])
+        owner_row = rows.get(composed[name])
         keyed.append((float(i), OffloadRecord(
-            name, op, lay.shape if lay else "-", lay.placement if lay else "-",
+            name, op, owner_row.shape if owner_row else "-",
+            owner_row.placement if owner_row else "-",
             f"fused into {composed[name]}", "fused")))
     keyed.sort(key=lambda kr: kr[0])
     return [r for _, r in keyed]

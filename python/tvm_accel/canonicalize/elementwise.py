@@ -161,7 +161,7 @@ class _TableBuilder:
         if op == "relax.dequantize":
             return self._dequantized(e, depth)
         fn = _OPS.get(op or "")
-        if fn is None or _dtype(c) != "float32":
+        if op is None or fn is None or _dtype(c) != "float32":
             raise _Unfit
         self.ops.append(op.removeprefix("relax.").removeprefix("nn."))
         if isinstance(e, relax.Var):
@@ -220,7 +220,8 @@ class _Bound:
 
 def _dequantize_leaves(g: _Graph, e, limit: int = _MAX_OPS) -> list[_QAct]:
     """The quantized activations an expression of float ops reads (candidate table inputs)."""
-    out, stack, seen = [], [e], 0
+    out: list[_QAct] = []
+    stack, seen = [e], 0
     while stack and seen < limit:
         seen += 1
         x = stack.pop()
