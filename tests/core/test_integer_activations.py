@@ -103,6 +103,19 @@ def test_activation_is_one_table_lookup_within_1_lsb_of_onnxruntime_on_every_cod
     assert max(r.local_max_lsb for r in layers) <= 1
 
 
+@pytest.mark.parametrize("op", ACTIVATIONS)
+def test_every_activation_node_has_a_cpu_row_with_its_reason(op):
+    q = quantize.ort_quantize(models.conv_unary(op))
+    mod, _ = load_onnx(q)
+    _, report = compile_model(mod, get_target("vta"))
+    rows = [r for r in report.nodes if r.kind in ("layer", "fused")
+            and not r.layer.startswith("conv")]
+    assert rows and all(r.placement == "cpu" and r.reason for r in rows), rows
+    assert all(r.reason.startswith(("no vta pattern for ", "fused into ")) for r in rows), rows
+    assert [r.layer for r in report.nodes if r.kind == "qdq" and r.placement == "cpu"] == [
+        "input_QuantizeLinear", "conv2_out_DequantizeLinear"]  # nothing converts to float
+
+
 def test_a_silu_keeps_its_sigmoid_table_only_while_something_reads_it():
     q = quantize.ort_quantize(models.conv_unary("SiLU"))
     mod, _ = load_onnx(q)
