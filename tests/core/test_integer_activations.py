@@ -159,14 +159,41 @@ def _conv_then_float_batchnorm() -> onnx.ModelProto:
         q = quantize.ort_quantize(models.conv_batchnorm(), cache=False)
     finally:
         ort.pre_process = original
+    return _without_qdq_after(q, "conv_out")
+
+
+def _without_qdq_after(q: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """``q`` without the QuantizeLinear / DequantizeLinear pair on ``tensor``: its readers read
+    the float value."""
     g = q.graph
-    qn = next(n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == "conv_out")
+    qn = next(n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
     dq = next(n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0] == qn.output[0])
     for n in g.node:
-        n.input[:] = ["conv_out" if i == dq.output[0] else i for i in n.input]
+        n.input[:] = [tensor if i == dq.output[0] else i for i in n.input]
     g.node.remove(qn)
     g.node.remove(dq)
     return q
+
+
+@pytest.mark.parametrize("act", ["int8", "uint8"])
+def test_a_silu_without_qdq_after_its_sigmoid_is_one_table_too(act):
+    q = onnx.ModelProto()
+    q.CopyFrom(quantize.ort_quantize(models.conv_unary("SiLU", hw=16), act))
+    q = _without_qdq_after(q, "silu_sigmoid_out")
+    mod, _ = load_onnx(q)
+    canon, records = canonicalize(mod)
+    assert _float_ops(canon) == []
+    (lut,) = [r for r in records if r.op == "lut"]
+    assert (lut.onnx_name, lut.detail["function"], lut.detail["composed"]) == (
+        "silu", "multiply+sigmoid", [])
+    in_t, out_t = _tensor_of(q, "conv1"), _input_tensor(q, "conv2")
+    codes = _every_code(q, in_t, 8)
+    ours = apply_lut(codes, lut.detail["table"], lut.detail["input_dtype"])
+    for optimized in (False, True):
+        theirs = _onnxruntime_on(q, in_t, codes, out_t, optimized)
+        worst = int(np.abs(ours.astype(np.int64) - theirs).max())
+        print(f"SiLU (one Q/DQ pair) {act} (optimized={optimized}): max LSB {worst}")
+        assert worst <= 1
 
 
 @pytest.mark.parametrize("target", ["vta", "marsellus"])
