@@ -248,6 +248,29 @@ def qconcat_pattern(n: int) -> tuple[DFPattern, dict]:
     return core, ann
 
 
+def qlut_pattern() -> tuple[DFPattern, dict]:
+    """Table lookup in canonical form (an activation: docs/architecture.md section 4.4):
+    ``take(table, add(astype(x, int32), offset), axis=0)``. Annotations: ``data`` (the 8-bit
+    input), ``offset`` (the int32 scalar ``-lo``, or ``(1, C, 1, 1)`` ``256 * c - lo`` for one
+    table row per channel), ``table`` (the flattened ``K * 256`` entries, output dtype),
+    ``core``/``root`` (the take)."""
+    x, off, table = wildcard(), is_const(), is_const()
+    core = is_op("relax.take")(table, is_op("relax.add")(is_op("relax.astype")(x), off))
+    return core, {"data": x, "offset": off, "table": table, "core": core, "root": core}
+
+
+def qmul_pattern() -> tuple[DFPattern, dict]:
+    """Product of two quantized tensors in canonical form (a squeeze-excitation gate):
+    ``multiply(astype(a) - za, astype(b) - zb)`` (int32, broadcasting) -> requant chain."""
+    a, b, za, zb = wildcard(), wildcard(), is_const(), is_const()
+    ta = is_op("relax.subtract")(is_op("relax.astype")(a), za)
+    tb = is_op("relax.subtract")(is_op("relax.astype")(b), zb)
+    core = is_op("relax.multiply")(ta, tb)
+    out, ann = _requant_chain(core)
+    ann.update({"core": core, "lhs": a, "rhs": b, "lhs_zero_point": za, "rhs_zero_point": zb})
+    return out, ann
+
+
 # --- form checks: what extract_layer_graph needs to rebuild a layer ----------------------------
 def pool_is_plain(m: dict) -> bool:
     """pooling with ceil mode, dilation or a non-NCHW layout (no PoolLayer form)"""

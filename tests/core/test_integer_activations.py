@@ -228,3 +228,31 @@ def test_squeeze_excitation_block_compiles_with_no_float_op_on_the_cpu(target, s
     c = Compared(target, q)
     c.assert_bit_exact()
     assert max(r.local_max_lsb for r in compare_layers(q, target).layers) <= 1
+
+
+def test_target_patterns_find_every_table_and_product_of_the_canonical_graph():
+    from tvm import relax
+
+    from tvm_accel.partition import qlut_pattern, qmul_pattern
+
+    q = quantize.ort_quantize(models.squeeze_excitation())
+    mod, _ = load_onnx(q)
+    canon, records = canonicalize(mod)
+    func = canon["main"]
+    var2val = relax.analysis.get_var2val(func)
+    found = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            for kind, (pat, ann) in (("lut", qlut_pattern()), ("multiply", qmul_pattern())):
+                m = pat.extract_matched_expr(b.value, var2val)
+                if m is not None:
+                    found[b.var.name] = (kind, m[ann["table"]].value.numpy() if kind == "lut"
+                                         else None)
+    by_name = {r.name: r for r in records}
+    assert {k for k, (kind, _) in found.items() if kind == "lut"} == {"conv_silu_acc",
+                                                                       "se_silu_acc",
+                                                                       "se_gate_acc"}
+    assert [k for k, (kind, _) in found.items() if kind == "multiply"] == ["se_scale"]
+    for name, (kind, table) in found.items():
+        if kind == "lut":
+            np.testing.assert_array_equal(table, by_name[name[:-4]].detail["table"].ravel())
