@@ -187,6 +187,8 @@ class _TableBuilder:
         if out is None:
             raise _Unfit
         inner = self.value(q.args[0], depth + 1)
+        if np.isnan(inner).any():
+            raise _Unfit
         self.composed.append(a.var)
         codes = quantize_f32(inner, out.scale, out.zp, out.qmin, out.qmax)
         return dequantize_f32(codes, a.scale, a.zp)
@@ -396,8 +398,10 @@ def affine_requant(x: _QAct, bn: BatchNorm, out: _Out) -> Requant:
 
 # --- plans (called by the canonicalizer, rewrite._Canonicalizer) ------------------------------
 def lut_plan(canon, core, out: _Out) -> _Plan | None:
-    """``quantize(f(dequantize(x)))`` for an elementwise ``f`` -> the table lookup."""
-    t = build_table(canon.g, core, out)
+    """``quantize(f(dequantize(x)))`` for an elementwise ``f`` -> the table lookup. A ReLU /
+    Clip folded into ``out``'s range is evaluated in float like the rest of ``f`` (the clamp
+    to ``qmin``/``qmax`` then only adds a sub-byte range)."""
+    t = build_table(canon.g, out.act_exprs[0] if out.act_exprs else core, out)
     if t is None:
         return None
     x = t.x
