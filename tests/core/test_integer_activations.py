@@ -212,12 +212,15 @@ def test_batchnorm_on_a_float_conv_output_folds_into_the_offloaded_conv(target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("target", "scheme"), [("vta", {}), ("dpu", {"power_of_two": True}),
-                                                ("marsellus", {"activation_type": "uint8"})])
-def test_squeeze_excitation_block_compiles_with_no_float_op_on_the_cpu(target, scheme):
+@pytest.mark.parametrize(("target", "config", "scheme"), [
+    ("vta", None, {}), ("vta", "vta_8x8x8", {}), ("dpu", None, {"power_of_two": True}),
+    ("marsellus", None, {"activation_type": "uint8"})])
+def test_squeeze_excitation_block_compiles_with_no_float_op_on_the_cpu(target, config, scheme):
     q = quantize.ort_quantize(models.squeeze_excitation(), **scheme)
     mod, _ = load_onnx(q)
-    _, report = compile_model(mod, get_target(target))
+    accel = get_target(target)
+    cfg = accel.load_config(config) if config else None
+    _, report = compile_model(mod, accel, cfg)
     on_cpu = [r for r in report.nodes if r.placement == "cpu"]
     assert [r.layer for r in on_cpu if r.kind == "qdq"] == ["input_QuantizeLinear",
                                                             "project_out_DequantizeLinear"]
@@ -225,9 +228,9 @@ def test_squeeze_excitation_block_compiles_with_no_float_op_on_the_cpu(target, s
     ops = {r.layer: r for r in report.nodes}
     assert ops["se_scale"].kind == "layer" and ops["conv_silu_sigmoid"].reason == \
         "fused into conv_silu"
-    c = Compared(target, q)
+    c = Compared(target, q, cfg)
     c.assert_bit_exact()
-    assert max(r.local_max_lsb for r in compare_layers(q, target).layers) <= 1
+    assert max(r.local_max_lsb for r in compare_layers(q, target, config=cfg).layers) <= 1
 
 
 def test_target_patterns_find_every_table_and_product_of_the_canonical_graph():
