@@ -162,6 +162,17 @@ def _conv_then_float_batchnorm() -> onnx.ModelProto:
     return _without_qdq_after(q, "conv_out")
 
 
+def test_a_batchnorm_fold_the_target_cannot_express_stays_float_with_the_reason():
+    q = _conv_then_float_batchnorm()  # float scales: the DPU shifts by powers of two only
+    mod, _ = load_onnx(q)
+    _, report = compile_model(mod, get_target("dpu"))
+    rows = {r.layer: r for r in report.nodes}
+    for name in ("conv", "bn"):
+        assert rows[name].placement == "cpu"
+        assert rows[name].reason.startswith("left float by canonicalize: no integer recipe: "
+                                            "scale ratio"), rows[name].reason
+
+
 def _without_qdq_after(q: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
     """``q`` without the QuantizeLinear / DequantizeLinear pair on ``tensor``: its readers read
     the float value."""
@@ -259,3 +270,22 @@ def test_target_patterns_find_every_table_and_product_of_the_canonical_graph():
     for name, (kind, table) in found.items():
         if kind == "lut":
             np.testing.assert_array_equal(table, by_name[name[:-4]].detail["table"].ravel())
+
+
+def test_tvmc_quantize_and_compile_of_an_efficientnet_block_list_its_integer_cpu_layers(
+        tmp_path, capsys):
+    from helpers.cli import tvmc
+
+    onnx.save(models.squeeze_excitation(), tmp_path / "se.onnx")
+    assert tvmc("quantize", tmp_path / "se.onnx", "-o", tmp_path / "q.onnx") == 0
+    capsys.readouterr()
+    assert tvmc("compile", tmp_path / "q.onnx", "--target", "marsellus, llvm", "-o",
+                tmp_path / "se.tar", "--dump-offloads") == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("layer "))
+    rows = {line.split()[0]: line for line in out[start + 2:] if line.strip()}
+    assert "no marsellus pattern for Sigmoid" in rows["se_gate"]
+    assert "no marsellus pattern for Mul" in rows["se_scale"]
+    assert "fused into se_silu" in rows["se_silu_sigmoid"]
+    assert not any("float" in line for line in rows.values())
+    assert "2 convert to or from float on the cpu" in out[0]

@@ -213,12 +213,15 @@ class _Canonicalizer:
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
         anchor = _WEIGHTED_OPS.get(self.g.op(op_e) or "") if op_e is not None else None
-        op = anchor or (self.g.op(core) or "?").removeprefix("relax.")
+        data, bn = peel_batchnorm(self.g, core)  # a BN is a tuple item, not a call
+        op = anchor or (self.g.op(core) or ("batch_norm" if bn else "?")).removeprefix("relax.")
         op = _FLOAT_OP_NAMES.get(op, op)
         name, onnx_name = self.g.layer_name([core], op.replace("nn.", ""))
         name = self.g.claim(name)
         # the float ops keep their Relax vars: partition.explain finds the reason through them
-        rvars = [v.name for v in (core, op_e, *out.act_exprs) if isinstance(v, relax.Var)]
+        # (a conv the BN was to fold into shares it)
+        conv = (data, self._split_bias(data)[0]) if bn is not None else ()
+        rvars = [v.name for v in (core, op_e, *conv, *out.act_exprs) if isinstance(v, relax.Var)]
         self.report.append(LayerRecord(name, onnx_name, op, False, out.dtype, out.scale, out.zp,
                                        detail={"reason": reason, "relax_vars": rvars}))
 
