@@ -225,6 +225,10 @@ def _named_importer_class():
             else:
                 sym = super()._convert_operator(op_name, inputs, attrs, opset)
             name = (attrs.get("tvm_custom") or {}).get("name", "")
+            if name and op_name == "BatchNormalization" and isinstance(sym, relax.Tuple):
+                # (y, running mean, running var): the node's value is y
+                y = self.bb.emit(sym.fields[0], name_hint=sanitize_name(name))
+                return relax.Tuple([y, *sym.fields[1:]])
             if (name and isinstance(sym, relax.Call)
                     and isinstance(getattr(sym, "ty", None), relax.TensorType)):
                 sym = self.bb.emit(sym, name_hint=sanitize_name(name))

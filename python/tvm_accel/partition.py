@@ -248,6 +248,29 @@ def qconcat_pattern(n: int) -> tuple[DFPattern, dict]:
     return core, ann
 
 
+def qlut_pattern() -> tuple[DFPattern, dict]:
+    """Table lookup in canonical form (an activation: docs/architecture.md section 4.4):
+    ``take(table, add(astype(x, int32), offset), axis=0)``. Annotations: ``data`` (the 8-bit
+    input), ``offset`` (the int32 scalar ``-lo``, or ``(1, C, 1, 1)`` ``256 * c - lo`` for one
+    table row per channel), ``table`` (the flattened ``K * 256`` entries, output dtype),
+    ``core``/``root`` (the take)."""
+    x, off, table = wildcard(), is_const(), is_const()
+    core = is_op("relax.take")(table, is_op("relax.add")(is_op("relax.astype")(x), off))
+    return core, {"data": x, "offset": off, "table": table, "core": core, "root": core}
+
+
+def qmul_pattern() -> tuple[DFPattern, dict]:
+    """Product of two quantized tensors in canonical form (a squeeze-excitation gate):
+    ``multiply(astype(a) - za, astype(b) - zb)`` (int32, broadcasting) -> requant chain."""
+    a, b, za, zb = wildcard(), wildcard(), is_const(), is_const()
+    ta = is_op("relax.subtract")(is_op("relax.astype")(a), za)
+    tb = is_op("relax.subtract")(is_op("relax.astype")(b), zb)
+    core = is_op("relax.multiply")(ta, tb)
+    out, ann = _requant_chain(core)
+    ann.update({"core": core, "lhs": a, "rhs": b, "lhs_zero_point": za, "rhs_zero_point": zb})
+    return out, ann
+
+
 # --- form checks: what extract_layer_graph needs to rebuild a layer ----------------------------
 def pool_is_plain(m: dict) -> bool:
     """pooling with ceil mode, dilation or a non-NCHW layout (no PoolLayer form)"""
@@ -560,10 +583,13 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         if row is not None:
             for v in rec.detail.get("absorbed", ()):
                 owner.setdefault(v, row)
+    # an intermediate layer composed into another one's table (the Sigmoid of a SiLU)
+    composed = {n: rec.onnx_name for rec in integer.values()
+                for n in rec.detail.get("composed", ())}
     bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
     floats = _float_reasons(numerics)
     order = {name: i for i, (name, _, _) in enumerate(nodes)}
-    keyed, last = [], -1.0
+    keyed, last, later = [], -1.0, []
     for r in records:  # a record without a node stays after its predecessor
         last = order.get(r.layer, last + 1e-6)
         keyed.append((last, r))
@@ -596,10 +622,20 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
             else:  # taken into a layer's pattern (a Flatten the DPU reads as a view)
                 row = OffloadRecord(name, op, _shape_str(bound[var]), target_name,
                                     f"inside an offloaded {target_name} function", "fused")
+        elif name in composed:  # its row follows the layer's, which may come later
+            later.append((i, name, op))
+            continue
         else:
             row = OffloadRecord(name, op, "-", "-", "folded away at import (constant or no-op)",
                                 "folded")
         keyed.append((float(i), row))
+    rows = {r.layer: r for _, r in keyed}
+    for i, name, op in later:
+        owner_row = rows.get(composed[name])
+        keyed.append((float(i), OffloadRecord(
+            name, op, owner_row.shape if owner_row else "-",
+            owner_row.placement if owner_row else "-",
+            f"fused into {composed[name]}", "fused")))
     keyed.sort(key=lambda kr: kr[0])
     return [r for _, r in keyed]
 

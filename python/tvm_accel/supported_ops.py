@@ -34,6 +34,9 @@ ONNX_OPERATORS = {
     "global_avg_pool2d": "GlobalAveragePool",
     "upsample": "Resize / Upsample (nearest)",
     "concat": "Concat",
+    "lut": "Sigmoid, SiLU, HardSigmoid, HardSwish, Tanh, LeakyRelu, PRelu (a 256-entry table)",
+    "multiply": "Mul of two quantized tensors",
+    "batch_norm": "BatchNormalization (per-channel multiply-add)",
 }
 
 _HEADER = f"""\
@@ -52,9 +55,17 @@ beside the layer. Patterns are listed in priority order (the first match wins).
 
 Beyond these checks:
 
-- an operator no pattern matches (a Sigmoid, a Softmax) runs on the CPU ("no <kind> pattern for
-  Sigmoid"), and so does a layer canonicalize leaves float (a scale a target's recipe cannot
-  express, see [architecture.md section 4](architecture.md#4-numerics-contract-bit-exactness));
+- an operator no pattern matches runs on the CPU ("no <kind> pattern for Sigmoid"), and so does
+  a layer canonicalize leaves float (a scale a target's recipe cannot express, see
+  [architecture.md section 4](architecture.md#4-numerics-contract-bit-exactness));
+- on the CPU these run as integer ops of the canonical graph, not in float (see
+  [architecture.md section 4.4](architecture.md#44-tables-products-and-batchnormalization)):
+  Sigmoid, SiLU (`Mul(x, Sigmoid(x))`), HardSigmoid, HardSwish, Tanh, LeakyRelu and PRelu
+  between Q/DQ nodes (one 256-entry table lookup each, within 1 LSB of onnxruntime), a Mul of
+  two quantized tensors (a squeeze-excitation gate), a BatchNormalization left between Q/DQ
+  nodes (a per-channel multiply-add; one reading a conv's float output folds into the conv,
+  which is then offloaded like any conv); an operator without an integer form (a Softmax)
+  runs in float ("no integer form for Softmax: runs in float on the CPU");
 - a matched layer the target's strategy cannot map under the hardware config (a tile that fits
   no buffer) moves to the CPU with the strategy's message as the reason (`MappingError`, see
   [architecture.md section 13](architecture.md#13-errors));

@@ -190,17 +190,17 @@ def test_widening_is_silent_and_keeps_accuracy_that_keep_scale_loses(tiny_u8):
 
 
 def test_keep_scale_on_a_float_producer_clips_what_its_readers_see():
-    """A Sigmoid stays float (on the CPU): its quantize is clipped too, as onnxruntime clips a
+    """A Softmax stays float (on the CPU): its quantize is clipped too, as onnxruntime clips a
     Clip between Q and DQ (the check is against onnxruntime running that model)."""
-    q = models.quantized("conv_unary", op="Sigmoid", activation_type="uint8")
+    q = models.quantized("conv_unary", op="Softmax", activation_type="uint8")
     mod, _ = load_onnx(q)
     with pytest.warns(PrecisionWarning):
-        ex = compile_reference(mod, None, precision={"layers": {"sigmoid": {
+        ex = compile_reference(mod, None, precision={"layers": {"softmax": {
             "o": 4, "keep_scale": True}}})
     clipped = onnx.ModelProto()
     clipped.CopyFrom(q)
     g = clipped.graph
-    sig = next(n for n in g.node if n.op_type == "Sigmoid")
+    sig = next(n for n in g.node if n.op_type == "Softmax")
     qn = next(n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == sig.output[0])
     g.initializer.extend([numpy_helper.from_array(np.array(v, np.uint8), n)
                           for n, v in (("clip_lo", 0), ("clip_hi", 15))])

@@ -1,6 +1,7 @@
 """Every operator of the model has a row in the placement report (issue 24, item 7), float ones
-too (an EfficientNet-style SiLU left in float between its Q/DQ nodes), and the compile summary
-counts layers, not Q/DQ nodes; ``metadata.json`` holds the same rows as the table."""
+too (a Softmax gate left in float between its Q/DQ nodes), integer ones on the CPU (an
+EfficientNet-style SiLU: one table lookup), and the compile summary counts layers, not Q/DQ
+nodes; ``metadata.json`` holds the same rows as the table."""
 
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ from tvm_accel.frontend import load_onnx
 from tvm_accel.pipeline import compile_model
 from tvm_accel.target import get_target
 
-FLOAT_SIGMOID = "no integer form for Sigmoid: runs in float on the CPU"
+FLOAT_SOFTMAX = "no integer form for Softmax: runs in float on the CPU"
 
 
-def _silu_model(named: bool = True) -> onnx.ModelProto:
-    """conv1 -> Sigmoid -> Mul(conv1, sigmoid) (SiLU) -> conv2; ``named=False`` leaves the
-    Sigmoid and the Mul without a node name (onnx.helper's default)."""
+def _silu_model(named: bool = True, gate: str = "Softmax") -> onnx.ModelProto:
+    """conv1 -> gate -> Mul(conv1, gate) -> conv2: a SiLU with ``gate="Sigmoid"``, a gate
+    without an integer form with ``Softmax``; ``named=False`` leaves the gate and the Mul
+    without a node name (onnx.helper's default)."""
     rng = np.random.default_rng(0)
 
     def init(name, shape, std):
         return numpy_helper.from_array(rng.normal(0, std, shape).astype(np.float32), name)
 
     nodes = [helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
-             helper.make_node("Sigmoid", ["c1"], ["s"], name="sig" if named else ""),
+             helper.make_node(gate, ["c1"], ["s"], name="sig" if named else "",
+                              **({"axis": 1} if gate == "Softmax" else {})),
              helper.make_node("Mul", ["c1", "s"], ["m"], name="silu" if named else ""),
              helper.make_node("Conv", ["m", "w2", "b2"], ["out"], name="conv2", pads=[1] * 4)]
     graph = helper.make_graph(
@@ -48,13 +51,14 @@ def test_every_onnx_node_of_a_quantized_silu_model_has_one_row(named):
     _, report = compile_model(mod, get_target("vta"))
     rows = [r.layer for r in report.nodes]
     sig, mul = ("sig", "silu") if named else ("s", "m")  # unnamed: after their output
-    expected = [n.name or {"Sigmoid": sig, "Mul": mul}[n.op_type] for n in q.graph.node]
+    expected = [n.name or {"Softmax": sig, "Mul": mul}[n.op_type] for n in q.graph.node]
     assert sorted(rows) == sorted(expected)
     by = {r.layer: r for r in report.nodes}
     assert (by[sig].op, by[sig].placement, by[sig].kind, by[sig].reason) == (
-        "sigmoid", "cpu", "layer", FLOAT_SIGMOID)
-    assert (by[mul].placement, by[mul].reason) == (
-        "cpu", "no integer form for Mul: runs in float on the CPU")
+        "softmax", "cpu", "layer", FLOAT_SOFTMAX)
+    # the product of two quantized tensors is integer, on the CPU (VTA has no pattern for it)
+    assert (by[mul].placement, by[mul].kind, by[mul].reason) == (
+        "cpu", "layer", "no vta pattern for Mul")
     assert [(r.layer, r.placement) for r in report.offloads] == [
         ("conv1", "vta"), (sig, "cpu"), (mul, "cpu"), ("conv2", "vta")]
     qdq = [r for r in report.nodes if r.op in ("quantize", "dequantize")]
@@ -65,6 +69,17 @@ def test_every_onnx_node_of_a_quantized_silu_model_has_one_row(named):
     assert on_cpu["out_DequantizeLinear"] == "dequantizes the model output: runs on the CPU"
 
 
+def test_a_silu_is_one_integer_table_on_the_cpu_and_its_sigmoid_row_says_so():
+    q = quantize.ort_quantize(_silu_model(gate="Sigmoid"))
+    mod, _ = load_onnx(q)
+    _, report = compile_model(mod, get_target("vta"))
+    by = {r.layer: r for r in report.nodes}
+    assert (by["sig"].op, by["sig"].placement, by["sig"].kind, by["sig"].reason) == (
+        "sigmoid", "cpu", "fused", "fused into silu")
+    assert (by["silu"].op, by["silu"].placement, by["silu"].kind) == ("mul", "cpu", "layer")
+    on_cpu = [r.layer for r in report.nodes if r.kind == "qdq" and r.placement == "cpu"]
+    assert on_cpu == ["input_QuantizeLinear", "out_DequantizeLinear"]  # no float left
+
 
 def test_summary_counts_layers_and_metadata_holds_the_table_rows(tmp_path, capsys):
     q = quantize.ort_quantize(_silu_model())
@@ -73,8 +88,8 @@ def test_summary_counts_layers_and_metadata_holds_the_table_rows(tmp_path, capsy
                  tmp_path / "s.tar", "--dump-offloads", "all") == 0
     out = capsys.readouterr().out.splitlines()
     n_qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
-    # on the CPU: the input's quantize, the output's dequantize and the SiLU's conversions
-    assert (f"2 of 4 layers on vta; 2 on the cpu; {n_qdq - 6} Q/DQ nodes folded, 6 convert "
+    # on the CPU: the input's quantize, the output's dequantize and the Softmax's conversions
+    assert (f"2 of 4 layers on vta; 2 on the cpu; {n_qdq - 4} Q/DQ nodes folded, 4 convert "
             "to or from float on the cpu ->") in out[0]
     start = next(i for i, line in enumerate(out) if line.startswith("layer "))
     table = {line.split()[0]: line for line in out[start + 2:]}
@@ -88,7 +103,7 @@ def test_summary_counts_layers_and_metadata_holds_the_table_rows(tmp_path, capsy
         assert cells[1:4] == [r["op"], r["shape"], r["placement"]]
         assert table[r["layer"]].rstrip().endswith(r["reason"])
     assert meta["offloads"][[r["layer"] for r in meta["offloads"]].index("sig")]["reason"] \
-        == FLOAT_SIGMOID
+        == FLOAT_SOFTMAX
 
 
 def test_a_float_conv_has_one_row_named_after_its_node(tmp_path, capsys):

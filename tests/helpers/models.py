@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from tvm_accel import zoo
 from tvm_accel.quantize import ort_quantize
@@ -133,14 +132,21 @@ def conv_flatten_dense(c: int = 8, hw: int = 4, cout: int = 10, batch: int = 1,
 
 def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
                seed: int = 0) -> onnx.ModelProto:
-    """conv, one elementwise op (``Relu``, ``Clip`` (0..6), or ops the canonicalizer does not
-    know such as ``Sigmoid``, ``Softmax``), then another conv."""
+    """conv, one elementwise op, then another conv: ``Relu``, ``Clip`` (0..6), an activation
+    (``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu``, ``PRelu`` with one
+    slope per channel, ``SiLU`` as an exporter writes it: ``Mul(x, Sigmoid(x))``) or an op
+    without an integer form (``Softmax``)."""
     b = Builder(seed)
     x = INPUT_NAME
     y = b.conv(x, c, c, 3, name="conv1")
     if op == "Clip":  # ReLU6
         lo, hi = b.init("clip_min", np.float32(0.0)), b.init("clip_max", np.float32(6.0))
         y = b.node("Clip", [y, lo, hi], "clip")
+    elif op == "PRelu":
+        slope = b.init("slope", b.rng.uniform(0.05, 0.4, (c, 1, 1)).astype(np.float32))
+        y = b.node("PRelu", [y, slope], "prelu")
+    elif op == "SiLU":
+        y = b.node("Mul", [y, b.node("Sigmoid", [y], "silu_sigmoid")], "silu")
     else:
         y = b.node(op, [y], op.lower(), **({"axis": 1} if op == "Softmax" else {}))
     y = b.conv(y, c, c, 3, name="conv2")
@@ -179,11 +185,58 @@ def single_dilated_conv(cin: int = 16, cout: int = 16, dilation: int = 2, hw: in
     return b.model("single_dilated_conv", x, (batch, cin, hw, hw), [y])
 
 
+def squeeze_excitation(c: int = 16, hw: int = 8, squeeze: int = 4, batch: int = 1,
+                       seed: int = 0) -> onnx.ModelProto:
+    """An EfficientNet block: conv-SiLU, then squeeze-excitation (GlobalAveragePool -> 1x1
+    conv -> SiLU -> 1x1 conv -> Sigmoid -> Mul with the feature map), then a 1x1 conv."""
+    b = Builder(seed)
+    x = INPUT_NAME
+
+    def silu(v, name):
+        return b.node("Mul", [v, b.node("Sigmoid", [v], f"{name}_sigmoid")], name)
+
+    y = silu(b.conv(x, c, c, 3, name="conv"), "conv_silu")
+    g = b.node("GlobalAveragePool", [y], "se_pool")
+    g = silu(b.conv(g, c, squeeze, 1, name="se_reduce"), "se_silu")
+    g = b.node("Sigmoid", [b.conv(g, squeeze, c, 1, name="se_expand")], "se_gate")
+    y = b.node("Mul", [y, g], "se_scale")
+    y = b.conv(y, c, c, 1, name="project")
+    return b.model("squeeze_excitation", x, (batch, c, hw, hw), [y])
+
+
+def relu_batchnorm(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """conv-relu, BatchNormalization (after the ReLU: nothing folds it into the conv, so the
+    quantized model keeps it between Q/DQ nodes), then a conv."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv1", relu=True)
+    params = [b.init(n, v.astype(np.float32)) for n, v in (
+        ("bn_scale", b.rng.uniform(-1.5, 1.5, c)), ("bn_bias", b.rng.normal(0, .3, c)),
+        ("bn_mean", b.rng.uniform(0, .5, c)), ("bn_var", b.rng.uniform(.2, 2, c)))]
+    y = b.node("BatchNormalization", [y, *params], "bn")
+    y = b.conv(y, c, c, 3, name="conv2")
+    return b.model("relu_batchnorm", x, (batch, c, hw, hw), [y])
+
+
+def conv_batchnorm(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
+    """Conv 3x3 (no bias) -> BatchNormalization -> Relu, as a training export has it (the
+    quantizer's pre-processing folds the BN into the conv)."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    w = b.init("conv_w", b.rng.normal(0, .3, (c, c, 3, 3)).astype(np.float32))
+    y = b.node("Conv", [x, w], "conv", pads=[1] * 4)
+    params = [b.init(n, v.astype(np.float32)) for n, v in (
+        ("bn_scale", b.rng.uniform(-1.5, 1.5, c)), ("bn_bias", b.rng.normal(0, .2, c)),
+        ("bn_mean", b.rng.normal(0, .2, c)), ("bn_var", b.rng.uniform(.5, 2, c)))]
+    y = b.relu(b.node("BatchNormalization", [y, *params], "bn"), "relu")
+    return b.model("conv_batchnorm", x, (batch, c, hw, hw), [y])
+
+
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
     "single_dense", "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense",
-    "conv_unary", "aspp_head")}
+    "conv_unary", "aspp_head", "squeeze_excitation", "relu_batchnorm", "conv_batchnorm")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,

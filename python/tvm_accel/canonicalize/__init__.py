@@ -6,7 +6,9 @@ The canonical form of each layer kind, the recipes it takes and how layers are n
 docs/architecture.md section 4.1. Stages: :mod:`~tvm_accel.canonicalize.graph` (the imported
 graph and its QDQ structure), :mod:`~tvm_accel.canonicalize.rewrite` (each quantized op -> a
 plan of integer ops), :mod:`~tvm_accel.canonicalize.records` (the report and the recipes),
-:mod:`~tvm_accel.canonicalize.guard` (constant channels and the requantize guard).
+:mod:`~tvm_accel.canonicalize.guard` (constant channels and the requantize guard),
+:mod:`~tvm_accel.canonicalize.elementwise` (activations as table lookups, products of two
+quantized tensors, BatchNormalization; section 4.4).
 """
 
 from __future__ import annotations

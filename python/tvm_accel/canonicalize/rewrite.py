@@ -17,6 +17,13 @@ from tvm_accel.canonicalize.avg_pools import (
     emit_window_sum_pool,
     stepped_global_pool,
 )
+from tvm_accel.canonicalize.elementwise import (
+    batchnorm_plan,
+    fold_batchnorm,
+    lut_plan,
+    mul_plan,
+    peel_batchnorm,
+)
 from tvm_accel.canonicalize.graph import (
     _clamp,
     _dtype,
@@ -182,7 +189,7 @@ class _Canonicalizer:
             try:
                 for m in (self._conv, self._deconv, self._dense, self._add, self._avg_pool,
                           self._global_pool, self._concat, self._max_pool, self._resize,
-                          self._passthrough):
+                          self._passthrough, self._elementwise):
                     plan = m(core, out)
                     if plan is not None:
                         break
@@ -202,15 +209,24 @@ class _Canonicalizer:
             if bits is not None:
                 self.layer_bits[plan.record.name] = bits
 
+    def _elementwise(self, core, out: _Out):
+        """A table lookup, a product of two quantized tensors or a BatchNormalization
+        (elementwise.py)."""
+        return lut_plan(self, core, out) or mul_plan(self, core, out) or batchnorm_plan(
+            self, core, out)
+
     def _float_record(self, core, out: _Out, reason: str):
         op_e, _ = self._split_bias(core)
         anchor = _WEIGHTED_OPS.get(self.g.op(op_e) or "") if op_e is not None else None
-        op = anchor or (self.g.op(core) or "?").removeprefix("relax.")
+        data, bn = peel_batchnorm(self.g, core)  # a BN is a tuple item, not a call
+        op = anchor or (self.g.op(core) or ("batch_norm" if bn else "?")).removeprefix("relax.")
         op = _FLOAT_OP_NAMES.get(op, op)
         name, onnx_name = self.g.layer_name([core], op.replace("nn.", ""))
         name = self.g.claim(name)
         # the float ops keep their Relax vars: partition.explain finds the reason through them
-        rvars = [v.name for v in (core, op_e, *out.act_exprs) if isinstance(v, relax.Var)]
+        # (a conv the BN was to fold into shares it)
+        conv = (data, self._split_bias(data)[0]) if bn is not None else ()
+        rvars = [v.name for v in (core, op_e, *conv, *out.act_exprs) if isinstance(v, relax.Var)]
         self.report.append(LayerRecord(name, onnx_name, op, False, out.dtype, out.scale, out.zp,
                                        detail={"reason": reason, "relax_vars": rvars}))
 
@@ -303,6 +319,7 @@ class _Canonicalizer:
         return None, None
 
     def _conv(self, core, out: _Out):
+        core, bn = peel_batchnorm(self.g, core)  # Conv -> BN, no Q/DQ between
         op_e, bias_e = self._split_bias(core)
         if op_e is None or self.g.op(op_e) != "relax.nn.conv2d":
             return None
@@ -331,6 +348,8 @@ class _Canonicalizer:
         bias, bias_kind = self._bias_ints(bias_e, k, x.scale, sw, name)
         if bias is None:
             return None
+        if bn is not None:
+            wz, sw, bias = fold_batchnorm(bn, wz, sw, bias, x.scale, name)
         wz, sw, bias, wbits = self._weights_for_bits(onnx_name, conv.args[1], wz, sw, bias, 0)
         g = self._guarded("conv2d", x.scale * sw / out.scale,
                           numerics.conv_acc_bound(wz, 0 * bias, x.dtype, x.zp), bias, sw, out)
@@ -351,7 +370,9 @@ class _Canonicalizer:
             return numerics.emit_requant(bb, acc, rq, out.dtype, 1, name=f"{name}_rq",
                                          out_name=name)
 
-        rec = self._record(name, onnx_name, "conv2d", out, err, parts=(core, op_e), **attrs,
+        rec = self._record(name, onnx_name, "conv2d", out, err,
+                           parts=(core, op_e, *(bn.vars if bn else ())), **attrs,
+                           batchnorm="folded" if bn is not None else "none",
                            bits=self._bits(out, [x], wbits),
                            kernel=tuple(int(d) for d in w.shape),
                            weight_per_channel=bool(np.unique(sw).size > 1),

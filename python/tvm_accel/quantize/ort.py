@@ -44,7 +44,7 @@ def cache_dir() -> Path:
 
 
 #: bump when :func:`pre_process` changes what it gives (the cache key holds it)
-_PRE_PROCESS_VERSION = 1
+_PRE_PROCESS_VERSION = 2
 
 
 def pre_process(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -61,6 +61,7 @@ def pre_process(model: onnx.ModelProto) -> onnx.ModelProto:
         pre = onnx.load(str(out))
     names = {n.name for n in model.graph.node if n.name}
     old = {(n.op_type, o): n.name for n in model.graph.node if n.name for o in n.output}
+    by_output = {o: n.name for n in model.graph.node if n.name for o in n.output}
     taken = {n.name for n in pre.graph.node}
     for n in pre.graph.node:
         if n.name in names:
@@ -68,6 +69,8 @@ def pre_process(model: onnx.ModelProto) -> onnx.ModelProto:
         name = next((old[n.op_type, o] for o in n.output if (n.op_type, o) in old), None)
         if name is None:  # "<source node>/<fusion>": the longest original name it extends
             name = max((m for m in names if n.name.startswith(m + "/")), key=len, default=None)
+        if name is None and not n.name:  # a function inlined (HardSwish -> HardSigmoid, Mul):
+            name = next((by_output[o] for o in n.output if o in by_output), None)  # its output
         if name is not None and name not in taken:
             taken.add(name)
             n.name = name
