@@ -83,6 +83,14 @@ def _interleave(body: list[list], io_loads: list[list]) -> list:
     return cmds
 
 
+def _whole_tensors(ly, viewed: set[str]) -> bool:
+    """Whether a layer reads and writes whole tensors (no phase view, no concat slice): the
+    input prefetch's row arithmetic (:meth:`Emit._prefetch_input`) holds only for those."""
+    reads = ly.inputs if hasattr(ly, "inputs") else (ly.input,)
+    return (not getattr(ly, "parent", "") and ly.output not in viewed
+            and not any(t in viewed for t in reads))
+
+
 class Emit:
     """Planner stage: the double-buffered commands of every layer."""
 
@@ -109,6 +117,8 @@ class Emit:
         group and, unless it reads an L3 tensor, its first input window."""
         states: list[_EmitState] = []
         prev: tuple[int, int] | None = None  # the previous layer's L1 range
+        viewed = self._viewed()
+        prev_ly = None
         for ly in layers:
             lay = self.layers[ly.name]
             size = self._l1_size(lay)
@@ -120,10 +130,11 @@ class Emit:
                      and not st.staged and not lay.chunked
                      and (base >= prev[1] or base + size <= prev[0]))
             st.prefetched = clear and "w" in st.l1
-            if clear and not st.io_in:
+            if clear and not st.io_in and _whole_tensors(prev_ly, viewed) \
+                    and _whole_tensors(ly, viewed):
                 self._prefetch_input(states[-1], st)
             states.append(st)
-            prev = (base, base + size)
+            prev, prev_ly = (base, base + size), ly
         return states
 
     @staticmethod
