@@ -1,6 +1,7 @@
 """Shared test helpers: a model compiled for an accelerator target and for the CPU reference."""
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -52,3 +53,18 @@ def compare_on():
 @pytest.fixture
 def compared_class():
     return Compared
+
+
+@pytest.fixture(scope="session", autouse=True)
+def zoo_cache(tmp_path_factory):
+    """The quantized-model cache of the run: a temporary directory, so the suite writes nothing
+    under ``~/.cache``, unless ``TVM_ACCEL_CACHE`` names one (then it is used and kept)."""
+    if os.environ.get("TVM_ACCEL_CACHE"):
+        yield os.environ["TVM_ACCEL_CACHE"]
+        return
+    path = str(tmp_path_factory.mktemp("zoo_cache"))
+    os.environ["TVM_ACCEL_CACHE"] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop("TVM_ACCEL_CACHE", None)

@@ -111,7 +111,7 @@ def test_quantized_models_are_cached_by_content(tmp_path, monkeypatch):
 
 
 def test_resnet18_quantizes_and_is_cached():
-    # uses the default cache (~/.cache/tvm_accel/zoo or $TVM_ACCEL_CACHE): quantized once
+    # uses the run's cache (conftest: temporary unless $TVM_ACCEL_CACHE is set): quantized once
     q = models.quantized("resnet18")
     assert _ops(q).count("Conv") == 20 and _ops(q).count("DequantizeLinear") > 60
     t = time.perf_counter()
