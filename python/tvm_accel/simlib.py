@@ -32,6 +32,7 @@ import threading
 from _ctypes import CFuncPtr
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tvm_accel.errors import AccelError, SimulatorError
 
@@ -134,7 +135,7 @@ def fill_struct(struct: ctypes.Structure, values: dict[str, object], what: str) 
     side validates every field), so a value must arrive as given: an integer outside its C
     type's range or a non-number is a :func:`config_error` naming the C field, not a wrapped
     value (ctypes stores ``2**32 + 4`` in an ``int32_t`` as ``4``) or a ``TypeError``."""
-    types = dict(struct._fields_)
+    types: dict[str, Any] = {f[0]: f[1] for f in struct._fields_}
     for name, value in values.items():
         ctype = types[name]
         if issubclass(ctype, ctypes.c_double):
@@ -147,7 +148,7 @@ def fill_struct(struct: ctypes.Structure, values: dict[str, object], what: str) 
                                    "hold") from None
             continue
         bits = 8 * ctypes.sizeof(ctype)
-        signed = ctype(-1).value < 0
+        signed = ctype._type_ in "bhilq"  # the struct module's codes of the signed types
         lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
         if not isinstance(value, numbers.Integral) or not lo <= int(value) <= hi:
             raise config_error(what, f"{name} = {value!r} is not an integer in {lo}..{hi} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -108,6 +109,11 @@ def test_quantized_models_are_cached_by_content(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("*.onnx"))) == 3  # other options / weights: other entries
     files[0].write_bytes(b"truncated")  # a broken entry is rebuilt, not returned
     assert quantize.ort_quantize(m).SerializeToString() == q1.SerializeToString()
+
+
+def test_the_suite_quantizes_into_its_own_cache(zoo_cache):
+    """conftest: a temporary cache unless TVM_ACCEL_CACHE names one; never ~/.cache silently."""
+    assert quantize.cache_dir() == Path(zoo_cache)
 
 
 def test_resnet18_quantizes_and_is_cached():
