@@ -344,7 +344,7 @@ def main(argv=None) -> int:
                     help="efficiency: fraction of the best speed a tuner must reach")
     ap.add_argument("--deepbench", nargs="?", metavar="CSV", default=None, const="",
                     help="tuned, VTA: the DeepBench convs instead of --model (default CSV: "
-                    "../shared/benchmarks/deepbench_conv_inference_server.csv)")
+                    "benchmarks/data/deepbench_conv_inference_server.csv)")
     ap.add_argument("--limit", type=int, default=0, help="tuned --deepbench: the first N layers")
     args = ap.parse_args(argv)
     if args.trials is None:

@@ -1,6 +1,9 @@
 """Shared test helpers: a model compiled for an accelerator target and for the CPU reference."""
 
 import functools
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -52,3 +55,28 @@ def compare_on():
 @pytest.fixture
 def compared_class():
     return Compared
+
+
+#: the run's quantized-model cache when TVM_ACCEL_CACHE is not set (removed after the run)
+_TEMP_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """The quantized-model cache of the run: a temporary directory, so the suite writes nothing
+    under ``~/.cache``, unless ``TVM_ACCEL_CACHE`` names one (then it is used and kept). Set
+    before collection, so any model quantized while collecting lands there too."""
+    if not os.environ.get("TVM_ACCEL_CACHE"):
+        _TEMP_CACHE.append(tempfile.mkdtemp(prefix="tvm_accel_zoo_"))
+        os.environ["TVM_ACCEL_CACHE"] = _TEMP_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    if _TEMP_CACHE:
+        os.environ.pop("TVM_ACCEL_CACHE", None)
+        shutil.rmtree(_TEMP_CACHE.pop(), ignore_errors=True)
+
+
+@pytest.fixture
+def zoo_cache() -> str:
+    """The directory the run's quantized models are cached in."""
+    return os.environ["TVM_ACCEL_CACHE"]

@@ -19,8 +19,8 @@ import numpy as np
 
 from tvm_accel.layers import ConvLayer, LayerGraph, Requant, Tensor, conv_output_shape
 
-#: the CSV beside the repository (``shared/benchmarks``)
-DEFAULT_CSV = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / \
+#: the CSV kept in the repository (``benchmarks/data``; the benchmark scripts run from a clone)
+DEFAULT_CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / \
     "deepbench_conv_inference_server.csv"
 
 

@@ -15,6 +15,8 @@ import hashlib
 import io
 import json
 import os
+import shlex
+import shutil
 import tarfile
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -70,6 +72,24 @@ def metadata_digest(raw: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def check_linker() -> None:
+    """Refuse early, in one line, when no C/C++ compiler can link ``mod.so``.
+
+    TVM's ``export_library`` links the package's shared library with the system compiler it
+    finds (``$CXX`` or ``$CC``, else the first of g++, gcc, clang++, clang, c++, cc on ``PATH``)
+    and fails with an unrelated ``TypeError`` when there is none. Running a package needs none.
+    """
+    from tvm.support.cc import get_cc
+
+    cc = get_cc()
+    name = shlex.split(cc)[0] if cc and cc.strip() else None
+    if name is None or shutil.which(name) is None:
+        what = f"the compiler '{name}' ($CXX/$CC) is not found" if name else (
+            "none of g++, gcc, clang++, clang, c++, cc is on PATH")
+        raise PackageError(f"a C/C++ compiler is needed to link the package's mod.so: {what}; "
+                           "install one (Debian/Ubuntu: apt-get install g++) or set CXX")
+
+
 def save_package(path: str, executable, meta: PackageMetadata,
                  blobs: dict[str, bytes] | None = None) -> PackageMetadata:
     """Export ``executable`` and write the package to ``path`` (``blobs`` kept for inspection).
@@ -77,6 +97,7 @@ def save_package(path: str, executable, meta: PackageMetadata,
     The sizes and checksums of the files and the metadata digest are filled in here; the
     metadata as written is returned. The package is written next to ``path`` and renamed into
     place, so a failed write never leaves a truncated package behind."""
+    check_linker()
     with tempfile.TemporaryDirectory() as tmp:
         lib = os.path.join(tmp, "mod.so")
         executable.export_library(lib)

@@ -32,6 +32,7 @@ import threading
 from _ctypes import CFuncPtr
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tvm_accel.errors import AccelError, SimulatorError
 
@@ -45,6 +46,7 @@ STATUS_NAMES = {
     0: "ok", 1: "argument", 2: "config", 3: "decode", 4: "bounds", 5: "protocol", 6: "budget",
     7: "io", 8: "nomem", 9: "interrupted",
 }
+CONFIG = 2
 BUDGET = 6
 INTERRUPTED = 9
 
@@ -115,6 +117,43 @@ def function(name: str, restype, argtypes: list) -> CFuncPtr:
 
 def err_buffer() -> ctypes.Array:
     return ctypes.create_string_buffer(ERR_LEN)
+
+
+def config_error(what: str, msg: str) -> SimulatorError:
+    """The error of a config the simulator cannot take, as the C library reports one (status
+    ``config``), for what is checked before the call (values ctypes cannot carry, memories
+    allocated on the Python side)."""
+    exc = SimulatorError(f"{what}: config: {msg}")
+    exc.code, exc.kind = CONFIG, STATUS_NAMES[CONFIG]
+    return exc
+
+
+def fill_struct(struct: ctypes.Structure, values: dict[str, object], what: str) -> None:
+    """Set the fields of a C config struct, refusing what ctypes would silently wrap or reject.
+
+    A config reaches the library unvalidated (``dataclasses.replace`` skips the checks; the C
+    side validates every field), so a value must arrive as given: an integer outside its C
+    type's range or a non-number is a :func:`config_error` naming the C field, not a wrapped
+    value (ctypes stores ``2**32 + 4`` in an ``int32_t`` as ``4``) or a ``TypeError``."""
+    types: dict[str, Any] = {f[0]: f[1] for f in struct._fields_}
+    for name, value in values.items():
+        ctype = types[name]
+        if issubclass(ctype, ctypes.c_double):
+            try:
+                if not isinstance(value, numbers.Real):
+                    raise TypeError(name)
+                setattr(struct, name, float(value))
+            except (TypeError, OverflowError):
+                raise config_error(what, f"{name} = {value!r} is not a number a double can "
+                                   "hold") from None
+            continue
+        bits = 8 * ctypes.sizeof(ctype)
+        signed = ctype._type_ in "bhilq"  # the struct module's codes of the signed types
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+        if not isinstance(value, numbers.Integral) or not lo <= int(value) <= hi:
+            raise config_error(what, f"{name} = {value!r} is not an integer in {lo}..{hi} "
+                               f"({'' if signed else 'u'}int{bits}_t)")
+        setattr(struct, name, int(value))
 
 
 def check(code: int, err: ctypes.Array, what: str = "simulator") -> None:

@@ -189,19 +189,25 @@ def _c_config(cfg: DPUConfig, max_cycles: int | None,
                                  "(size at most 2^32)")
         layout[name] = (base, size)
     c = _Config()
-    c.num_pe, c.fm_memories, c.fm_banks = cfg.NUM_PE, cfg.FM_MEMORIES, cfg.FM_BANKS
-    c.fm_bank_bytes, c.pm_bytes = cfg.FM_BANK_BYTES, cfg.PM_BYTES
-    c.conv_ic_par, c.conv_oc_par, c.conv_row_par = (cfg.CONV_IC_PAR, cfg.CONV_OC_PAR,
-                                                     cfg.CONV_ROW_PAR)
-    c.misc_ch_par, c.misc_row_par = cfg.MISC_CH_PAR, cfg.MISC_ROW_PAR
-    c.format_max_channels, c.format_max_factor = cfg.FORMAT_MAX_CHANNELS, cfg.FORMAT_MAX_FACTOR
-    c.load_latency_cycles, c.save_latency_cycles = (cfg.LOAD_LATENCY_CYCLES,
-                                                    cfg.SAVE_LATENCY_CYCLES)
-    c.conv_latency_cycles, c.misc_latency_cycles = (cfg.CONV_LATENCY_CYCLES,
-                                                    cfg.MISC_LATENCY_CYCLES)
-    c.clock_mhz, c.ddr_bytes_per_cycle = cfg.CLOCK_MHZ, cfg.DDR_BYTES_PER_CYCLE
+    simlib.fill_struct(c, {
+        "num_pe": cfg.NUM_PE, "fm_memories": cfg.FM_MEMORIES, "fm_banks": cfg.FM_BANKS,
+        "fm_bank_bytes": cfg.FM_BANK_BYTES, "pm_bytes": cfg.PM_BYTES,
+        "conv_ic_par": cfg.CONV_IC_PAR, "conv_oc_par": cfg.CONV_OC_PAR,
+        "conv_row_par": cfg.CONV_ROW_PAR, "misc_ch_par": cfg.MISC_CH_PAR,
+        "misc_row_par": cfg.MISC_ROW_PAR, "format_max_channels": cfg.FORMAT_MAX_CHANNELS,
+        "format_max_factor": cfg.FORMAT_MAX_FACTOR,
+        "load_latency_cycles": cfg.LOAD_LATENCY_CYCLES,
+        "save_latency_cycles": cfg.SAVE_LATENCY_CYCLES,
+        "conv_latency_cycles": cfg.CONV_LATENCY_CYCLES,
+        "misc_latency_cycles": cfg.MISC_LATENCY_CYCLES, "clock_mhz": cfg.CLOCK_MHZ,
+        "ddr_bytes_per_cycle": cfg.DDR_BYTES_PER_CYCLE}, "DPU simulator")
     for i, name in enumerate(REGION_NAMES):
-        c.region_base[i], c.region_size[i] = layout[name]
+        base, size = layout[name]
+        if not (isinstance(base, int) and isinstance(size, int) and 0 <= base < 2**62
+                and 0 <= size <= 2**32):  # from an unvalidated config
+            raise simlib.config_error("DPU simulator", f"DDR region {name}: base {base} / size "
+                                      f"{size} out of range (size at most 2^32)")
+        c.region_base[i], c.region_size[i] = base, size
     c.max_cycles = int(max_cycles or 0)
     return c
 

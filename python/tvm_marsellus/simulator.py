@@ -124,6 +124,8 @@ class MarsellusStats:
 
 
 _fns: dict = {}
+#: how the simulator's errors begin
+WHAT = "MARSELLUS simulator"
 
 
 def _lib_fns():
@@ -173,14 +175,22 @@ def _c_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
         "cl_pool_taps": cfg.CL_POOL_TAPS_PER_CYCLE,
         "cl_marshal_bits": cfg.CL_MARSHAL_BITS_PER_CYCLE,
     }
-    for k, v in vals.items():
-        setattr(c, k, v)
+    simlib.fill_struct(c, vals, WHAT)
     c.max_cycles = int(max_cycles or 0)
     return c
 
 
+#: the largest memory :func:`simulate` allocates for a ``None`` memory (the L3 limit of
+#: ``MarsellusConfig.validate``): an unvalidated config must not ask NumPy for 939 GiB
+MAX_MEMORY_BYTES = 1 << 32
+
+
 def _memory(arr, size: int, name: str) -> np.ndarray:
     if arr is None:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or \
+                not 0 <= size <= MAX_MEMORY_BYTES:
+            raise simlib.config_error(WHAT, f"{name}_BYTES = {size!r} is not a memory size in "
+                                      f"0..2^32 bytes")
         return np.zeros(size, np.uint8)
     if not isinstance(arr, np.ndarray):
         raise SimulatorError(f"{name} must be a numpy uint8 array, got {type(arr).__name__}")
@@ -225,7 +235,7 @@ def simulate(cfg: MarsellusConfig, cmds: bytes, l1: np.ndarray | None = None,
     code = simlib.call(_lib_fns()["run"], ctypes.byref(c_cfg), cmds, len(cmds), ptr(l3),
                        l3.nbytes, ptr(l2), l2.nbytes, ptr(l1), l1.nbytes, ctypes.byref(stats),
                        path, float(trace_offset_us), int(bool(trace_append)), err, len(err))
-    simlib.check(code, err, "MARSELLUS simulator")
+    simlib.check(code, err, WHAT)
     return MarsellusStats._from_c(stats)
 
 

@@ -117,15 +117,16 @@ def _c_config(cfg: VTAConfig, max_cycles: int | None) -> _Config:
             max_cycles, (int, np.integer)) or not 0 < max_cycles < 2**64):
         raise SimulatorError(f"max_cycles must be a positive integer, got {max_cycles!r}")
     c = _Config()
-    c.log_batch, c.log_block_in = cfg.LOG_BATCH, cfg.LOG_BLOCK_IN
-    c.log_block_out = cfg.LOG_BLOCK_OUT
-    c.log_uop_buff_size, c.log_inp_buff_size = cfg.LOG_UOP_BUFF_SIZE, cfg.LOG_INP_BUFF_SIZE
-    c.log_wgt_buff_size, c.log_acc_buff_size = cfg.LOG_WGT_BUFF_SIZE, cfg.LOG_ACC_BUFF_SIZE
-    c.dram_bytes_per_cycle, c.clock_mhz = cfg.DRAM_BYTES_PER_CYCLE, cfg.CLOCK_MHZ
-    c.dram_latency_cycles = cfg.DRAM_LATENCY_CYCLES
-    c.gemm_cycles_per_uop = cfg.GEMM_CYCLES_PER_UOP
-    c.alu_cycles_per_uop = cfg.ALU_CYCLES_PER_UOP
-    c.pipeline_latency_cycles = cfg.PIPELINE_LATENCY_CYCLES
+    simlib.fill_struct(c, {
+        "log_batch": cfg.LOG_BATCH, "log_block_in": cfg.LOG_BLOCK_IN,
+        "log_block_out": cfg.LOG_BLOCK_OUT, "log_uop_buff_size": cfg.LOG_UOP_BUFF_SIZE,
+        "log_inp_buff_size": cfg.LOG_INP_BUFF_SIZE, "log_wgt_buff_size": cfg.LOG_WGT_BUFF_SIZE,
+        "log_acc_buff_size": cfg.LOG_ACC_BUFF_SIZE,
+        "dram_bytes_per_cycle": cfg.DRAM_BYTES_PER_CYCLE, "clock_mhz": cfg.CLOCK_MHZ,
+        "dram_latency_cycles": cfg.DRAM_LATENCY_CYCLES,
+        "gemm_cycles_per_uop": cfg.GEMM_CYCLES_PER_UOP,
+        "alu_cycles_per_uop": cfg.ALU_CYCLES_PER_UOP,
+        "pipeline_latency_cycles": cfg.PIPELINE_LATENCY_CYCLES}, "VTA simulator")
     c.max_cycles = int(max_cycles or 0)
     return c
 

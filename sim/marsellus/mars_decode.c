@@ -293,6 +293,8 @@ int mars_sim_rbe_job_cycles(const mars_config *cfg, const uint8_t *cmd64, uint64
     accel_err_init(&e, err, err_len);
     if (!cfg || !cmd64 || !phases)
         return accel_fail(&e, ACCEL_ERR_ARG, "NULL argument");
+    if (mars_check_config(cfg, &e))
+        return e.code;
     memset(&c, 0, sizeof(c));
     c.op = MARS_OP_RBE;
     if (decode_rbe_fields(cfg, cmd64, 0, &c, &e))

@@ -39,6 +39,9 @@ typedef struct {
     uint64_t size[3];
 } mars_mems;
 
+/* ACCEL_OK, or ACCEL_ERR_CONFIG naming the first field outside the supported limits. */
+int mars_check_config(const mars_config *c, accel_err *e);
+
 int mars_decode(const mars_config *cfg, const uint8_t *p, uint64_t index, const mars_mems *m,
                 mars_cmd *c, accel_err *e);
 /* Fails only when host memory runs out, or returns ACCEL_ERR_INTERRUPTED (no message recorded)

@@ -15,12 +15,17 @@ static const char *const ENGINE_NAMES[MARS_NUM_ENGINES] = {"IODMA", "DMA_IN", "D
 uint64_t mars_sim_config_size(void) { return sizeof(mars_config); }
 uint64_t mars_sim_stats_size(void) { return sizeof(mars_stats); }
 
-static int check_config(const mars_config *c, accel_err *e)
+/* Every entry point taking a config calls this first (mars_internal.h): a config built without the
+ * Python validation must end in ACCEL_ERR_CONFIG, never in a loop, an overflow or a division by 0.
+ * rbe_cores is range-checked before the square root search, which then runs at most 4 steps. */
+int mars_check_config(const mars_config *c, accel_err *e)
 {
     int P = 1;
+    if (c->rbe_cores < 1 || c->rbe_cores > 16)
+        return accel_fail(e, ACCEL_ERR_CONFIG, "config: rbe_cores %d is not a square in 1..16", c->rbe_cores);
     while ((P + 1) * (P + 1) <= c->rbe_cores)
         P++;
-    if (c->rbe_cores < 1 || c->rbe_cores > 16 || P * P != c->rbe_cores)
+    if (P * P != c->rbe_cores)
         return accel_fail(e, ACCEL_ERR_CONFIG, "config: rbe_cores %d is not a square in 1..16", c->rbe_cores);
     if (c->rbe_binconvs < 1 || c->rbe_binconvs > 8 || c->rbe_port_bits < 32 || c->rbe_port_bits > 1024 ||
         c->rbe_queue_depth < 1 || c->rbe_min_bits < 1 || c->rbe_max_bits > 8 ||
@@ -68,7 +73,7 @@ static int check_args(mars_run *r, const uint8_t *cmds, uint64_t n_bytes, uint8_
     if (!r->cfg || !r->stats || (!cmds && n_bytes))
         return accel_fail(&r->e, ACCEL_ERR_ARG, "NULL argument");
     memset(r->stats, 0, sizeof(*r->stats));
-    if (check_config(r->cfg, &r->e))
+    if (mars_check_config(r->cfg, &r->e))
         return r->e.code;
     if (n_bytes % MARS_CMD_BYTES)
         return accel_fail(&r->e, ACCEL_ERR_ARG, "command stream of %llu bytes is not a multiple of %d", (ull)n_bytes,

@@ -390,6 +390,22 @@ def test_a_bug_is_one_internal_error_line_with_exit_code_1(monkeypatch, capsys, 
     assert "-v" in err[0]
 
 
+@pytest.mark.parametrize("cc", [None, "/nonexistent/g++"], ids=["none_on_PATH", "CXX_missing"])
+def test_compile_without_a_compiler_to_link_mod_so_is_one_line(ws, monkeypatch, capsys, tmp_path,
+                                                                cc):
+    for var in ("CC", "CXX"):
+        monkeypatch.delenv(var, raising=False)
+    if cc:
+        monkeypatch.setenv("CXX", cc)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++, gcc, clang, cc
+    out = tmp_path / "m.tar"
+    assert _tvmc(["compile", ws.model("vta"), "--target", "vta, llvm", "-o",
+                  str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "C/C++ compiler is needed to link the package's mod.so" in err[0]
+    assert (cc or "none of g++") in err[0] and not out.exists()
+
+
 def test_project_errors_cross_the_ffi_as_themselves():
     """A packed function (what a pass or the VM calls) raising an AccelError subclass, even one
     defined after import, is re-raised on the Python side as that class with its message."""

@@ -2,7 +2,6 @@
 
 import csv
 import itertools
-from pathlib import Path
 
 import islpy
 import numpy as np
@@ -11,9 +10,7 @@ import pytest
 from tvm_accel.cp import Options, conv2d_op, dense_op, enumerate_embeddings, find_embedding
 from tvm_accel.cp.embedding import solutions_raw
 from tvm_accel.cp.intrinsic import gemm_intrinsic
-
-DEEPBENCH = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / \
-    "deepbench_conv_inference_server.csv"
+from tvm_accel.deepbench import DEFAULT_CSV as DEEPBENCH
 
 
 def test_isl_access_relation_matches_the_closed_form():
@@ -168,7 +165,6 @@ def _deepbench_rows(step):
     return rows[::step]
 
 
-@pytest.mark.skipif(not DEEPBENCH.exists(), reason="shared/benchmarks not present")
 @pytest.mark.parametrize("gemm", [(1, 16, 16), (8, 8, 8)])
 def test_deepbench_layers_all_get_an_embedding(gemm):
     dfg = gemm_intrinsic(*gemm)

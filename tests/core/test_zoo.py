@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -110,8 +111,13 @@ def test_quantized_models_are_cached_by_content(tmp_path, monkeypatch):
     assert quantize.ort_quantize(m).SerializeToString() == q1.SerializeToString()
 
 
+def test_the_suite_quantizes_into_its_own_cache(zoo_cache):
+    """conftest: a temporary cache unless TVM_ACCEL_CACHE names one; never ~/.cache silently."""
+    assert quantize.cache_dir() == Path(zoo_cache)
+
+
 def test_resnet18_quantizes_and_is_cached():
-    # uses the default cache (~/.cache/tvm_accel/zoo or $TVM_ACCEL_CACHE): quantized once
+    # uses the run's cache (conftest: temporary unless $TVM_ACCEL_CACHE is set): quantized once
     q = models.quantized("resnet18")
     assert _ops(q).count("Conv") == 20 and _ops(q).count("DequantizeLinear") > 60
     t = time.perf_counter()

@@ -130,8 +130,14 @@ def run_worker(script: str, count: int, env: dict[str, str] | None = None, timeo
                forbid: Sequence[str] = ()) -> tuple[int, int]:
     """Runs ``count`` cases of the fuzz test file ``script`` in a subprocess; fails naming the
     seed the worker died at, or when its stderr holds one of ``forbid``; returns (ok, err)."""
-    proc = subprocess.run([sys.executable, script, "fuzz", "0", str(count)], capture_output=True,
-                          text=True, timeout=timeout, env=worker_env(env))
+    try:
+        proc = subprocess.run([sys.executable, script, "fuzz", "0", str(count)],
+                              capture_output=True, text=True, timeout=timeout, env=worker_env(env))
+    except subprocess.TimeoutExpired as e:  # a case that never returns: name its seed
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        seeds = out.strip().splitlines() or ["(no output)"]
+        raise AssertionError(f"fuzz worker still running after {timeout} s at {seeds[-1]}"
+                             ) from None
     lines = proc.stdout.strip().splitlines()
     last = lines[-1] if lines else "(no output)"
     assert proc.returncode == 0, (f"fuzz worker died (rc {proc.returncode}) at {last}\n"

@@ -20,8 +20,11 @@ from helpers import fuzz
 
 ROOT = Path(__file__).resolve().parents[2]
 #: fuzz test files (relative to tests/) and their case counts
-FUZZ_TESTS = [("vta_cp/test_simulator.py", 2000), ("dpu/test_dpu_simulator.py", 600),
-              ("marsellus/test_marsellus_simulator.py", 800)]
+FUZZ_TESTS = [pytest.param("vta_cp/test_simulator.py", 2000, id="vta_cp"),
+              pytest.param("dpu/test_dpu_simulator.py", 600, id="dpu"),
+              pytest.param("marsellus/test_marsellus_simulator.py", 800, id="marsellus"),
+              # every single-field change of every target's config, then 600 random ones
+              pytest.param("sim/test_sim_configs.py", 3653, id="configs")]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
 REPORTS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer", "runtime error:")
 
@@ -49,8 +52,7 @@ def sanitizer_env(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "count"), FUZZ_TESTS,
-                         ids=[s.split("/")[0] for s, _ in FUZZ_TESTS])
+@pytest.mark.parametrize(("script", "count"), FUZZ_TESTS)
 def test_fuzzed_streams_are_clean_under_asan_and_ubsan(sanitizer_env, script, count):
     ok, err = fuzz.run_worker(str(ROOT / "tests" / script), count, env=sanitizer_env,
                               timeout=1800, forbid=REPORTS)

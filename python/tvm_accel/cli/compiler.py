@@ -80,7 +80,7 @@ def _not_quantized(accel: str) -> str:
 def cmd_compile(args) -> int:
     from tvm_accel.frontend import load_onnx
     from tvm_accel.lower import compile_progress
-    from tvm_accel.package import PackageMetadata, save_package
+    from tvm_accel.package import PackageMetadata, check_linker, save_package
     from tvm_accel.pipeline import compile_reference
     from tvm_accel.quantize import default_output
     from tvm_accel.report import format_table
@@ -88,6 +88,7 @@ def cmd_compile(args) -> int:
 
     accel, host = parse_target(args.target)
     check_output_path(args.output)
+    check_linker()
     if args.dump_offloads not in (None, "-", "all") and (
             os.path.isdir(args.dump_offloads)
             or not os.path.isdir(os.path.dirname(os.path.abspath(args.dump_offloads)))):
