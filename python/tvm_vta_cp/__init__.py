@@ -143,6 +143,7 @@ class VTATarget(AccelTarget):
         import time
 
         from tvm_accel.lower import report_progress
+        from tvm_vta_cp.host_cost import host_metadata
         from tvm_vta_cp.rewrite import apply_layout_rewrites
 
         searched = [0]
@@ -166,9 +167,8 @@ class VTATarget(AccelTarget):
 
                 report.layouts.append(replace(dec, layer=info.name))
                 if not dec.rewrite.is_identity:
-                    report.host_functions += [
-                        dict(asdict(h), cycles=(h.read + h.written) / config.HOST_BYTES_PER_CYCLE)
-                        for h in info.host_functions(dec.rewrite)]
+                    report.host_functions += [host_metadata(config, asdict(h))
+                                              for h in info.host_functions(dec.rewrite)]
             return None if dec.rewrite.is_identity else dec.rewrite
 
         mod, _ = apply_layout_rewrites(mod, decide)
@@ -180,6 +180,7 @@ class VTATarget(AccelTarget):
         (:func:`tvm_vta_cp.blocking.fuse_blocking`). The report's blobs and the host functions'
         modelled bytes follow (the input rewrite now writes the blocked tensor)."""
         from tvm_vta_cp.blocking import fuse_blocking
+        from tvm_vta_cp.host_cost import host_metadata
 
         mod, fused, blobs = fuse_blocking(mod, self.runtime_func)
         if report is not None and fused:
@@ -192,7 +193,7 @@ class VTATarget(AccelTarget):
                     h["blocked"] = True
                     if h["op"] != "unpack":
                         h["written"] = written[h["symbol"]]
-                    h["cycles"] = (h["read"] + h["written"]) / config.HOST_BYTES_PER_CYCLE
+                    host_metadata(config, h)
         return mod
 
     def tuning_tasks(self, graph: LayerGraph, config: VTAConfig) -> list:
