@@ -82,7 +82,8 @@ def main() -> None:
         r = json.loads(out.strip().splitlines()[-1])
         rows.append((r["model"], r["config"], r["layers_vta"], r["layers_cpu"], r["macs"],
                      r["cycles"], round(r["host_cycles"]), r["host_passes"],
-                     round(r["total_cycles"]), f"{r['latency_ms']:.2f}", f"{100 * r['utilization']:.1f}%",
+                     round(r["total_cycles"]), f"{r['latency_ms']:.2f}",
+                     f"{100 * r['utilization']:.1f}%",
                      f"{r['compile_s']:.1f}", f"{r['run_s']:.2f}",
                      f"{r['sim_macs_per_s'] / 1e9:.2f}", f"{r['max_rss_mib']:.0f}",
                      "yes" if r["bit_exact"] else "NO"))
