@@ -177,9 +177,12 @@ class VTATarget(AccelTarget):
     def finish_offload(self, mod, config, report=None):
         """The runtime's NCHWnc blocking of a rewritten conv's input (and of a packed conv's
         output) moves into its layout-rewrite host function: one host pass per direction
-        (:func:`tvm_vta_cp.blocking.fuse_blocking`). The report's blobs and the host functions'
-        modelled bytes follow (the input rewrite now writes the blocked tensor)."""
+        (:func:`tvm_vta_cp.blocking.fuse_blocking`); then consecutive VTA calls exchange their
+        blocked form with at most one host pass between them
+        (:func:`tvm_vta_cp.carry.carry_layouts`). The report's blobs and host functions (and
+        their modelled bytes) follow."""
         from tvm_vta_cp.blocking import fuse_blocking
+        from tvm_vta_cp.carry import carry_layouts
         from tvm_vta_cp.host_cost import host_metadata
 
         mod, fused, blobs = fuse_blocking(mod, self.runtime_func)
@@ -194,6 +197,15 @@ class VTATarget(AccelTarget):
                     if h["op"] != "unpack":
                         h["written"] = written[h["symbol"]]
                     host_metadata(config, h)
+        mod, added, blobs = carry_layouts(mod, self.runtime_func)
+        if report is not None and blobs:
+            for fn in report.functions:
+                if fn.name in blobs:
+                    fn.blob = blobs[fn.name]
+            present = {gv.name_hint for gv in mod.get_global_vars()}
+            report.host_functions[:] = [h for h in report.host_functions
+                                        if h["symbol"] in present]
+            report.host_functions += [host_metadata(config, h) for h in added]
         return mod
 
     def tuning_tasks(self, graph: LayerGraph, config: VTAConfig) -> list:

@@ -53,7 +53,8 @@ def pass_cycles(cfg: VTAConfig, op: str, read: int, written: int, kind: str | No
 def host_metadata(cfg: VTAConfig, h: dict) -> dict:
     """Complete a host function's package metadata (``op``, ``read``, ``written``, optionally
     ``kind``) in place with its modelled ``cycles`` and ``model_us``; returns it."""
-    h.setdefault("kind", KIND_OF_OP[h["op"]])
+    if "kind" not in h:
+        h["kind"] = KIND_OF_OP[h["op"]]
     h["cycles"] = pass_cycles(cfg, h["op"], int(h["read"]), int(h["written"]), h["kind"])
     h["model_us"] = h["cycles"] / cfg.CLOCK_MHZ
     return h
