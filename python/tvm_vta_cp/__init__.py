@@ -173,6 +173,13 @@ class VTATarget(AccelTarget):
             return None if dec.rewrite.is_identity else dec.rewrite
 
         mod, _ = apply_layout_rewrites(mod, decide)
+        from tvm_vta_cp.propagate import propagate_pack
+
+        mod, added = propagate_pack(mod)
+        if report is not None:
+            from dataclasses import asdict
+
+            report.host_functions += [host_metadata(config, asdict(h)) for h in added]
         return mod
 
     def finish_offload(self, mod, config, report=None):
@@ -199,7 +206,7 @@ class VTATarget(AccelTarget):
                         h["written"] = written[h["symbol"]]
                     host_metadata(config, h)
         mod, added, blobs = carry_layouts(mod, self.runtime_func)
-        if report is not None and blobs:
+        if report is not None:
             for fn in report.functions:
                 if fn.name in blobs:
                     fn.blob = blobs[fn.name]

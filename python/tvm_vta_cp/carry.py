@@ -80,6 +80,7 @@ class _Source:
 
     producer: relax.Var
     unpack: str | None = None
+    repack: str | None = None  # then brought into another packed layout (``propagate``)
 
 
 def _is_run_call(v, runtime_func: str) -> bool:
@@ -118,7 +119,7 @@ class _Plan:
                 if isinstance(a, relax.Var):
                     self._consumer(c, i, tname, a)
         for src in [*self.relayout.values(), *(r[1] for r in self.rebuild.values())]:
-            if src.unpack is None:
+            if not self.calls[src.producer].output.blocked:
                 self.calls[src.producer].block_output = True
 
     def source(self, v) -> _Source | None:
@@ -133,13 +134,23 @@ class _Plan:
             return None
         b = val.args[0]
         c = self.calls.get(b)
-        if c is None or len(c.program.outputs) != 1 or not c.output.blocked:
+        if c is None or len(c.program.outputs) != 1:
             return None
         return _Source(b, sym)
 
+    def _repacked(self, a: relax.Var) -> _Source | None:
+        """The source behind a ``repack`` host function's result ``a``."""
+        val = self.var2val.get(a)
+        sym = _host_op(val, self.hosts)
+        if sym is None or json.loads(str(self.hosts[sym].attrs[RECIPE_ATTR])).get(
+                "op") != "repack" or not isinstance(val.args[0], relax.Var):
+            return None
+        src = self.source(val.args[0])
+        return None if src is None else _Source(src.producer, src.unpack, sym)
+
     def _consumer(self, c: _Call, i: int, tname: str, a: relax.Var) -> None:
         if not c.program.tensors[tname].blocked:
-            src = self.source(a)
+            src = self.source(a) or self._repacked(a)
             if src is not None:
                 self.relayout[(c.var, i)] = src
                 c.blocked_inputs.add(tname)
@@ -187,18 +198,24 @@ class _Carry(relax.PyExprMutator):
         return self.gvs[sym]
 
     def _blocked_source(self, src: _Source) -> relax.Var:
-        if src.unpack is None:
+        if src.producer in self.blocked:  # made blocked by this pass
             return self.blocked[src.producer]
-        return self.visit_expr(src.producer)
+        return self.visit_expr(src.producer)  # blocked by fuse_blocking
 
     def _source_steps(self, src: _Source):
         """Steps from the producer's blocked output to the NCHW value, and their kind."""
         c = self.plan.calls[src.producer]
-        steps = unblock_steps(c.output, c.cfg)
-        if src.unpack is None:
-            return steps, dims4(c.output.shape)
-        lay, _, _ = layout_of_recipe(self.hosts[src.unpack].attrs[RECIPE_ATTR])
-        return steps + unpack_steps(lay), lay.geometry.final_shape
+        steps, shape = unblock_steps(c.output, c.cfg), dims4(c.output.shape)
+        if src.unpack is not None:
+            lay, _, _ = layout_of_recipe(self.hosts[src.unpack].attrs[RECIPE_ATTR])
+            steps, shape = steps + unpack_steps(lay), lay.geometry.final_shape
+        if src.repack is not None:
+            from tvm_vta_cp.propagate import PackedGeometry, repack_steps
+
+            r = json.loads(str(self.hosts[src.repack].attrs[RECIPE_ATTR]))
+            steps = steps + repack_steps(PackedGeometry(
+                tuple(r["output_shape"]), tuple(r["pack"]), tuple(r["final_shape"])))
+        return steps, shape
 
     def _emit(self, expr, name: str, output: bool):
         return self.builder_.emit_output(expr, name) if output else self.builder_.emit(expr,
@@ -259,7 +276,7 @@ class _Carry(relax.PyExprMutator):
         p = c.program.tensors[tname]
         source = self._blocked_source(src)
         producer = self.plan.calls[src.producer].output
-        if src.unpack is None and same_layout(producer, p):
+        if src.unpack is None and src.repack is None and same_layout(producer, p):
             return source
         steps, shape = self._source_steps(src)
         sym = _symbol(c.name, tname, "relayout", self.new_funcs)

@@ -5,7 +5,8 @@ accelerator cycle (``VTAConfig.HOST_COPY_BYTES_PER_CYCLE`` / ``HOST_GATHER_BYTES
 
 - *copy*: contiguous runs moved with a fixed stride: the NCHWnc padding + blocking of a tensor
   and its inverse (``block`` / ``unblock``), the image-pack ``unpack`` (whole output rows of a
-  piece) and a ``relayout`` between two calls that is only those;
+  piece), its inverse ``repack`` (``propagate``) and a ``relayout`` between two calls that is
+  only those;
 - *gather*: an index list per element: the stencil unroll / im2col (``im2col``), the image pack
   with its replicated halo (``pack``) and a ``relayout`` that includes one of them.
 
@@ -29,8 +30,8 @@ __all__ = ["COPY", "GATHER", "KIND_OF_OP", "cycles", "host_metadata", "pass_cycl
 
 COPY, GATHER = "copy", "gather"
 #: the kind of each host op (``relayout`` is decided per pass: a gather when it rewrites)
-KIND_OF_OP = {"block": COPY, "unblock": COPY, "unpack": COPY, "im2col": GATHER,
-              "pack": GATHER}
+KIND_OF_OP = {"block": COPY, "unblock": COPY, "unpack": COPY, "repack": COPY,
+              "im2col": GATHER, "pack": GATHER}
 
 
 def cycles(cfg: VTAConfig, copy_bytes: float = 0, gather_bytes: float = 0) -> float:
