@@ -6,8 +6,9 @@ codegen), ``layout`` (NCHWnc / OIHWoi packing, uint8 shift, halo), ``strategy/``
 conv2d/dense template: placement, geometry, ALU tail, knobs, emitter, one schedule per
 operator), ``embedding`` + ``rewrite`` + ``blocking`` (the CP paper's strategy: GEMM embeddings
 found by constraint programming, turned into host-side layout rewrites that also do the
-blocking), ``carry`` (consecutive calls exchange their blocked form), ``host_cost`` (the host
-passes' modelled cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
+blocking), ``propagate`` (residual adds in their operands' image-pack layout), ``carry``
+(consecutive calls exchange their blocked form), ``host_cost`` (the host passes' modelled
+cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
 simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta.md``.
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
