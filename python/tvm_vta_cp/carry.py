@@ -307,9 +307,10 @@ def _called(mod: tvm.IRModule) -> set[str]:
 
 def carry_layouts(mod: tvm.IRModule, runtime_func: str = "tvm_vta_cp.run"
                   ) -> tuple[tvm.IRModule, list[dict], dict[str, bytes]]:
-    """Let consecutive VTA calls exchange their blocked DRAM form (module docstring). Returns
-    the module, the metadata of the host functions it added (``symbol``, ``layer``, ``op``,
-    ``read``, ``written``, ``kind``) and the re-encoded blob of each function that changed."""
+    """Let consecutive VTA calls exchange their blocked DRAM form (module docstring); host
+    functions no longer called are dropped. Returns the module, the metadata of the host
+    functions it added (``symbol``, ``layer``, ``op``, ``read``, ``written``, ``kind``) and the
+    re-encoded blob of each function that changed."""
     hosts = {gv.name_hint: f for gv, f in mod.functions_items()
              if isinstance(f, relax.Function) and f.attrs is not None and RECIPE_ATTR in f.attrs}
     meta: list[dict] = []
@@ -330,12 +331,12 @@ def carry_layouts(mod: tvm.IRModule, runtime_func: str = "tvm_vta_cp.run"
         new = relax.analysis.remove_all_unused(mutator.visit_expr(out[gv]))
         out = mutator.builder_.get()
         out[gv] = new
-    if not blobs:
-        return mod, [], {}
     called = _called(out)
     dead = [g for g, f in out.functions_items() if isinstance(f, relax.Function)
             and f.attrs is not None and HOST_FUNCTION_ATTR in f.attrs
             and g.name_hint.startswith(HOST_PREFIX) and g.name_hint not in called]
+    if not blobs and not dead:
+        return mod, [], {}
     for g in dead:
         del out[g]
     relax.analysis.well_formed(out)

@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from tvm_accel.frontend import sanitize_name
-from tvm_accel.partition import layer_name, module_layer_names, qadd_pattern
+from tvm_accel.partition import layer_name, module_layer_names, qadd_pattern, static_shape
 from tvm_vta_cp.blocking import layout_of_recipe
 from tvm_vta_cp.rewrite import (
     RECIPE_ATTR,
@@ -130,6 +130,8 @@ def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]
                 continue
             first = lhs if lhs in geos else rhs
             g = geos[first]
+            if any(static_shape(v) != g.final_shape for v in (lhs, rhs)):
+                continue  # a broadcasting add: the operands are not both the image
             chain = _chain(b.var, b.value, {lhs, rhs}, var2val, order)
             if chain is None:
                 continue
