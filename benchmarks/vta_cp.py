@@ -7,8 +7,8 @@ Sections (``--sections``, default all):
   template and the top-5 CP candidates measured on the simulator, best combined time wins),
   then relative to the static template: operator speed-up (accelerator cycles), transformation
   speed-up (modelled host cycles of the layout rewrite plus the runtime's padding + blocking,
-  ``HOST_BYTES_PER_CYCLE``), combined speed-up, and DRAM footprint of data, weights and both;
-  the paper's own columns beside ours.
+  ``tvm_vta_cp.host_cost``: copies and gathers at their own rates), combined speed-up, and
+  DRAM footprint of data, weights and both; the paper's own columns beside ours.
 - ``deepbench``: every layer of ``deepbench_conv_inference_server.csv`` on both configs: GEMM
   utilization (useful MACs / (accelerator cycles x MACs per cycle)) of ``static`` and ``auto``,
   combined speed-up, the embedding chosen; geomeans.

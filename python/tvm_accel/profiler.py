@@ -48,8 +48,9 @@ def bound_label(busy: dict[str, float]) -> str:
 
 @dataclass
 class HostRecord:
-    """One host function a target put around its calls (VTA's layout rewrites): the bytes and
-    cycles of the target's host model beside the wall time measured on this machine."""
+    """One host pass a target runs around its calls (VTA: a layout rewrite function, or the
+    runtime's blocking of a tensor): the bytes and cycles of the target's host model (in the
+    accelerator's cycles; ``model_us`` at its clock) beside the wall time measured here."""
 
     symbol: str
     layer: str
@@ -57,6 +58,8 @@ class HostRecord:
     bytes_moved: int
     model_cycles: float
     time_us: float
+    kind: str = ""        # the host model's class of the pass (VTA: copy or gather)
+    model_us: float = 0.0
 
 
 @dataclass
@@ -103,9 +106,19 @@ class Profiler:
                    if energy else []), *([r.bound] if bound else [])) for r in self.records]
         tot_macs = sum(r.macs for r in self.records)
         tot_cyc = sum(r.cycles for r in self.records)
+        tot_us = sum(r.time_us for r in self.records)
+        tail = ([""] if energy else []) + ([""] if bound else [])
+        if self.host:  # the TOTAL is accelerator plus modelled host passes
+            host_cyc = sum(h.model_cycles for h in self.host)
+            host_us = sum(h.model_us for h in self.host)
+            rows.append(("accelerator", "", "", "", tot_macs, tot_cyc, "",
+                         sum(r.bytes_moved for r in self.records), tot_us, *tail))
+            rows.append(("host (model)", "", "host", "", "", round(host_cyc), "",
+                         sum(h.bytes_moved for h in self.host), host_us, *tail))
+            tot_cyc, tot_us = tot_cyc + round(host_cyc), tot_us + host_us
         rows.append(("TOTAL", "", "", "", tot_macs, tot_cyc, "",
-                     sum(r.bytes_moved for r in self.records),
-                     sum(r.time_us for r in self.records),
+                     sum(r.bytes_moved for r in self.records)
+                     + sum(h.bytes_moved for h in self.host), tot_us,
                      *([f"{sum(r.extra.get('energy_uj', 0.0) for r in self.records):.3f}"]
                        if energy else []), *([""] if bound else [])))
         text = format_table(["layer", "op", "engine", "shape", "MACs", "cycles", "util",
@@ -118,14 +131,15 @@ class Profiler:
         for vdd, mhz, abb in sorted(points):
             text += f"\nenergy at {vdd} V, {mhz:.0f} MHz{' with ABB' if abb else ''}"
         if self.host:
-            rows = [(h.layer, h.op, h.bytes_moved, f"{h.model_cycles:,.0f}", f"{h.time_us:.1f}")
-                    for h in self.host]
-            rows.append(("TOTAL", "", sum(h.bytes_moved for h in self.host),
+            rows = [(h.layer, h.op, h.kind, h.bytes_moved, f"{h.model_cycles:,.0f}",
+                     f"{h.time_us:.1f}") for h in self.host]
+            rows.append(("TOTAL", "", "", sum(h.bytes_moved for h in self.host),
                          f"{sum(h.model_cycles for h in self.host):,.0f}",
                          f"{sum(h.time_us for h in self.host):.1f}"))
-            text += "\n\nhost layout rewrites (modelled on the target's host; time measured " \
-                    "here):\n" + format_table(["layer", "op", "bytes", "model cycles",
-                                                "measured (us)"], rows, align="llrrr")
+            text += "\n\nhost passes (layout rewrites and blocking; cycles modelled on the " \
+                    "target's host, time measured here):\n" + format_table(
+                        ["layer", "op", "kind", "bytes", "model cycles", "measured (us)"], rows,
+                        align="lllrrr")
         return text
 
     def write_csv(self, path: str) -> None:
@@ -162,6 +176,7 @@ class Profiler:
             out["bound"] = bounds
         if self.host:
             out["host_model_cycles"] = round(sum(h.model_cycles for h in self.host), 1)
+            out["total_cycles"] = round(out["cycles"] + out["host_model_cycles"], 1)
         return out
 
     def write_trace(self) -> None:
@@ -185,9 +200,17 @@ def record(rec: LayerRecord) -> None:
         p.time_us += rec.time_us
 
 
+def record_host(rec: HostRecord) -> None:
+    """Record a host pass a target's runtime did itself (e.g. blocking a call's input)."""
+    p = active()
+    if p is not None:
+        p.host.append(rec)
+
+
 def time_host_functions(vm, functions: list[dict], prof: Profiler) -> None:
     """Time the calls of the host functions ``functions`` (``symbol``, ``layer``, ``op``,
-    ``read``, ``written``, ``cycles`` as in the package metadata) on ``vm`` into ``prof``."""
+    ``read``, ``written``, ``cycles`` and optionally ``kind``, ``model_us`` as in the package
+    metadata) on ``vm`` into ``prof``."""
     known = {f["symbol"]: f for f in functions}
     if not known:
         return
@@ -203,7 +226,9 @@ def time_host_functions(vm, functions: list[dict], prof: Profiler) -> None:
                 prof.host.append(HostRecord(symbol, f["layer"], f["op"],
                                             int(f["read"]) + int(f["written"]),
                                             float(f["cycles"]),
-                                            (now - started.pop(symbol, now)) * 1e6))
+                                            (now - started.pop(symbol, now)) * 1e6,
+                                            str(f.get("kind", "")),
+                                            float(f.get("model_us", 0.0))))
         return 0
 
     vm.set_instrument(instrument)

@@ -6,7 +6,9 @@ codegen), ``layout`` (NCHWnc / OIHWoi packing, uint8 shift, halo), ``strategy/``
 conv2d/dense template: placement, geometry, ALU tail, knobs, emitter, one schedule per
 operator), ``embedding`` + ``rewrite`` + ``blocking`` (the CP paper's strategy: GEMM embeddings
 found by constraint programming, turned into host-side layout rewrites that also do the
-blocking), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
+blocking), ``propagate`` (residual adds in their operands' image-pack layout), ``carry``
+(consecutive calls exchange their blocked form), ``host_cost`` (the host passes' modelled
+cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
 simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta.md``.
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
@@ -143,6 +145,7 @@ class VTATarget(AccelTarget):
         import time
 
         from tvm_accel.lower import report_progress
+        from tvm_vta_cp.host_cost import host_metadata
         from tvm_vta_cp.rewrite import apply_layout_rewrites
 
         searched = [0]
@@ -166,20 +169,30 @@ class VTATarget(AccelTarget):
 
                 report.layouts.append(replace(dec, layer=info.name))
                 if not dec.rewrite.is_identity:
-                    report.host_functions += [
-                        dict(asdict(h), cycles=(h.read + h.written) / config.HOST_BYTES_PER_CYCLE)
-                        for h in info.host_functions(dec.rewrite)]
+                    report.host_functions += [host_metadata(config, asdict(h))
+                                              for h in info.host_functions(dec.rewrite)]
             return None if dec.rewrite.is_identity else dec.rewrite
 
         mod, _ = apply_layout_rewrites(mod, decide)
+        from tvm_vta_cp.propagate import propagate_pack
+
+        mod, added = propagate_pack(mod)
+        if report is not None:
+            from dataclasses import asdict
+
+            report.host_functions += [host_metadata(config, asdict(h)) for h in added]
         return mod
 
     def finish_offload(self, mod, config, report=None):
         """The runtime's NCHWnc blocking of a rewritten conv's input (and of a packed conv's
         output) moves into its layout-rewrite host function: one host pass per direction
-        (:func:`tvm_vta_cp.blocking.fuse_blocking`). The report's blobs and the host functions'
-        modelled bytes follow (the input rewrite now writes the blocked tensor)."""
+        (:func:`tvm_vta_cp.blocking.fuse_blocking`); then consecutive VTA calls exchange their
+        blocked form with at most one host pass between them
+        (:func:`tvm_vta_cp.carry.carry_layouts`). The report's blobs and host functions (and
+        their modelled bytes) follow."""
         from tvm_vta_cp.blocking import fuse_blocking
+        from tvm_vta_cp.carry import carry_layouts
+        from tvm_vta_cp.host_cost import host_metadata
 
         mod, fused, blobs = fuse_blocking(mod, self.runtime_func)
         if report is not None and fused:
@@ -192,7 +205,16 @@ class VTATarget(AccelTarget):
                     h["blocked"] = True
                     if h["op"] != "unpack":
                         h["written"] = written[h["symbol"]]
-                    h["cycles"] = (h["read"] + h["written"]) / config.HOST_BYTES_PER_CYCLE
+                    host_metadata(config, h)
+        mod, added, blobs = carry_layouts(mod, self.runtime_func)
+        if report is not None:
+            for fn in report.functions:
+                if fn.name in blobs:
+                    fn.blob = blobs[fn.name]
+            present = {gv.name_hint for gv in mod.get_global_vars()}
+            report.host_functions[:] = [h for h in report.host_functions
+                                        if h["symbol"] in present]
+            report.host_functions += [host_metadata(config, h) for h in added]
         return mod
 
     def tuning_tasks(self, graph: LayerGraph, config: VTAConfig) -> list:

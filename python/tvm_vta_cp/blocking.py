@@ -33,10 +33,10 @@ from tvm_vta_cp.rewrite import (
 
 R = relax.op
 
-__all__ = ["BlockedTensor", "fuse_blocking"]
+__all__ = ["BlockedTensor", "block_steps", "fuse_blocking", "layout_of_recipe", "unblock_steps"]
 
 
-def _from_recipe(recipe: str) -> tuple[ResolvedLayout, tuple[int, ...], int]:
+def layout_of_recipe(recipe: str) -> tuple[ResolvedLayout, tuple[int, ...], int]:
     """(layout, source input shape, input zero point) of a host function's recipe."""
     r = json.loads(recipe)
     spec = LayoutRewrite(tuple(r["unroll"]), tuple(r["pack"]))
@@ -44,7 +44,7 @@ def _from_recipe(recipe: str) -> tuple[ResolvedLayout, tuple[int, ...], int]:
                            r["dilation"]), tuple(r["input_shape"]), int(r["zero_point"]))
 
 
-def _block_steps(p, cfg) -> list[tuple[str, Callable]]:
+def block_steps(p, cfg) -> list[tuple[str, Callable]]:
     """(N, C, H, W) of ``p.dtype`` -> ``p``'s DRAM form: stored int8 (uint8 as value-128),
     batch and channels padded to the GEMM block and the halo added, both with ``p.fill``, and
     ``(NB, CB, H', W', BATCH, BLOCK)`` order (what :func:`~tvm_vta_cp.layout.pack_tensor`
@@ -64,7 +64,7 @@ def _block_steps(p, cfg) -> list[tuple[str, Callable]]:
     return steps
 
 
-def _unblock_steps(p, cfg) -> list[tuple[str, Callable]]:
+def unblock_steps(p, cfg) -> list[tuple[str, Callable]]:
     """``p``'s DRAM form -> (N, C, H, W) of ``p.dtype`` (the runtime's unpack)."""
     nb, cb, hp, wp, b, blk = packed_shape(p, cfg)
     n, c, h, w = p.shape
@@ -116,8 +116,8 @@ def _fuse_call(b, users_of: Callable, host_of: Callable, hosts: dict, new_funcs:
     for tname, a in zip(program.inputs, args, strict=True):
         sym = host_of(a, ("im2col", "pack")) if isinstance(a, relax.Var) else None
         if sym is not None and users_of(a) == {b.var} and sym not in new_funcs:
-            lay, x_shape, zx = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
-            steps = input_steps(lay, x_shape, zx) + _block_steps(program.tensors[tname], cfg)
+            lay, x_shape, zx = layout_of_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
+            steps = input_steps(lay, x_shape, zx) + block_steps(program.tensors[tname], cfg)
             changed.append(rebuild(sym, tname, hosts[sym][1].params[0].ty, steps))
     out_ty = b.value.ty_args[0]
     outs = users_of(b.var) or set()
@@ -125,12 +125,12 @@ def _fuse_call(b, users_of: Callable, host_of: Callable, hosts: dict, new_funcs:
         (u,) = outs
         sym, tname = host_of(u, ("unpack",)), program.outputs[0]
         if sym is not None and sym not in new_funcs:
-            lay, _, _ = _from_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
+            lay, _, _ = layout_of_recipe(hosts[sym][1].attrs[RECIPE_ATTR])
             p = program.tensors[tname]
             p.blocked = True  # the output type is the blocked form
             out_ty = relax.TensorType(p.io_shape(cfg), "int8")
             changed.append(rebuild(sym, tname, out_ty,
-                                   _unblock_steps(p, cfg) + unpack_steps(lay)))
+                                   unblock_steps(p, cfg) + unpack_steps(lay)))
     if not changed:
         return None
     return build_blob(program, cfg, name), out_ty, changed

@@ -22,6 +22,7 @@ from tvm_accel.cp.operator import TensorOp
 from tvm_accel.errors import AccelError
 from tvm_accel.knobs import Knob, KnobSpace
 from tvm_accel.layers import ConvLayer, conv_output_shape
+from tvm_vta_cp import host_cost
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.rewrite import LayoutRewrite, host_parts, rewrite_weight, rewritten_conv_geometry
 
@@ -99,6 +100,7 @@ class Candidate:
     host_written: int = 0
     pack_bytes: int = 0  # host bytes of the NCHWnc padding + blocking (the runtime's pack)
     cycles: int | None = None  # measured on the simulator (accelerator only)
+    gather_bytes: int = 0  # the part of the host bytes moved by gathers (``host_cost``)
 
     @property
     def name(self) -> str:
@@ -110,7 +112,8 @@ class Candidate:
         return self.host_read + self.host_written + self.pack_bytes
 
     def host_cycles(self, cfg: VTAConfig) -> float:
-        return self.transform_bytes / cfg.HOST_BYTES_PER_CYCLE
+        return host_cost.cycles(cfg, self.transform_bytes - self.gather_bytes,
+                                self.gather_bytes)
 
     def combined(self, cfg: VTAConfig) -> float | None:
         return None if self.cycles is None else self.cycles + self.host_cycles(cfg)
@@ -145,6 +148,7 @@ class Footprint:
     pack: int
     data_bytes: int
     weight_bytes: int
+    gather: int = 0  # bytes of the host passes that gather (the input rewrite)
 
 
 def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> Footprint:
@@ -189,9 +193,10 @@ def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> 
                        dil)
     rewrite_in = parts.get("im2col") or parts.get("pack")
     unpack = parts.get("unpack")
-    read = written = pack = 0
+    read = written = pack = gather = 0
     if rewrite_in:  # one pass: the rewrite writes the blocked tensor (fuse_blocking)
         read, written = rewrite_in[0], x
+        gather = read + written
     else:           # the runtime blocks the input
         pack += n2 * c2 * h2 * w2 + x
     if unpack:      # one pass: the unpack reads the blocked output
@@ -199,14 +204,15 @@ def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> 
     else:
         pack += y + n2 * k * ho2 * wo2
     return Footprint(nb * kb * cb * ho2 * wo2 * kh2 * kw2, x + wgt + y, (read, written), pack,
-                     x + y, wgt)
+                     x + y, wgt, gather)
 
 
 def _candidate(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op: TensorOp,
                emb: Embedding | None, weights: tuple[float, float]) -> Candidate:
     fp = footprint(layer, in_shape, rw, cfg)
     o_mac, o_data = fp.macs - op.macs, fp.data - _min_data(op)
-    return Candidate(rw, emb, o_mac, o_data, _score(o_mac, o_data, weights), *fp.host, fp.pack)
+    return Candidate(rw, emb, o_mac, o_data, _score(o_mac, o_data, weights), *fp.host, fp.pack,
+                     gather_bytes=fp.gather)
 
 
 def _min_data(op: TensorOp) -> int:

@@ -11,12 +11,13 @@ Timing parameters (our addition; the public VTA simulator has no cycle model):
 - ``DRAM_LATENCY_CYCLES``: fixed cost of every LOAD/STORE burst.
 - ``GEMM_CYCLES_PER_UOP`` / ``ALU_CYCLES_PER_UOP``: 1 and 2 (GEMM pipelined at II=1, ALU at II=2).
 - ``PIPELINE_LATENCY_CYCLES``: fill latency paid once per GEMM/ALU instruction.
-- ``HOST_BYTES_PER_CYCLE`` (optional, default 1.0): throughput of the host CPU that runs the
-  layout rewrites of the CP strategy (im2col gathers, image pack/unpack), in bytes read plus
-  written per accelerator cycle. The paper's host is the Zynq's ARM Cortex-A53; its rewrites
-  (index-list gathers, section 6.1) took 1-60 ms for MB-sized tensors, about 0.3 GB/s, i.e.
-  one byte per cycle at 333 MHz. Host time on the machine running the simulator says nothing
-  about that host, so the compile report uses this model and shows the measured time beside it.
+- ``HOST_COPY_BYTES_PER_CYCLE`` / ``HOST_GATHER_BYTES_PER_CYCLE`` (optional, defaults 25 and
+  5.3): throughput of the host CPU that runs the layout passes around the calls, in bytes read
+  plus written per accelerator cycle: contiguous copies (NCHWnc padding + blocking and its
+  inverse, the image-pack unpack) and gathers (im2col / stencil unroll, image pack with its
+  replicated halo). Calibrated on the CP paper's Table 3 (``host_cost``, ``docs/vta.md``).
+  Host time on the machine running the simulator says nothing about that host, so the compile
+  report and ``tvmc run --profile`` use this model and show the measured time beside it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ _INT_FIELDS = (
 )
 _FLOAT_FIELDS = ("CLOCK_MHZ", "DRAM_BYTES_PER_CYCLE")
 _OPTIONAL = {"TARGET": "sim", "HW_VER": "0.0.2"}
+#: the host cost model's two rates (optional fields, calibrated defaults)
+HOST_RATE_FIELDS = ("HOST_COPY_BYTES_PER_CYCLE", "HOST_GATHER_BYTES_PER_CYCLE")
 #: largest value of the C ``int32_t`` fields the simulator binding fills from this config
 #: (``tvm_vta_cp.simulator._Config``); ctypes would silently truncate anything wider
 INT32_MAX = 2**31 - 1
@@ -67,7 +70,8 @@ class VTAConfig(HardwareConfig):
     GEMM_CYCLES_PER_UOP: int
     ALU_CYCLES_PER_UOP: int
     PIPELINE_LATENCY_CYCLES: int
-    HOST_BYTES_PER_CYCLE: float = 1.0
+    HOST_COPY_BYTES_PER_CYCLE: float = 25.0
+    HOST_GATHER_BYTES_PER_CYCLE: float = 5.3
     TARGET: str = "sim"
     HW_VER: str = "0.0.2"
     name: str = "custom"
@@ -174,7 +178,7 @@ class VTAConfig(HardwareConfig):
             raise bad("LOG_*_BUFF_SIZE", "GEMM factor fields would exceed 64 bits")
         if 2 * self.log_acc_depth + 2 * self.log_inp_depth + 20 > 64:
             raise bad("LOG_*_BUFF_SIZE", "ALU factor fields would exceed 64 bits")
-        for f in ("CLOCK_MHZ", "DRAM_BYTES_PER_CYCLE", "HOST_BYTES_PER_CYCLE"):
+        for f in ("CLOCK_MHZ", "DRAM_BYTES_PER_CYCLE", *HOST_RATE_FIELDS):
             v = getattr(self, f)
             if not (math.isfinite(v) and v > 0):
                 raise bad(f, f"{v} must be a positive finite number")
@@ -188,10 +192,10 @@ class VTAConfig(HardwareConfig):
 def config_from_dict(d: dict, where: str = "config", name: str = "custom") -> VTAConfig:
     """Build and validate a config from parsed JSON, naming any bad or missing field."""
     d = dict(d) if isinstance(d, dict) else d
-    host = d.pop("HOST_BYTES_PER_CYCLE", 1.0) if isinstance(d, dict) else 1.0
-    host = finite_float(host, "HOST_BYTES_PER_CYCLE", where)
+    host = {f: finite_float(d.pop(f), f, where) for f in HOST_RATE_FIELDS
+            if isinstance(d, dict) and f in d}
     kw = parse_fields(d, _INT_FIELDS, _FLOAT_FIELDS, _OPTIONAL, where, "VTA")
-    cfg = VTAConfig(**kw, HOST_BYTES_PER_CYCLE=host, name=name)
+    cfg = VTAConfig(**kw, **host, name=name)
     cfg.validate(where)
     return cfg
 

@@ -6,6 +6,8 @@ unpacking); it needs neither TVM nor a blob.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from tvm_accel.errors import AccelError
@@ -15,13 +17,15 @@ from tvm_vta_cp.hw_config import VTAConfig
 
 
 def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
-                    trace_path: str | None = None):
+                    trace_path: str | None = None, host_log: list | None = None):
     """Run every layer of ``program`` in order on the simulator.
 
     Allocates DRAM of ``program.dram_size`` bytes, writes the constant image, packs the inputs
     (uint8 stored as value-128, halo filled), pre-fills the halo of every other tensor with its
     fill value, simulates each layer's stream, and unpacks the outputs. With ``trace_path`` all
-    layers go into one Chrome trace, laid out one after the other.
+    layers go into one Chrome trace, laid out one after the other. With ``host_log``, each
+    blocking / unblocking the runtime does is appended as ``(tensor, op, read, written,
+    seconds)`` (``op`` ``block`` or ``unblock``; blocked tensors cost the runtime nothing).
 
     Returns ``(outputs, [(layer name, VTAStats), ...])``.
     """
@@ -39,7 +43,11 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
         if name in program.inputs and p.blocked:  # the host wrote the DRAM form already
             dram[p.offset:p.offset + p.nbytes] = _blocked_bytes(inputs[name], p, cfg)
         elif name in program.inputs:
+            t0 = time.perf_counter()
             dram[p.offset:p.offset + p.nbytes] = pack_tensor(inputs[name], p, cfg)
+            if host_log is not None:
+                host_log.append((name, "block", _logical_bytes(p), p.nbytes,
+                                 time.perf_counter() - t0))
         elif p.fill != 0 and any(p.halo):
             # the producer's STORE writes only the interior; the halo keeps this value
             dram[p.offset:p.offset + p.nbytes] = np.uint8(p.fill & 0xFF)
@@ -54,9 +62,18 @@ def execute_program(program, inputs: dict[str, np.ndarray], cfg: VTAConfig,
     for n in program.outputs:
         p = program.tensors[n]
         region = dram[p.offset:p.offset + p.nbytes]
+        t0 = time.perf_counter()
         outputs[n] = (region.view(np.int8).reshape(p.io_shape(cfg)).copy() if p.blocked
                       else unpack_tensor(region, p, cfg))
+        if host_log is not None and not p.blocked:
+            host_log.append((n, "unblock", _logical_bytes(p), _logical_bytes(p),
+                             time.perf_counter() - t0))
     return outputs, stats
+
+
+def _logical_bytes(p) -> int:
+    """Bytes of a tensor in its logical (N, C, H, W) form."""
+    return int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize
 
 
 def _blocked_bytes(x: np.ndarray, p, cfg: VTAConfig) -> np.ndarray:
@@ -93,9 +110,11 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
     feed = check_inputs(program, inputs, "vta", name, lambda p: (p.io_shape(cfg), p.io_dtype))
     prof = profiler.active()
     trace = prof.trace_file() if prof is not None else None
-    outputs, stats = execute_program(program, feed, cfg, trace_path=trace)
+    host_log: list | None = [] if prof is not None else None
+    outputs, stats = execute_program(program, feed, cfg, trace_path=trace, host_log=host_log)
     if prof is not None:
         prof.absorb_trace(trace, prof.time_us)
+        _record_host_passes(name, host_log, cfg)
         layers = {ly.name: ly for ly in program.layers}
         for lname, st in stats:
             ly = layers[lname]
@@ -111,6 +130,17 @@ def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
                 bound=profiler.bound_label({"off-chip": max(st.load_busy, st.store_busy),
                                             "compute": st.compute_busy})))
     return [outputs[n] for n in program.outputs]
+
+
+def _record_host_passes(function: str, host_log: list, cfg: VTAConfig) -> None:
+    """The runtime's own blocking / unblocking as host records (copies in the host model)."""
+    from tvm_vta_cp.host_cost import pass_cycles
+
+    for tensor, op, read, written, seconds in host_log:
+        cycles = pass_cycles(cfg, op, read, written)
+        profiler.record_host(profiler.HostRecord(
+            f"{function}:{tensor}", tensor, op, read + written, cycles, seconds * 1e6,
+            "copy", cycles / cfg.CLOCK_MHZ))
 
 
 register_run("tvm_vta_cp.run", _CACHE, run_blob)

@@ -206,8 +206,8 @@ CASES = [
      ["DRAM_BYTES_PER_CYCLE"]),
     ("vta-dram-bw-10^400", config("vta", "v10.json", DRAM_BYTES_PER_CYCLE=10**400),
      ["DRAM_BYTES_PER_CYCLE", "too large"]),
-    ("vta-host-bw-nan", config("vta", "v11.json", HOST_BYTES_PER_CYCLE=NAN),
-     ["HOST_BYTES_PER_CYCLE"]),
+    ("vta-host-bw-nan", config("vta", "v11.json", HOST_GATHER_BYTES_PER_CYCLE=NAN),
+     ["HOST_GATHER_BYTES_PER_CYCLE"]),
     # DPU and MARSELLUS range-check every field that crosses ctypes (verified here)
     ("dpu-num-pe-2^32", config("dpu", "d1.json", NUM_PE=2**32), ["NUM_PE"]),
     ("dpu-pm-2^31", config("dpu", "d2.json", PM_BYTES=2**31), ["PM_BYTES"]),

@@ -89,6 +89,18 @@ def conv_residual(c: int = 16, hw: int = 8, k: int = 3, batch: int = 1,
     return b.model("conv_residual", x, (batch, c, hw, hw), [y])
 
 
+def conv_chain_residual(c: int = 16, hw: int = 8, batch: int = 1,
+                        seed: int = 0) -> onnx.ModelProto:
+    """``relu(b(a(x)) + a(x))`` with convs ``a`` (+ relu) and ``b``: a conv output read by the
+    next conv and by the Add (tensors passed from one accelerator call to the next)."""
+    bld = Builder(seed)
+    x = INPUT_NAME
+    a = bld.conv(x, c, c, 3, name="a", relu=True)
+    y = bld.conv(a, c, c, 3, name="b")
+    y = bld.relu(bld.add(y, a, "add"), "relu")
+    return bld.model("conv_chain_residual", x, (batch, c, hw, hw), [y])
+
+
 def conv_pool(kind: str = "max", c: int = 16, hw: int = 8, batch: int = 1,
               seed: int = 0) -> onnx.ModelProto:
     """conv-relu followed by a pool: ``kind`` is ``max`` (3x3/2 pad 1), ``avg`` (2x2/2) or
@@ -235,8 +247,9 @@ def conv_batchnorm(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> on
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
-    "single_dense", "conv_residual", "conv_pool", "conv_concat", "conv_flatten_dense",
-    "conv_unary", "aspp_head", "squeeze_excitation", "relu_batchnorm", "conv_batchnorm")}
+    "single_dense", "conv_residual", "conv_chain_residual", "conv_pool", "conv_concat",
+    "conv_flatten_dense", "conv_unary", "aspp_head", "squeeze_excitation", "relu_batchnorm",
+    "conv_batchnorm")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,

@@ -114,8 +114,16 @@ def test_cli_compile_run_and_disassemble_round_trip(tmp_path):
     assert main(["disassemble", str(pkg), "--limit", "5"]) == 0
 
 
-def test_profile_shows_host_rewrites_modelled_and_measured(tmp_path, capsys):
+def _host_rows(out: str) -> list[list[str]]:
+    """The rows of the profile's host-pass table (before its TOTAL)."""
+    lines = out[out.index("host passes"):].replace(",", "").splitlines()[3:]
+    return [r.split() for r in lines[:lines.index(next(r for r in lines
+                                                        if r.startswith("TOTAL")))]]
+
+
+def test_profile_prices_host_gathers_and_copies_at_their_own_rates(tmp_path, capsys):
     from tvm_accel.cli import main
+    from tvm_vta_cp.hw_config import load_config
 
     model = tmp_path / "m.onnx"
     import onnx
@@ -127,12 +135,43 @@ def test_profile_shows_host_rewrites_modelled_and_measured(tmp_path, capsys):
     assert "pack" in capsys.readouterr().out  # batch 1 on BATCH=8: auto picks an image pack
     assert main(["run", str(pkg), "--fill-mode", "random", "--profile"]) == 0
     out = capsys.readouterr().out
-    lines = out[out.index("host layout rewrites"):].replace(",", "").splitlines()[3:]
-    rows = {r.split()[1]: r.split() for r in lines[:lines.index(next(
-        r for r in lines if r.startswith("TOTAL")))]}
+    rows = {r[1]: r for r in _host_rows(out)}
     assert set(rows) == {"pack", "unpack"}
-    for _, _, nbytes, cycles, measured in rows.values():  # HOST_BYTES_PER_CYCLE is 1
-        assert int(nbytes) > 0 and float(cycles) == int(nbytes) and float(measured) > 0
+    cfg = load_config("vta_8x8x8")
+    rate = {"gather": cfg.HOST_GATHER_BYTES_PER_CYCLE, "copy": cfg.HOST_COPY_BYTES_PER_CYCLE}
+    assert rows["pack"][2] == "gather" and rows["unpack"][2] == "copy"
+    for _, _, kind, nbytes, cycles, measured in rows.values():
+        assert int(nbytes) > 0 and float(measured) > 0
+        assert float(cycles) == pytest.approx(int(nbytes) / rate[kind], abs=0.5)
+        assert float(cycles) != int(nbytes)
+
+
+def test_profile_total_is_accelerator_plus_host_cycles(tmp_path, capsys):
+    from tvm_accel.cli import main
+
+    model = tmp_path / "m.onnx"
+    import json
+
+    import onnx
+
+    onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), str(model))
+    pkg = tmp_path / "m.tar"
+    assert main(["compile", str(model), "--target", "vta, llvm", "-o", str(pkg),
+                 "--target-vta-strategy", "static"]) == 0
+    assert main(["run", str(pkg), "--fill-mode", "random", "--profile"]) == 0
+    raw = capsys.readouterr().out
+    out = raw.replace(",", "")
+    # the static template: the runtime blocks the input and unblocks the output
+    assert sorted(r[1] for r in _host_rows(out)) == ["block", "unblock"]
+    table = out[:out.index("host passes")].splitlines()
+    acc = int(next(r for r in table if r.startswith("accelerator")).split()[2])
+    host = int(next(r for r in table if r.startswith("host (model)")).split()[3])
+    total = int(next(r for r in table if r.startswith("TOTAL")).split()[2])
+    assert acc > 0 and host > 0 and total == acc + host
+    summary = json.loads(next(ln for ln in raw.splitlines()
+                              if ln.startswith("summary: "))[len("summary: "):])
+    assert summary["total_cycles"] == pytest.approx(summary["cycles"]
+                                                    + summary["host_model_cycles"])
 
 
 def test_unknown_config_is_one_error_line(tmp_path, capsys):

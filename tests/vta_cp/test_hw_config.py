@@ -39,7 +39,8 @@ def _write(tmp_path, **changes):
     ({"GEMM_CYCLES_PER_UOP": 2**32 + 1}, "GEMM_CYCLES_PER_UOP"),
     ({"CLOCK_MHZ": float("nan")}, "CLOCK_MHZ"),
     ({"DRAM_BYTES_PER_CYCLE": float("inf")}, "DRAM_BYTES_PER_CYCLE"),
-    ({"HOST_BYTES_PER_CYCLE": 10**400}, "HOST_BYTES_PER_CYCLE"),
+    ({"HOST_GATHER_BYTES_PER_CYCLE": 10**400}, "HOST_GATHER_BYTES_PER_CYCLE"),
+    ({"HOST_COPY_BYTES_PER_CYCLE": 0}, "HOST_COPY_BYTES_PER_CYCLE"),
 ])
 def test_inconsistent_config_names_the_file_and_field(tmp_path, changes, field):
     p = _write(tmp_path, **changes)
