@@ -14,7 +14,7 @@ import onnx
 
 from tvm_accel.zoo.builder import INPUT_NAME, Builder, check_hw, scaled
 
-#: MobileNetV2 (Sandler et al. 2018, Table 2): (expansion t, channels c, repeats n, stride s)
+#: MobileNetV2 (Sandler et al., 2018, Table 2): (expansion t, channels c, repeats n, stride s)
 MOBILENET_V2_CFG = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
                     (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 

@@ -17,14 +17,14 @@ def _double_conv(b: Builder, x: str, cin: int, cout: int, name: str) -> str:
 
 def unet(seed: int = 0, batch: int = 1, hw: int = 64, width: float = 0.25, levels: int = 3,
          out_channels: int = 2) -> onnx.ModelProto:
-    """U-Net (Ronneberger et al. 2015) with ``levels`` 2x2 max-pool downsamplings: double
-    conv3x3 -> ReLU per level (64, 128, ... channels scaled by ``width``), a double-conv
-    bottleneck, then per level up: a 2x upsampling halving the channels, concat with the
-    encoder feature of that level (skip), double conv; conv1x1 to ``out_channels``. The
-    upsampling alternates between the paper's 2x2/2 up-convolution (ConvTranspose; the
-    deepest level) and a nearest Resize x2 followed by a 1x1 conv (the common variant), so
-    the network has both. Padded convs keep the sizes equal (no cropping of the skips, as
-    in most reimplementations); ``hw`` a multiple of 2^``levels``."""
+    """U-Net (Ronneberger, Fischer and Brox, 2015) with ``levels`` 2x2 max-pool
+    downsamplings: double conv3x3 -> ReLU per level (64, 128, ... channels scaled by
+    ``width``), a double-conv bottleneck, then per level up: a 2x upsampling halving the
+    channels, concat with the encoder feature of that level (skip), double conv; conv1x1 to
+    ``out_channels``. The upsampling alternates between the paper's 2x2/2 up-convolution
+    (ConvTranspose; the deepest level) and a nearest Resize x2 followed by a 1x1 conv (the
+    common variant), so the network has both. Padded convs keep the sizes equal (no cropping
+    of the skips, as in most reimplementations); ``hw`` a multiple of 2^``levels``."""
     check_hw(hw, 2 ** levels, "unet")
     b = Builder(seed)
     c = [scaled(64 * 2 ** i, width) for i in range(levels + 1)]
@@ -50,7 +50,8 @@ def unet(seed: int = 0, batch: int = 1, hw: int = 64, width: float = 0.25, level
 def deeplab_aspp(seed: int = 0, batch: int = 1, hw: int = 64, width: float = 0.25,
                  rates: tuple[int, ...] = (6, 12), num_classes: int = 21,
                  image_pool: bool = True) -> onnx.ModelProto:
-    """DeepLabv3's Atrous Spatial Pyramid Pooling head (Chen et al. 2017) on a small backbone
+    """DeepLabv3's Atrous Spatial Pyramid Pooling head (Chen, Papandreou, Schroff and Adam,
+    2017) on a small backbone
     of three conv3x3/2 -> ReLU (64, 128, 256 channels x ``width``: output stride 8): a 1x1
     conv (rate 1), one 3x3 conv per dilation of ``rates`` and, with ``image_pool``, the image
     pooling branch (GlobalAveragePool -> conv1x1 -> nearest Resize back to the feature
