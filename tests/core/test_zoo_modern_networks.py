@@ -6,9 +6,10 @@ alone is within 2 LSB of onnxruntime. How many layers each target offloads is me
 ``benchmarks/modern_networks.py``, not asserted (it grows as the targets gain operators).
 
 End to end, the outputs differ from onnxruntime's by more than 2 LSB on the deeper networks
-(measured 2..21 LSB at the zoo's sizes): each layer's own difference (at most 1 LSB: ties
-rounded half up, the target's requantize recipe) is carried and amplified by the layers after
-it, so the per-layer figure (``tvmc compare``'s "local LSB") is the one bounded here."""
+(1..21 LSB at the zoo's sizes, measured by benchmarks/modern_networks.py): each layer's own
+difference (at most 1 LSB: ties rounded half up, the target's requantize recipe) is carried
+and amplified by the layers after it, so the per-layer figure (``tvmc compare``'s "local
+LSB") is the one bounded here."""
 
 from __future__ import annotations
 
