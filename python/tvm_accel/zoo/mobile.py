@@ -10,6 +10,8 @@ number of blocks per stage (the papers' depth by default) for quick tests.
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 
 from tvm_accel.zoo.builder import INPUT_NAME, Builder, check_hw, scaled
@@ -23,8 +25,9 @@ EFFICIENTNET_B0_CFG = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6,
                        (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
 
 #: SqueezeNet 1.1 fire modules (squeeze, expand 1x1, expand 3x3); "M" = 3x3/2 ceil-mode max pool
-SQUEEZENET_1_1_CFG = ((16, 64, 64), (16, 64, 64), "M", (32, 128, 128), (32, 128, 128), "M",
-                      (48, 192, 192), (48, 192, 192), (64, 256, 256), (64, 256, 256))
+SQUEEZENET_1_1_CFG: tuple[Any, ...] = (
+    (16, 64, 64), (16, 64, 64), "M", (32, 128, 128), (32, 128, 128), "M",
+    (48, 192, 192), (48, 192, 192), (64, 256, 256), (64, 256, 256))
 
 
 def _classifier(b: Builder, y: str, c: int, num_classes: int) -> str:
