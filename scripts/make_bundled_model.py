@@ -12,13 +12,14 @@ from pathlib import Path
 
 import onnx
 
-from tvm_accel import zoo
+from tvm_accel import quantize, zoo
 
 models = Path(__file__).resolve().parents[1] / "python" / "tvm_accel" / "models"
 for name, model in (
-    ("tiny_cnn_int8.onnx", zoo.quantize(zoo.tiny_cnn(seed=0), activation_type="int8",
-                                        per_channel=True)),
-    ("tiny_cnn_pow2.onnx", zoo.quantize(zoo.tiny_cnn(seed=0, batch=4), power_of_two=True)),
+    ("tiny_cnn_int8.onnx", quantize.ort_quantize(zoo.tiny_cnn(seed=0), activation_type="int8",
+                                                 per_channel=True)),
+    ("tiny_cnn_pow2.onnx", quantize.ort_quantize(zoo.tiny_cnn(seed=0, batch=4),
+                                                 power_of_two=True)),
 ):
     onnx.save(model, models / name)
     print(f"wrote {models / name} ({(models / name).stat().st_size} bytes)")

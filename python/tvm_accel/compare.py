@@ -167,6 +167,34 @@ def cut_at_layer_outputs(exposed: onnx.ModelProto, ours: dict[str, np.ndarray]
     return out
 
 
+#: operators that only move or reshape values: an output behind them keeps its producer's step
+_VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity")
+
+
+def output_lsb(model: onnx.ModelProto, ours: list[np.ndarray], theirs: list[np.ndarray]
+               ) -> list[float | None]:
+    """Largest difference of each graph output of the QDQ ``model`` between two runs (ours,
+    onnxruntime's), in steps of the output's DequantizeLinear scale (found through view ops
+    such as Flatten), rounded to 1/1000 of a step (float noise of the dequantized values); None
+    for an output no DequantizeLinear produces (a float op's)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
+    out: list[float | None] = []
+    for vi, a, b in zip(model.graph.output, ours, theirs, strict=True):
+        n = producer.get(vi.name)
+        while n is not None and n.op_type in _VIEW_OPS:
+            n = producer.get(n.input[0])
+        scale = inits.get(n.input[1]) if n is not None and n.op_type == "DequantizeLinear" \
+            else None
+        if scale is None or np.asarray(a).shape != np.asarray(b).shape:
+            out.append(None)
+            continue
+        step = float(np.max(onnx.numpy_helper.to_array(scale)))
+        d = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+        out.append(round(float(d.max()) / step, 3) if d.size else 0.0)
+    return out
+
+
 def _diff(ours: np.ndarray, theirs: np.ndarray, tensor: str) -> tuple[int, float]:
     if ours.shape != theirs.shape:
         raise AccelError(f"{tensor}: the compiled model returns shape {list(ours.shape)}, "

@@ -13,6 +13,7 @@ from tvm_accel.compare import (
     expose_layer_outputs,
     layer_outputs,
     ort_session,
+    output_lsb,
 )
 from tvm_accel.frontend import load_onnx, random_inputs
 
@@ -168,3 +169,24 @@ def test_resnet20_layers_alone_agree_with_onnxruntime_within_one_lsb(target, kw)
     assert len(rep.layers) == 34
     assert all(r.placement == target for r in rep.layers if r.op in ("conv2d", "add"))
     assert rep.local_max_lsb <= 1
+
+
+def test_output_lsb_counts_steps_of_the_output_scale_through_a_flatten():
+    q = models.quantized("conv_pool", kind="gap", c=8, hw=8)
+    dq = next(n for n in q.graph.node if n.output[0] == q.graph.output[0].name)
+    scale = float(onnx.numpy_helper.to_array(
+        next(t for t in q.graph.initializer if t.name == dq.input[1])))
+    flat = onnx.ModelProto()
+    flat.CopyFrom(q)
+    flat.graph.node.append(onnx.helper.make_node("Flatten", [dq.output[0]], ["flat"], axis=1))
+    del flat.graph.output[:]
+    flat.graph.output.append(onnx.helper.make_tensor_value_info("flat", onnx.TensorProto.FLOAT,
+                                                                [1, 8]))
+    (theirs,) = ort_session(flat).run(None, random_inputs(load_onnx(flat)[1]))
+    ours = theirs.copy()
+    ours[0, 3] += 2 * scale
+    assert output_lsb(flat, [ours], [theirs]) == [2.0]
+    same = theirs.reshape(1, 8, 1, 1)
+    assert output_lsb(q, [same], [same]) == [0.0]
+    float_model = models.single_conv(8, 8, 3, hw=4)
+    assert output_lsb(float_model, [np.zeros(1)], [np.ones(1)]) == [None]
