@@ -9,7 +9,9 @@ as its input phases), transpose conv (its output phases, ``strategy.deconv``), c
 integer factors (phase copies on the cores, ``strategy.resize``), dense (cluster FC),
 the residual add (a 1x1 BinConv on the RBE between RBE layers, else the cluster ADD: one
 recipe fits both), max pool with the same quantization in and out, and average / global
-average pool (cluster AVGPOOL). Requantization must be expressible as NormQuant: no
+average pool (cluster AVGPOOL), and the table lookups of the integer activations (Sigmoid,
+SiLU, HardSigmoid, HardSwish, Tanh, LeakyRelu, PRelu: cluster LUT, one table in L1).
+Requantization must be expressible as NormQuant: no
 pre-shift, 16-bit kappa, shift 0..31, a 32-bit lambda once bias and zero points are folded,
 and a clip equal to the output type's range (or its ReLU half).
 """
@@ -28,6 +30,7 @@ from tvm_accel.partition import (
     qconcat_pattern,
     qdeconv_pattern,
     qlinear_pattern,
+    qlut_pattern,
     qpool_pattern,
     qupsample_pattern,
     static_shape,
@@ -268,6 +271,18 @@ def global_pool_fits(m: dict) -> bool:
     return s is not None and len(s) == 4 and s[2] <= MAX_WINDOW and s[3] <= MAX_WINDOW
 
 
+def lut_tensors_fit(m: dict) -> bool:
+    """input or output is not a static 4-D int8/uint8 tensor within the 16-bit shape fields, or
+    the table has not one row or one row per channel (cluster LUT: one 256-byte row per
+    channel of an HWC tile)"""
+    s, so = static_shape(m["data"]), static_shape(m["core"])
+    if s is None or so is None or len(s) != 4 or s != so or max(s) > MAX_DIM:
+        return False
+    rows = const_value(m["table"]).size // 256
+    return (dtype_of(m["data"]) in _INT and dtype_of(m["core"]) in _INT
+            and rows in (1, s[1]) and const_value(m["table"]).size == rows * 256)
+
+
 _COMMON = [activations_8bit, static_shapes, dims_fit, weights_fit_int8, requant_is_normquant,
            clip_is_output_range, acc_fits_int32, lambda_fits_int32]
 
@@ -302,6 +317,7 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("marsellus.avgpool", "avg_pool2d", *qpool_pattern("avg"),
                        [pool_is_plain, pool_input_8bit, pool_shape_fits, pool_window_fits,
                         clip_is_output_range, avg_recipe_fits]),
+        OffloadPattern("marsellus.lut", "lut", *qlut_pattern(), [lut_tensors_fit]),
         OffloadPattern("marsellus.globalavgpool", "global_avg_pool2d",
                        *qpool_pattern("global_avg"),
                        [pool_is_plain, pool_input_8bit, pool_shape_fits, global_pool_fits,

@@ -8,7 +8,7 @@
 static const char *const MEM_NAMES[3] = {"L3", "L2", "L1"};
 static const char *const CL_NAMES[MARS_CL_NUM] = {"?", "CL.CONV", "CL.DWCONV", "CL.FC", "CL.ADD",
                                                   "CL.MAXPOOL", "CL.AVGPOOL", "CL.HWC2RBE",
-                                                  "CL.RBE2HWC"};
+                                                  "CL.RBE2HWC", "CL.LUT"};
 
 const char *mars_cmd_name(const mars_cmd *c)
 {
@@ -545,6 +545,20 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
         c->rd_bytes[MARS_MEM_L1] += in_b;
         work = ceil_rate((double)n_out, cfg->cl_eltwise_elems);
         break;
+    case MARS_CL_LUT: {
+        /* lambda = the table's channel stride: 0 (one row for every channel) or 256 */
+        uint64_t rows = c->lambda ? (uint64_t)c->k_in : 1;
+        if (c->in_bits != 8 || c->out_bits != 8 || (c->lambda != 0 && c->lambda != 256) || c->relu ||
+            c->shift || c->nq || c->pad_value)
+            FAIL(ACCEL_ERR_DECODE, CMDF "fields in_bits/out_bits/lambda: %d/%d/%d (LUT: 8-bit bytes, "
+                 "channel stride 0 or 256; relu, shift, word 6 and pad_value 0)", CMDA, c->in_bits,
+                 c->out_bits, (int)c->lambda);
+        if (check_range(e, idx, c, "table", MARS_MEM_L1, c->w, rows * 256, m))
+            return e->code;
+        c->rd_bytes[MARS_MEM_L1] += n_out;
+        work = ceil_rate((double)n_out * cfg->cl_lut_cycles, (double)cfg->cluster_cores);
+        break;
+    }
     case MARS_CL_MAXPOOL:
     case MARS_CL_AVGPOOL:
         work = ceil_rate((double)n_out * c->kh * c->kw, cfg->cl_pool_taps);

@@ -5,7 +5,7 @@ tensor (``docs/marsellus.md``, Engines and layouts)."""
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, PoolLayer
+from tvm_accel.layers import AddLayer, ConvLayer, LutLayer, PoolLayer
 from tvm_marsellus.strategy.layers import (
     RBE_NO_KIN,
     _clip_mode,
@@ -41,6 +41,8 @@ class EngineChoice:
             return "add"
         if isinstance(layer, PoolLayer):
             return "pool"
+        if isinstance(layer, LutLayer):
+            return "lut"
         raise MappingError(f"layer {layer.name}: {type(layer).__name__} has no MARSELLUS kernel")
 
     def _cluster_much_faster(self, ly: ConvLayer) -> bool:
@@ -115,7 +117,7 @@ class EngineChoice:
             if t.layout != "hwc" or not t.signed or ly.output in io or not consumers.get(
                     ly.output):
                 continue
-            if self.kinds[ly.name] == "pool" and ly.kind == "max":
+            if self.kinds[ly.name] == "lut" or (self.kinds[ly.name] == "pool" and ly.kind == "max"):
                 continue
             if any(self.kinds[c.name] == "pool" and c.kind == "max" for c in consumers[ly.output]):
                 continue

@@ -47,6 +47,8 @@ class Kernels:
         lo, hi, ptop, pbot = g.in_rows(ho0, hh)
         clo, chi, pleft, pright = g.in_cols(wo0, ww)
         rows, cols = hi - lo, chi - clo
+        if lay.kind == "lut":
+            return [self._lut(lay, hh, ww, buf, wslot)], 0
         if lay.kind == "pool":
             return [self._pool(lay, rows, hh, cols, ww, (ptop, pleft, pbot, pright), buf)], 0
         relu, _ = _clip_mode(ly, tout, None if lay.engine == "rbe" and tout.layout == "rbe"
@@ -158,6 +160,19 @@ class Kernels:
             shift=int(rq.shift), in_addr=buf("in"), w_addr=buf("in") + row_a,
             out_addr=buf("out"), kappa_a=int(ly.a_multiplier), kappa_b=int(ly.b_multiplier),
             lambda_=lam, h_in=hh, w_in=ww, c_in=g.c, c_out=g.c, h_out=hh, w_out=ww)
+
+    def _lut(self, lay: _Layer, hh: int, ww: int, buf, wslot: int) -> cg.ClusterKernel:
+        """CL.LUT over one tile: each byte replaced by its entry in the table at ``wslot``
+        (``lambda_`` = the channel stride: 0 for one shared row, 256 for a row per channel)."""
+        ly, tin, tout = lay.layer, lay.tin, lay.tout
+        if tin.cbits != 8 or tout.cbits != 8:
+            raise MappingError(f"layer {ly.name}: table lookup of {tin.bits}-bit codes (the "
+                               "cluster LUT indexes whole bytes)")
+        return cg.ClusterKernel(
+            kernel="LUT", in_signed=int(tin.stored_signed), out_signed=int(tout.stored_signed),
+            in_bits=8, out_bits=8, in_addr=buf("in"), out_addr=buf("out"), w_addr=wslot,
+            lambda_=256 if ly.table.shape[0] > 1 else 0, h_in=hh, w_in=ww, c_in=lay.geo.c,
+            c_out=lay.geo.c, h_out=hh, w_out=ww)
 
     def _pool(self, lay: _Layer, rows: int, hh: int, cols: int, ww: int,
               pads: tuple[int, int, int, int], buf) -> cg.ClusterKernel:

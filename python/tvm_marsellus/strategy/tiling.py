@@ -48,7 +48,7 @@ def _k_options(k: int, engine: str, kind: str, rbe_out: bool = False) -> list[in
     tensor whole 32-channel words plus the sub-word tiles 8 and 16 (a job with fewer output
     channels leaves BinConv columns idle, but its weights take less L1: a 3x3 layer over 512
     channels needs them, 32 output channels of its weights alone exceed half of L1)."""
-    if kind in ("dw", "pool", "add"):
+    if kind in ("dw", "pool", "add", "lut"):
         return [k]
     if engine == "rbe" or rbe_out:
         return sorted({m for m in SUBWORD_TILES if m < k and k % 8 == 0}
@@ -174,6 +174,8 @@ class _Layer:
                 b["w"] = _al(kt * g.kh * g.kw * self.tc * wb / 8) + _al(6 * kt)
             elif self.kind == "dw":
                 b["w"] = _al(kt * g.kh * g.kw * wb / 8) + _al(6 * kt)
+            elif self.kind == "lut":  # the table: one 256-byte row, or one per channel
+                b["w"] = self.group_bytes(kt)
             b["out"] = _al(th * self.tw * kt * self.tout.cbits / 8)
             if self.marshals_out:  # the kernel's HWC tile, then its bit planes
                 b["t4"] = b["out"]
@@ -258,6 +260,9 @@ class _Layer:
         # and weight containers, im2col for windows, NormQuant of the last chunk and partial-sum
         # traffic on the cores
         outs = th * self.tw * kt
+        if self.kind == "lut":
+            return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * cfg.CL_LUT_CYCLES_PER_ELEMENT / \
+                cfg.CLUSTER_CORES
         if self.kind == "pool":
             return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * g.kh * g.kw / \
                 cfg.CL_POOL_TAPS_PER_CYCLE
@@ -359,6 +364,9 @@ class _Layer:
         g = self.geo
         if self.kind in ("add", "pool"):
             return 0
+        if self.kind == "lut":
+            rows = self.layer.table.shape[0]
+            return _al(256 * (kt if rows > 1 else 1))
         if self.engine == "rbe":
             return weight_bytes(kt, g.c, g.kh, self.w_bits) + 6 * kt
         taps = g.kh * g.kw * (g.c if self.kind != "dw" else 1)
@@ -484,6 +492,8 @@ class Tiling:
         start = _al(len(self.image))
         if isinstance(ly, ConvLayer):
             groups = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)]
+        elif kind == "lut":
+            groups = [self._lut_table(lay)]
         else:
             groups = [self._add_weights(lay)] if lay.stacked else []
         lay.wsrc = [(off, size) for off, size, _ in groups]
