@@ -20,8 +20,8 @@ Layer kinds (each docstring gives the exact integer semantics; ``reference_execu
 them): :class:`ConvLayer` (conv2d, grouped/depthwise conv, dense), :class:`AddLayer` (element-wise
 add), :class:`PoolLayer` (max / average / global average pooling), :class:`ConcatLayer` (channel
 concat), :class:`UpsampleLayer` (nearest-neighbour upsample by integer factors) and
-:class:`DeconvLayer` (transpose convolution) and :class:`LutLayer` (a 256-entry table lookup: an
-activation between Q/DQ nodes). Tensors are NCHW (NC for dense); every
+:class:`DeconvLayer` (transpose convolution), :class:`LutLayer` (a 256-entry table lookup: an
+activation between Q/DQ nodes) and :class:`MulLayer` (the product of two quantized tensors). Tensors are NCHW (NC for dense); every
 accumulator is computed in int64 so no intermediate can overflow in the reference.
 """
 
@@ -290,7 +290,23 @@ def lut_execute(x: np.ndarray, layer: LutLayer, dtype: str) -> np.ndarray:
     return t[ch, idx]
 
 
-Layer = ConvLayer | AddLayer | PoolLayer | ConcatLayer | UpsampleLayer | DeconvLayer | LutLayer
+@dataclass
+class MulLayer:
+    """Product of two quantized tensors (a squeeze-excitation gate):
+    ``y = requant((a - za) * (b - zb))``, numpy broadcasting (e.g. ``b`` of shape (N, C, 1, 1)
+    against ``a`` of (N, C, H, W)); the int64 product is exact."""
+
+    name: str
+    inputs: tuple[str, str]
+    output: str
+    a_zero_point: int
+    b_zero_point: int
+    requant: Requant
+    op_name: str = "multiply"
+
+
+Layer = (ConvLayer | AddLayer | PoolLayer | ConcatLayer | UpsampleLayer | DeconvLayer | LutLayer
+         | MulLayer)
 
 
 @dataclass
@@ -528,6 +544,9 @@ def reference_execute(graph: LayerGraph, inputs: dict[str, np.ndarray]) -> dict[
             y = upsample_execute(env[layer.input], layer)
         elif isinstance(layer, DeconvLayer):
             y = layer.requant.apply(deconv_accumulate(env[layer.input], layer))
+        elif isinstance(layer, MulLayer):
+            a, b = (env[n].astype(np.int64) for n in layer.inputs)
+            y = layer.requant.apply((a - layer.a_zero_point) * (b - layer.b_zero_point))
         elif isinstance(layer, LutLayer):
             y = lut_execute(env[layer.input], layer, graph.tensors[layer.input].dtype)
         else:

@@ -29,6 +29,7 @@ from tvm_accel.layers import (
     DeconvLayer,
     LayerGraph,
     LutLayer,
+    MulLayer,
     PoolLayer,
     Requant,
     Tensor,
@@ -192,6 +193,12 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
                          input_zero_point=zx, strides=strides, padding=padding, requant=rq,
                          is_dense=is_dense, op_name="dense" if is_dense else "conv2d",
                          groups=groups, dilation=dilation)
+    if op == "relax.multiply":
+        rq = _requant(ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
+        return MulLayer(name=name, inputs=(inputs[_param_index(comp, ann["lhs"])],
+                                           inputs[_param_index(comp, ann["rhs"])]),
+                        output=output, a_zero_point=_scalar(ann["lhs_zero_point"]),
+                        b_zero_point=_scalar(ann["rhs_zero_point"]), requant=rq)
     if "lhs" in ann:
         rq = _requant(ann, 1, 0, np.ones(1, dtype=np.int64))
         return AddLayer(name=name, inputs=(inputs[0], inputs[1]), output=output,

@@ -8,7 +8,7 @@
 static const char *const MEM_NAMES[3] = {"L3", "L2", "L1"};
 static const char *const CL_NAMES[MARS_CL_NUM] = {"?", "CL.CONV", "CL.DWCONV", "CL.FC", "CL.ADD",
                                                   "CL.MAXPOOL", "CL.AVGPOOL", "CL.HWC2RBE",
-                                                  "CL.RBE2HWC", "CL.LUT"};
+                                                  "CL.RBE2HWC", "CL.LUT", "CL.MUL"};
 
 const char *mars_cmd_name(const mars_cmd *c)
 {
@@ -427,7 +427,7 @@ static int cl_check_window(uint64_t idx, const mars_cmd *c, accel_err *e)
                  CMDA, (long long)c->h_out, (long long)c->w_out, (long long)c->k_out,
                  (long long)c->h_in, (long long)c->w_in, (long long)c->k_in);
     }
-    if (k != MARS_CL_ADD && c->b_signed)
+    if (k != MARS_CL_ADD && k != MARS_CL_MUL && c->b_signed)
         FAIL(ACCEL_ERR_DECODE, CMDF "field b_signed: set on a kernel without a B input", CMDA);
     return ACCEL_OK;
 }
@@ -543,6 +543,16 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
         if (check_range(e, idx, c, "input B", MARS_MEM_L1, c->w, in_b, m))
             return e->code;
         c->rd_bytes[MARS_MEM_L1] += in_b;
+        work = ceil_rate((double)n_out, cfg->cl_eltwise_elems);
+        break;
+    case MARS_CL_MUL:
+        /* B: one 8-bit value per channel (the squeeze-excitation gate) at w; kappa_b: its zero
+           point (16-bit two's complement); pad_value: A's zero point */
+        if (c->in_bits != 8)
+            FAIL(ACCEL_ERR_DECODE, CMDF "field in_bits: %d (MUL reads 8-bit operands)", CMDA, c->in_bits);
+        if (check_range(e, idx, c, "input B", MARS_MEM_L1, c->w, (uint64_t)c->k_in, m))
+            return e->code;
+        c->rd_bytes[MARS_MEM_L1] += (uint64_t)c->k_in;
         work = ceil_rate((double)n_out, cfg->cl_eltwise_elems);
         break;
     case MARS_CL_LUT: {

@@ -344,6 +344,26 @@ static int cl_lut(const mars_cmd *c, uint8_t *l1)
     return ACCEL_OK;
 }
 
+/* MUL: (A - pad_value) * (B[channel] - kappa_b as int16), normquant'ed with kappa_a. */
+static int cl_mul(const mars_cmd *c, const uint8_t *l1, const int32_t *a, int pad, uint64_t n_out, int64_t *out)
+{
+    const uint64_t k = (uint64_t)c->k_in;
+    const int64_t zb = (int16_t)(uint16_t)c->kappa_b;
+    int32_t *b = unpack_tensor(l1 + c->w, k, 8, c->b_signed);
+    if (!b)
+        return ACCEL_ERR_NOMEM;
+    for (uint64_t i = 0; i < n_out; i++) {
+        if ((i & 0xffff) == 0 && accel_should_stop()) {
+            free(b);
+            return ACCEL_ERR_INTERRUPTED;
+        }
+        out[i] = normquant(((int64_t)a[i] - pad) * ((int64_t)b[i % k] - zb), c->kappa_a, c->lambda, c->shift,
+                           c->out_bits, c->out_signed, c->relu);
+    }
+    free(b);
+    return ACCEL_OK;
+}
+
 /* MAXPOOL / AVGPOOL. */
 static int cl_pool(const mars_cmd *c, const int32_t *a, int pad, int64_t *out)
 {
@@ -405,6 +425,8 @@ static int cl_on_values(const mars_cmd *c, uint8_t *l1, uint64_t n_in, uint64_t 
         rc = cl_conv(c, l1, a, pad, out);
     else if (k == MARS_CL_ADD)
         rc = cl_add(c, l1, a, n_in, n_out, out);
+    else if (k == MARS_CL_MUL)
+        rc = cl_mul(c, l1, a, pad, n_out, out);
     else
         rc = cl_pool(c, a, pad, out);
     if (rc == ACCEL_OK)
