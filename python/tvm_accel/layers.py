@@ -19,10 +19,11 @@ error report).
 Layer kinds (each docstring gives the exact integer semantics; ``reference_execute`` implements
 them): :class:`ConvLayer` (conv2d, grouped/depthwise conv, dense), :class:`AddLayer` (element-wise
 add), :class:`PoolLayer` (max / average / global average pooling), :class:`ConcatLayer` (channel
-concat), :class:`UpsampleLayer` (nearest-neighbour upsample by integer factors) and
+concat), :class:`UpsampleLayer` (nearest-neighbour upsample by integer factors),
 :class:`DeconvLayer` (transpose convolution), :class:`LutLayer` (a 256-entry table lookup: an
-activation between Q/DQ nodes) and :class:`MulLayer` (the product of two quantized tensors). Tensors are NCHW (NC for dense); every
-accumulator is computed in int64 so no intermediate can overflow in the reference.
+activation between Q/DQ nodes) and :class:`MulLayer` (the product of two quantized tensors).
+Tensors are NCHW (NC for dense); every accumulator is computed in int64 so no intermediate can
+overflow in the reference.
 """
 
 from __future__ import annotations

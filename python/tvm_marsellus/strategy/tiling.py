@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import tvm_marsellus.codegen as cg
 from tvm_accel.errors import MappingError
 from tvm_accel.knobs import Knob, KnobSpace, validate_knobs
-from tvm_accel.layers import AddLayer, ConvLayer
+from tvm_accel.layers import ConvLayer
 from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
 from tvm_marsellus.layout import activation_bytes, weight_bytes
 from tvm_marsellus.numerics import add_factors
