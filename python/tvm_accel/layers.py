@@ -19,9 +19,11 @@ error report).
 Layer kinds (each docstring gives the exact integer semantics; ``reference_execute`` implements
 them): :class:`ConvLayer` (conv2d, grouped/depthwise conv, dense), :class:`AddLayer` (element-wise
 add), :class:`PoolLayer` (max / average / global average pooling), :class:`ConcatLayer` (channel
-concat), :class:`UpsampleLayer` (nearest-neighbour upsample by integer factors) and
-:class:`DeconvLayer` (transpose convolution). Tensors are NCHW (NC for dense); every
-accumulator is computed in int64 so no intermediate can overflow in the reference.
+concat), :class:`UpsampleLayer` (nearest-neighbour upsample by integer factors),
+:class:`DeconvLayer` (transpose convolution), :class:`LutLayer` (a 256-entry table lookup: an
+activation between Q/DQ nodes) and :class:`MulLayer` (the product of two quantized tensors).
+Tensors are NCHW (NC for dense); every accumulator is computed in int64 so no intermediate can
+overflow in the reference.
 """
 
 from __future__ import annotations
@@ -265,7 +267,47 @@ class DeconvLayer:
         return int(self.weight.shape[1]) * self.groups
 
 
-Layer = ConvLayer | AddLayer | PoolLayer | ConcatLayer | UpsampleLayer | DeconvLayer
+@dataclass
+class LutLayer:
+    """Table lookup of an 8-bit input (an activation: docs/architecture.md section 4.4):
+    ``y[n, c, ...] = table[c if K > 1 else 0, x[n, c, ...] - lo]`` with ``table`` the
+    ``(K, 256)`` outputs (K = 1, or one row per channel) and ``lo`` the input dtype's minimum
+    (-128 for int8, 0 for uint8)."""
+
+    name: str
+    input: str
+    output: str
+    table: np.ndarray
+    op_name: str = "lut"
+
+
+def lut_execute(x: np.ndarray, layer: LutLayer, dtype: str) -> np.ndarray:
+    """numpy semantics of a :class:`LutLayer` whose input has ``dtype`` (channel axis 1)."""
+    idx = x.astype(np.int64) - DTYPE_RANGE[dtype][0]
+    t = np.asarray(layer.table)
+    if t.shape[0] == 1:
+        return t[0][idx]
+    ch = np.arange(t.shape[0]).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return t[ch, idx]
+
+
+@dataclass
+class MulLayer:
+    """Product of two quantized tensors (a squeeze-excitation gate):
+    ``y = requant((a - za) * (b - zb))``, numpy broadcasting (e.g. ``b`` of shape (N, C, 1, 1)
+    against ``a`` of (N, C, H, W)); the int64 product is exact."""
+
+    name: str
+    inputs: tuple[str, str]
+    output: str
+    a_zero_point: int
+    b_zero_point: int
+    requant: Requant
+    op_name: str = "multiply"
+
+
+Layer = (ConvLayer | AddLayer | PoolLayer | ConcatLayer | UpsampleLayer | DeconvLayer | LutLayer
+         | MulLayer)
 
 
 @dataclass
@@ -503,6 +545,11 @@ def reference_execute(graph: LayerGraph, inputs: dict[str, np.ndarray]) -> dict[
             y = upsample_execute(env[layer.input], layer)
         elif isinstance(layer, DeconvLayer):
             y = layer.requant.apply(deconv_accumulate(env[layer.input], layer))
+        elif isinstance(layer, MulLayer):
+            a, b = (env[n].astype(np.int64) for n in layer.inputs)
+            y = layer.requant.apply((a - layer.a_zero_point) * (b - layer.b_zero_point))
+        elif isinstance(layer, LutLayer):
+            y = lut_execute(env[layer.input], layer, graph.tensors[layer.input].dtype)
         else:
             raise TypeError(f"unknown layer type {type(layer).__name__}")
         env[layer.output] = y.astype(graph.tensors[layer.output].dtype)

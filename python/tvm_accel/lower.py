@@ -28,6 +28,8 @@ from tvm_accel.layers import (
     ConvLayer,
     DeconvLayer,
     LayerGraph,
+    LutLayer,
+    MulLayer,
     PoolLayer,
     Requant,
     Tensor,
@@ -37,6 +39,7 @@ from tvm_accel.partition import (
     LAYER_ATTR,
     OffloadPattern,
     const_value,
+    dtype_of,
     layer_name,
     module_layer_bits,
     module_layer_names,
@@ -190,6 +193,12 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
                          input_zero_point=zx, strides=strides, padding=padding, requant=rq,
                          is_dense=is_dense, op_name="dense" if is_dense else "conv2d",
                          groups=groups, dilation=dilation)
+    if op == "relax.multiply":
+        rq = _requant(ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
+        return MulLayer(name=name, inputs=(inputs[_param_index(comp, ann["lhs"])],
+                                           inputs[_param_index(comp, ann["rhs"])]),
+                        output=output, a_zero_point=_scalar(ann["lhs_zero_point"]),
+                        b_zero_point=_scalar(ann["rhs_zero_point"]), requant=rq)
     if "lhs" in ann:
         rq = _requant(ann, 1, 0, np.ones(1, dtype=np.int64))
         return AddLayer(name=name, inputs=(inputs[0], inputs[1]), output=output,
@@ -245,7 +254,27 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
         rqs = tuple(_tail_requant(ann, f"in{i}_") for i in range(n))
         return ConcatLayer(name=name, inputs=ins, output=output, input_zero_points=zps,
                            requants=rqs, axis=int(core.attrs.axis))
+    if op == "relax.take":
+        return _lut_layer(name, ann, _data_input(data, pat), output)
     raise AccelError(f"composite {pat.name}: no layer kind for core op {op}")
+
+
+def _lut_layer(name: str, ann: dict, data: str, output: str) -> LutLayer:
+    """A table lookup in canonical form (``emit_lut``): the flat table as ``(K, 256)`` rows,
+    the offset checked to be the canonical ``256 * k - lo``."""
+    from tvm_accel.layers import DTYPE_RANGE
+
+    dt = dtype_of(ann["data"])
+    table = const_value(ann["table"])
+    if dt not in DTYPE_RANGE or table.size % 256 or table.ndim != 1:
+        raise AccelError(f"layer {name}: a table lookup that is not 256 entries per row of an "
+                         "8-bit input")
+    rows = table.reshape(-1, 256)
+    offset = const_value(ann["offset"]).astype(np.int64).reshape(-1)
+    want = np.arange(rows.shape[0], dtype=np.int64) * 256 - DTYPE_RANGE[dt][0]
+    if offset.shape != want.shape or not np.array_equal(offset, want):
+        raise AccelError(f"layer {name}: table offset is not the canonical 256 * channel - lo")
+    return LutLayer(name=name, input=data, output=output, table=rows.copy())
 
 
 def _tensor(name: str, expr, bits: int = 8) -> Tensor:
@@ -257,7 +286,10 @@ def _tensor(name: str, expr, bits: int = 8) -> Tensor:
 
 def _output_bits(layer, dtype: str, tensors: dict[str, Tensor]) -> int:
     """Bits of a layer's output: the clip range of its requantize; a layer without one (max
-    pool, upsample, concat of equal quantizations) passes its inputs' widest range on."""
+    pool, upsample, concat of equal quantizations) passes its inputs' widest range on; a table
+    lookup's output is whole bytes (any entry may be any code)."""
+    if isinstance(layer, LutLayer):
+        return 8
     rqs = [layer.requant] if hasattr(layer, "requant") else list(getattr(layer, "requants", ()))
     ins = [layer.input] if hasattr(layer, "input") else list(layer.inputs)
     in_bits = max((tensors[i].bits for i in ins if i in tensors), default=8)

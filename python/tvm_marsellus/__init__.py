@@ -64,8 +64,9 @@ class MarsellusTarget(AccelTarget):
     def recipe_for(self, op: str):
         """Average pools divide on the cluster AVGPOOL (one 16-bit kappa + shift), and a
         concat's rescaled input or a rescaling upsample is copied by a 1x1 AVGPOOL
-        (``strategy.concat``, ``strategy.resize``)."""
-        if op in ("avg_pool2d", "global_avg_pool2d", "concat", "upsample"):
+        (``strategy.concat``, ``strategy.resize``); the product of two tensors (a
+        squeeze-excitation gate) requantizes on the cluster MUL (one 16-bit kappa + shift)."""
+        if op in ("avg_pool2d", "global_avg_pool2d", "concat", "upsample", "multiply"):
             from tvm_marsellus.numerics import avgpool_recipe
 
             return avgpool_recipe

@@ -21,7 +21,7 @@ CMD_BYTES = 64
 NUM_SEMS = 16
 ENGINES = ("IODMA", "DMA_IN", "DMA_OUT", "RBE", "CLUSTER")
 OP_DMA, OP_RBE, OP_CLUSTER, OP_NOP, OP_END = 1, 2, 3, 4, 15
-KERNELS = ("CONV", "DWCONV", "FC", "ADD", "MAXPOOL", "AVGPOOL", "HWC2RBE", "RBE2HWC")
+KERNELS = ("CONV", "DWCONV", "FC", "ADD", "MAXPOOL", "AVGPOOL", "HWC2RBE", "RBE2HWC", "LUT", "MUL")
 NQ_RECORD_BYTES = 6
 
 
@@ -211,7 +211,7 @@ _LAYOUT = {Dma: (OP_DMA, _DMA), RbeJob: (OP_RBE, _RBE), ClusterKernel: (OP_CLUST
            Nop: (OP_NOP, _NOP), End: (OP_END, [])}
 _BY_OP = {op: (cls, table) for cls, (op, table) in _LAYOUT.items()}
 #: kernels whose word 6 holds kappas instead of the NormQuant pointer
-_KAPPA_KERNELS = ("ADD", "AVGPOOL")
+_KAPPA_KERNELS = ("ADD", "AVGPOOL", "MUL")
 
 
 def _field_used(cmd, tr: str) -> bool:

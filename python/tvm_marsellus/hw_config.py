@@ -106,6 +106,7 @@ _FLOAT_FIELDS = (
     "CL_ELTWISE_ELEMS_PER_CYCLE",  # element-wise add with requant, whole cluster
     "CL_POOL_TAPS_PER_CYCLE",    # pooling window taps, whole cluster
     "CL_MARSHAL_BITS_PER_CYCLE",  # HWC <-> bit-plane marshaling, bits per cycle, whole cluster
+    "CL_LUT_CYCLES_PER_ELEMENT",  # table lookup (load, indexed table load, store), per core
 )
 _OPTIONAL = {"TARGET": "sim", "HW_VER": "marsellus-1"}
 
@@ -150,6 +151,7 @@ class MarsellusConfig(HardwareConfig):
     CL_ELTWISE_ELEMS_PER_CYCLE: float
     CL_POOL_TAPS_PER_CYCLE: float
     CL_MARSHAL_BITS_PER_CYCLE: float
+    CL_LUT_CYCLES_PER_ELEMENT: float
     TARGET: str = "sim"
     HW_VER: str = "marsellus-1"
     name: str = "custom"

@@ -9,7 +9,10 @@ as its input phases), transpose conv (its output phases, ``strategy.deconv``), c
 integer factors (phase copies on the cores, ``strategy.resize``), dense (cluster FC),
 the residual add (a 1x1 BinConv on the RBE between RBE layers, else the cluster ADD: one
 recipe fits both), max pool with the same quantization in and out, and average / global
-average pool (cluster AVGPOOL). Requantization must be expressible as NormQuant: no
+average pool (cluster AVGPOOL), and the table lookups of the integer activations (Sigmoid,
+SiLU, HardSigmoid, HardSwish, Tanh, LeakyRelu, PRelu: cluster LUT, one table in L1) and the
+product of a feature map and a per-channel vector (the squeeze-excitation gate: cluster MUL).
+Requantization must be expressible as NormQuant: no
 pre-shift, 16-bit kappa, shift 0..31, a 32-bit lambda once bias and zero points are folded,
 and a clip equal to the output type's range (or its ReLU half).
 """
@@ -28,6 +31,8 @@ from tvm_accel.partition import (
     qconcat_pattern,
     qdeconv_pattern,
     qlinear_pattern,
+    qlut_pattern,
+    qmul_pattern,
     qpool_pattern,
     qupsample_pattern,
     static_shape,
@@ -268,6 +273,39 @@ def global_pool_fits(m: dict) -> bool:
     return s is not None and len(s) == 4 and s[2] <= MAX_WINDOW and s[3] <= MAX_WINDOW
 
 
+def lut_tensors_fit(m: dict) -> bool:
+    """input or output is not a static 4-D int8/uint8 tensor within the 16-bit shape fields, or
+    the table has not one row or one row per channel (cluster LUT: one 256-byte row per
+    channel of an HWC tile)"""
+    s, so = static_shape(m["data"]), static_shape(m["core"])
+    if s is None or so is None or len(s) != 4 or s != so or max(s) > MAX_DIM:
+        return False
+    rows = const_value(m["table"]).size // 256
+    return (dtype_of(m["data"]) in _INT and dtype_of(m["core"]) in _INT
+            and rows in (1, s[1]) and const_value(m["table"]).size == rows * 256)
+
+
+def mul_is_gate(m: dict) -> bool:
+    """product is not an 8-bit 4-D feature map times an 8-bit (N, C, 1, 1) vector of the same
+    type (cluster MUL: one value per channel, broadcast over the pixels)"""
+    a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
+    if a is None or b is None or len(a) != 4 or len(b) != 4:
+        return False
+    if a[2:] == (1, 1) and b[2:] != (1, 1):
+        a, b = b, a
+    return (b == (a[0], a[1], 1, 1) and max(a) <= MAX_DIM
+            and dtype_of(m["lhs"]) == dtype_of(m["rhs"]) in _INT
+            and str(m["root"].attrs.dtype) in _INT)
+
+
+def mul_recipe_fits(m: dict) -> bool:
+    """requantize of the product is not one NormQuant (pre-shift, kappa above 16 bits, shift
+    above 31)"""
+    mult = const_value(m["multiplier"]).reshape(-1)
+    return (int(const_value(m["pre_shift"])) == 0 and mult.size == 1
+            and 1 <= int(mult[0]) <= KAPPA_MAX and 0 <= int(const_value(m["shift"])) <= 31)
+
+
 _COMMON = [activations_8bit, static_shapes, dims_fit, weights_fit_int8, requant_is_normquant,
            clip_is_output_range, acc_fits_int32, lambda_fits_int32]
 
@@ -306,4 +344,7 @@ def pattern_table() -> list[OffloadPattern]:
                        *qpool_pattern("global_avg"),
                        [pool_is_plain, pool_input_8bit, pool_shape_fits, global_pool_fits,
                         clip_is_output_range, avg_recipe_fits]),
+        OffloadPattern("marsellus.lut", "lut", *qlut_pattern(), [lut_tensors_fit]),
+        OffloadPattern("marsellus.mul", "multiply", *qmul_pattern(),
+                       [mul_is_gate, mul_recipe_fits, clip_is_output_range]),
     ]

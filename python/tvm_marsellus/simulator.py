@@ -35,7 +35,7 @@ class _Config(ctypes.Structure):
             "clock_mhz", "dma_bytes_per_cycle", "l3_bytes_per_cycle", "cl_matmul_8b",
             "cl_macload_speedup", "cl_4b_speedup", "cl_2b_speedup", "cl_dw_macs",
             "cl_fc_efficiency", "cl_im2col_bytes", "cl_nq_cycles_per_output",
-            "cl_eltwise_elems", "cl_pool_taps", "cl_marshal_bits")] + [
+            "cl_eltwise_elems", "cl_pool_taps", "cl_marshal_bits", "cl_lut_cycles")] + [
         ("max_cycles", ctypes.c_uint64)]
 
 
@@ -174,6 +174,7 @@ def _c_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
         "cl_eltwise_elems": cfg.CL_ELTWISE_ELEMS_PER_CYCLE,
         "cl_pool_taps": cfg.CL_POOL_TAPS_PER_CYCLE,
         "cl_marshal_bits": cfg.CL_MARSHAL_BITS_PER_CYCLE,
+        "cl_lut_cycles": cfg.CL_LUT_CYCLES_PER_ELEMENT,
     }
     simlib.fill_struct(c, vals, WHAT)
     c.max_cycles = int(max_cycles or 0)

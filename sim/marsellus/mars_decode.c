@@ -8,7 +8,7 @@
 static const char *const MEM_NAMES[3] = {"L3", "L2", "L1"};
 static const char *const CL_NAMES[MARS_CL_NUM] = {"?", "CL.CONV", "CL.DWCONV", "CL.FC", "CL.ADD",
                                                   "CL.MAXPOOL", "CL.AVGPOOL", "CL.HWC2RBE",
-                                                  "CL.RBE2HWC"};
+                                                  "CL.RBE2HWC", "CL.LUT", "CL.MUL"};
 
 const char *mars_cmd_name(const mars_cmd *c)
 {
@@ -429,7 +429,7 @@ static int cl_check_window(uint64_t idx, const mars_cmd *c, accel_err *e)
                  CMDA, (long long)c->h_out, (long long)c->w_out, (long long)c->k_out,
                  (long long)c->h_in, (long long)c->w_in, (long long)c->k_in);
     }
-    if (k != MARS_CL_ADD && c->b_signed)
+    if (k != MARS_CL_ADD && k != MARS_CL_MUL && c->b_signed)
         FAIL(ACCEL_ERR_DECODE, CMDF "field b_signed: set on a kernel without a B input", CMDA);
     return ACCEL_OK;
 }
@@ -547,6 +547,30 @@ static int decode_cluster(const mars_config *cfg, const uint8_t *p, uint64_t idx
         c->rd_bytes[MARS_MEM_L1] += in_b;
         work = ceil_rate((double)n_out, cfg->cl_eltwise_elems);
         break;
+    case MARS_CL_MUL:
+        /* B: one 8-bit value per channel (the squeeze-excitation gate) at w; kappa_b: its zero
+           point (16-bit two's complement); pad_value: A's zero point */
+        if (c->in_bits != 8)
+            FAIL(ACCEL_ERR_DECODE, CMDF "field in_bits: %d (MUL reads 8-bit operands)", CMDA, c->in_bits);
+        if (check_range(e, idx, c, "input B", MARS_MEM_L1, c->w, (uint64_t)c->k_in, m))
+            return e->code;
+        c->rd_bytes[MARS_MEM_L1] += (uint64_t)c->k_in;
+        work = ceil_rate((double)n_out, cfg->cl_eltwise_elems);
+        break;
+    case MARS_CL_LUT: {
+        /* lambda = the table's channel stride: 0 (one row for every channel) or 256 */
+        uint64_t rows = c->lambda ? (uint64_t)c->k_in : 1;
+        if (c->in_bits != 8 || c->out_bits != 8 || (c->lambda != 0 && c->lambda != 256) || c->relu ||
+            c->shift || c->nq || c->pad_value)
+            FAIL(ACCEL_ERR_DECODE, CMDF "fields in_bits/out_bits/lambda: %d/%d/%d (LUT: 8-bit bytes, "
+                 "channel stride 0 or 256; relu, shift, word 6 and pad_value 0)", CMDA, c->in_bits,
+                 c->out_bits, (int)c->lambda);
+        if (check_range(e, idx, c, "table", MARS_MEM_L1, c->w, rows * 256, m))
+            return e->code;
+        c->rd_bytes[MARS_MEM_L1] += n_out;
+        work = ceil_rate((double)n_out * cfg->cl_lut_cycles, (double)cfg->cluster_cores);
+        break;
+    }
     case MARS_CL_MAXPOOL:
     case MARS_CL_AVGPOOL:
         work = ceil_rate((double)n_out * c->kh * c->kw, cfg->cl_pool_taps);

@@ -330,6 +330,40 @@ static int cl_add(const mars_cmd *c, const uint8_t *l1, const int32_t *a, uint64
     return ACCEL_OK;
 }
 
+/* LUT: each output byte is the table entry its input byte indexes, in the row of its channel
+   (HWC: the channel is the innermost index) when the channel stride (lambda) is 256. */
+static int cl_lut(const mars_cmd *c, uint8_t *l1)
+{
+    const uint64_t n = (uint64_t)(c->h_in * c->w_in), k = (uint64_t)c->k_in, stride = (uint64_t)c->lambda;
+    for (uint64_t p = 0; p < n; p++) {
+        if ((p & 0xfff) == 0 && accel_should_stop())
+            return ACCEL_ERR_INTERRUPTED;
+        for (uint64_t ch = 0; ch < k; ch++)
+            l1[c->y + p * k + ch] = l1[c->w + ch * stride + l1[c->x + p * k + ch]];
+    }
+    return ACCEL_OK;
+}
+
+/* MUL: (A - pad_value) * (B[channel] - kappa_b as int16), normquant'ed with kappa_a. */
+static int cl_mul(const mars_cmd *c, const uint8_t *l1, const int32_t *a, int pad, uint64_t n_out, int64_t *out)
+{
+    const uint64_t k = (uint64_t)c->k_in;
+    const int64_t zb = (int16_t)(uint16_t)c->kappa_b;
+    int32_t *b = unpack_tensor(l1 + c->w, k, 8, c->b_signed);
+    if (!b)
+        return ACCEL_ERR_NOMEM;
+    for (uint64_t i = 0; i < n_out; i++) {
+        if ((i & 0xffff) == 0 && accel_should_stop()) {
+            free(b);
+            return ACCEL_ERR_INTERRUPTED;
+        }
+        out[i] = normquant(((int64_t)a[i] - pad) * ((int64_t)b[i % k] - zb), c->kappa_a, c->lambda, c->shift,
+                           c->out_bits, c->out_signed, c->relu);
+    }
+    free(b);
+    return ACCEL_OK;
+}
+
 /* MAXPOOL / AVGPOOL. */
 static int cl_pool(const mars_cmd *c, const int32_t *a, int pad, int64_t *out)
 {
@@ -391,6 +425,8 @@ static int cl_on_values(const mars_cmd *c, uint8_t *l1, uint64_t n_in, uint64_t 
         rc = cl_conv(c, l1, a, pad, out);
     else if (k == MARS_CL_ADD)
         rc = cl_add(c, l1, a, n_in, n_out, out);
+    else if (k == MARS_CL_MUL)
+        rc = cl_mul(c, l1, a, pad, n_out, out);
     else
         rc = cl_pool(c, a, pad, out);
     if (rc == ACCEL_OK)
@@ -405,7 +441,9 @@ static int exec_cluster(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err
     uint64_t n_in = (uint64_t)(c->h_in * c->w_in * c->k_in), n_out = (uint64_t)(c->h_out * c->w_out * c->k_out);
     int64_t *out = accel_calloc(n_out, sizeof(int64_t));
     int rc = ACCEL_ERR_NOMEM;
-    if (out && c->kernel == MARS_CL_RBE_TO_HWC) {
+    if (out && c->kernel == MARS_CL_LUT) {
+        rc = cl_lut(c, l1);
+    } else if (out && c->kernel == MARS_CL_RBE_TO_HWC) {
         rc = cl_rbe_to_hwc(c, l1, out);
         if (rc == ACCEL_OK)
             cl_store(c, l1, out, n_out, 0);

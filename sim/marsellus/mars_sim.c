@@ -39,7 +39,7 @@ int mars_check_config(const mars_config *c, accel_err *e)
         double v[] = {c->clock_mhz, c->dma_bytes_per_cycle, c->l3_bytes_per_cycle, c->cl_matmul_8b,
                       c->cl_macload_speedup, c->cl_4b_speedup, c->cl_2b_speedup, c->cl_dw_macs,
                       c->cl_fc_efficiency, c->cl_im2col_bytes, c->cl_nq_cycles_per_output,
-                      c->cl_eltwise_elems, c->cl_pool_taps, c->cl_marshal_bits};
+                      c->cl_eltwise_elems, c->cl_pool_taps, c->cl_marshal_bits, c->cl_lut_cycles};
         for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
             if (!(v[i] > 0 && v[i] < 1e9))
                 return accel_fail(e, ACCEL_ERR_CONFIG, "config: rate %zu is %g, must be positive", i, v[i]);

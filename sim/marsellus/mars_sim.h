@@ -37,8 +37,11 @@
  *            CONV / FC with partial sums (Kin tiling): + outputs * (psum_in + psum_out) / cores
  *                  (one 32-bit load / store per output); no NormQuant term when psum_out
  *            DW    ceil(MACs / dw_rate) + outputs * nq_cycles / cores
- *            ADD   elements / eltwise rate; MAXPOOL/AVGPOOL taps / pool rate;
+ *            ADD, MUL  elements / eltwise rate; MAXPOOL/AVGPOOL taps / pool rate;
  *            HWC<->RBE marshaling  element bits / marshal rate
+ *            LUT   ceil(elements * lut_cycles / cores): per element and core a load of the
+ *                  input byte, an indexed load of the table entry in L1, a store, and one
+ *                  cycle for the channel row / load-use stall (default 4)
  *   NOP 0 cycles, END 0 cycles.
  * Execution is discrete-event: among the engines whose next command has all its tokens, the one
  * that can start earliest runs (ties in engine order); its memory effects are applied at that
@@ -65,7 +68,8 @@ enum { MARS_ENG_IODMA = 0, MARS_ENG_DMA_IN = 1, MARS_ENG_DMA_OUT = 2, MARS_ENG_R
 enum { MARS_MEM_L3 = 0, MARS_MEM_L2 = 1, MARS_MEM_L1 = 2 };
 enum { MARS_OP_DMA = 1, MARS_OP_RBE = 2, MARS_OP_CLUSTER = 3, MARS_OP_NOP = 4, MARS_OP_END = 15 };
 enum { MARS_CL_CONV = 1, MARS_CL_DWCONV = 2, MARS_CL_FC = 3, MARS_CL_ADD = 4, MARS_CL_MAXPOOL = 5,
-       MARS_CL_AVGPOOL = 6, MARS_CL_HWC_TO_RBE = 7, MARS_CL_RBE_TO_HWC = 8, MARS_CL_NUM = 9 };
+       MARS_CL_AVGPOOL = 6, MARS_CL_HWC_TO_RBE = 7, MARS_CL_RBE_TO_HWC = 8, MARS_CL_LUT = 9,
+       MARS_CL_MUL = 10, MARS_CL_NUM = 11 };
 enum { MARS_RBE_LOAD = 0, MARS_RBE_COMPUTE = 1, MARS_RBE_NORMQUANT = 2, MARS_RBE_STREAMOUT = 3,
        MARS_RBE_SETUP = 4, MARS_RBE_NUM_PHASES = 5 };
 
@@ -82,7 +86,7 @@ typedef struct {
     double clock_mhz, dma_bytes_per_cycle, l3_bytes_per_cycle;
     double cl_matmul_8b, cl_macload_speedup, cl_4b_speedup, cl_2b_speedup, cl_dw_macs;
     double cl_fc_efficiency, cl_im2col_bytes, cl_nq_cycles_per_output, cl_eltwise_elems;
-    double cl_pool_taps, cl_marshal_bits;
+    double cl_pool_taps, cl_marshal_bits, cl_lut_cycles;
     uint64_t max_cycles; /* 0 = ACCEL_DEFAULT_MAX_CYCLES */
 } mars_config;
 

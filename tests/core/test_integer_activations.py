@@ -284,8 +284,8 @@ def test_tvmc_quantize_and_compile_of_an_efficientnet_block_list_its_integer_cpu
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(out) if line.startswith("layer "))
     rows = {line.split()[0]: line for line in out[start + 2:] if line.strip()}
-    assert "no marsellus pattern for Sigmoid" in rows["se_gate"]
-    assert "no marsellus pattern for Mul" in rows["se_scale"]
+    assert "matched marsellus.lut" in rows["se_gate"]
+    assert "matched marsellus.mul" in rows["se_scale"]
     assert "fused into se_silu" in rows["se_silu_sigmoid"]
     assert not any("float" in line for line in rows.values())
     assert "2 convert to or from float on the cpu" in out[0]

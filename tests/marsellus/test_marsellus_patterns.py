@@ -15,7 +15,7 @@ def test_every_check_has_a_reason_and_the_table_covers_the_cluster_ops():
     table = pattern_table()
     assert [p.op for p in table] == ["conv2d", "conv2d_transpose", "dense", "add",
                                      *["concat"] * 7, "upsample", "upsample", "max_pool2d",
-                                     "avg_pool2d", "global_avg_pool2d"]
+                                     "avg_pool2d", "global_avg_pool2d", "lut", "multiply"]
     for p in table:
         assert p.name.startswith("marsellus.")
         for chk in p.checks:

@@ -33,7 +33,7 @@ from tvm_marsellus.strategy.concat import expand_concats
 from tvm_marsellus.strategy.emit import Emit
 from tvm_marsellus.strategy.engines import OBJECTIVES, EngineChoice
 from tvm_marsellus.strategy.kernels import Kernels
-from tvm_marsellus.strategy.layers import _tensor_infos, rbe_reasons
+from tvm_marsellus.strategy.layers import _tensor_infos, maps_first, rbe_reasons
 from tvm_marsellus.strategy.memory import CapacityError, Memory
 from tvm_marsellus.strategy.phases import expand_phases, merge_phases
 from tvm_marsellus.strategy.tiling import Tiling, _Layer, knob_space
@@ -85,7 +85,7 @@ def plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None = None,
 def _plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None,
           op: OperatingPoint | None) -> MarsProgram:
     """The four stages over the whole graph, one pass."""
-    graph, knobs, parents = expand_phases(graph, knobs)
+    graph, knobs, parents = expand_phases(maps_first(graph), knobs)
     graph, slices, concats = expand_concats(graph)
     p = Planner(graph, cfg, knobs, op)
     p.slices = slices
@@ -99,7 +99,7 @@ def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, Knob
     """The knob space of every layer (defaults = the solver's choice). An add's ``engine`` is
     left out: a tuning task measures one layer alone, with HWC inputs, where the RBE add (whose
     gain is the marshaling it spares its neighbours) cannot run; set it in ``knobs``."""
-    graph, slices, _ = expand_concats(expand_phases(graph, None)[0])
+    graph, slices, _ = expand_concats(expand_phases(maps_first(graph), None)[0])
     p = Planner(graph, cfg)
     p.slices = slices
     p._choose()

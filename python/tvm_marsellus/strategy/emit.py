@@ -144,7 +144,7 @@ class Emit:
         ``st`` reads ``prev``'s output (in L2), else none."""
         _, _, _, n, ho0, hh, wo0, ww = st.steps[0][0]
         lay, g = st.lay, st.lay.geo
-        if lay.kind == "add":
+        if lay.kind in ("add", "mul"):
             lo, hi, clo, chi = ho0, ho0 + hh, wo0, wo0 + ww
         else:
             lo, hi, _, _ = g.in_rows(ho0, hh)
@@ -363,7 +363,7 @@ class Emit:
         ``[c0, c0 + cc)`` under Kin tiling) and the I/O DMA copies that first bring the window
         of L3 tensors into the L2 bounce slot at ``bounce`` (contiguous there)."""
         g = lay.geo
-        if lay.kind == "add":
+        if lay.kind in ("add", "mul"):
             lo, hi, clo, chi = ho0, ho0 + hh, wo0, wo0 + ww
         else:
             lo, hi, _, _ = g.in_rows(ho0, hh)
@@ -372,7 +372,11 @@ class Emit:
         for i, t in enumerate(lay.tins):
             row = g.w * t.pix_bytes()
             src = t.offset + int((n * g.h + lo) * row + clo * t.pix_bytes())
-            if cc and cc < t.c:  # one chunk of the channels of every pixel: a 3-D copy
+            if lay.kind == "mul" and i == 1:  # the per-channel vector of image n, whole
+                size = int(np.ceil(t.pix_bytes()))
+                window = cg.Dma(src_mem="L2", dst_mem="L1", src=t.offset + n * size, dst=d,
+                                length=size)
+            elif cc and cc < t.c:  # one chunk of the channels of every pixel: a 3-D copy
                 length = cc * t.cbits // 8
                 size = length * (chi - clo) * (hi - lo)
                 window = cg.Dma(src_mem="L2", dst_mem="L1", src=src + c0 * t.cbits // 8, dst=d,

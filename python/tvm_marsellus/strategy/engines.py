@@ -5,13 +5,14 @@ tensor (``docs/marsellus.md``, Engines and layouts)."""
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, PoolLayer
+from tvm_accel.layers import AddLayer, ConvLayer, LutLayer, MulLayer, PoolLayer
 from tvm_marsellus.strategy.layers import (
     RBE_NO_KIN,
     _clip_mode,
     _geometry,
     _rng,
     add_rbe_reasons,
+    layer_reads,
     rbe_reasons,
 )
 from tvm_marsellus.strategy.tiling import _Layer
@@ -41,6 +42,10 @@ class EngineChoice:
             return "add"
         if isinstance(layer, PoolLayer):
             return "pool"
+        if isinstance(layer, LutLayer):
+            return "lut"
+        if isinstance(layer, MulLayer):
+            return "mul"
         raise MappingError(f"layer {layer.name}: {type(layer).__name__} has no MARSELLUS kernel")
 
     def _cluster_much_faster(self, ly: ConvLayer) -> bool:
@@ -73,7 +78,7 @@ class EngineChoice:
         faster: list = []
         consumers: dict[str, list] = {}
         for ly in self.g.layers:
-            ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
+            ins = layer_reads(ly)
             for n in ins:
                 consumers.setdefault(n, []).append(ly)
         for ly in self.g.layers:
@@ -115,7 +120,7 @@ class EngineChoice:
             if t.layout != "hwc" or not t.signed or ly.output in io or not consumers.get(
                     ly.output):
                 continue
-            if self.kinds[ly.name] == "pool" and ly.kind == "max":
+            if self.kinds[ly.name] == "lut" or (self.kinds[ly.name] == "pool" and ly.kind == "max"):
                 continue
             if any(self.kinds[c.name] == "pool" and c.kind == "max" for c in consumers[ly.output]):
                 continue
@@ -206,13 +211,13 @@ class EngineChoice:
         saved = self.engines[layer.name]
         self.engines[layer.name] = eng
         self._layouts()
-        names = set(layer.inputs if isinstance(layer, AddLayer) else (layer.input,)) | {
+        names = set(layer_reads(layer)) | {
             layer.output}
         near = [ly for ly in self.g.layers if ly.output in names or any(
-            n in names for n in (ly.inputs if isinstance(ly, AddLayer) else (ly.input,)))]
+            n in names for n in (layer_reads(ly)))]
         total = 0.0
         for ly in near:
-            ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
+            ins = layer_reads(ly)
             tins = [self.t[n] for n in ins]
             lay = _Layer(ly, self.kinds[ly.name], self.engines[ly.name],
                          _geometry(ly, tins[0], self.t[ly.output]), tins, self.t[ly.output],

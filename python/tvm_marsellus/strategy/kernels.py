@@ -44,9 +44,13 @@ class Kernels:
             return cmds, -(-kk // RBE_CHANNELS) - 1
         if lay.kind == "add":
             return [self._add(lay, hh, ww, buf)], 0
+        if lay.kind == "mul":
+            return [self._mul(lay, hh, ww, buf)], 0
         lo, hi, ptop, pbot = g.in_rows(ho0, hh)
         clo, chi, pleft, pright = g.in_cols(wo0, ww)
         rows, cols = hi - lo, chi - clo
+        if lay.kind == "lut":
+            return [self._lut(lay, hh, ww, buf, wslot)], 0
         if lay.kind == "pool":
             return [self._pool(lay, rows, hh, cols, ww, (ptop, pleft, pbot, pright), buf)], 0
         relu, _ = _clip_mode(ly, tout, None if lay.engine == "rbe" and tout.layout == "rbe"
@@ -158,6 +162,45 @@ class Kernels:
             shift=int(rq.shift), in_addr=buf("in"), w_addr=buf("in") + row_a,
             out_addr=buf("out"), kappa_a=int(ly.a_multiplier), kappa_b=int(ly.b_multiplier),
             lambda_=lam, h_in=hh, w_in=ww, c_in=g.c, c_out=g.c, h_out=hh, w_out=ww)
+
+    def _mul(self, lay: _Layer, hh: int, ww: int, buf) -> cg.ClusterKernel:
+        """CL.MUL over one tile: ``NormQuant((A - za) * (B[c] - zb))`` with ``B`` the
+        per-channel vector after the tile (zero points in the stored domain: ``pad_value``
+        holds A's, ``kappa_b`` B's as 16-bit two's complement)."""
+        ly, g, tout = lay.layer, lay.geo, lay.tout
+        a, b = lay.tins
+        if a.cbits != 8 or b.cbits != 8:
+            raise MappingError(f"layer {ly.name}: product of {a.bits}- and {b.bits}-bit "
+                               "operands (the cluster MUL reads bytes)")
+        rq = ly.requant
+        relu, _ = _clip_mode(ly, tout, tout.cbits)
+        kap = int(np.ravel(rq.multiplier)[0])
+        lam = int(np.ravel(rq.round_add)[0]) + ((rq.zero_point + tout.offset_value) << rq.shift)
+        if rq.pre_shift or not 0 < kap <= 0xFFFF or not 0 <= rq.shift <= 31 or \
+                not -(1 << 31) <= lam < 1 << 31:
+            raise MappingError(f"layer {ly.name}: product recipe is not one NormQuant")
+        row_a = _al(hh * ww * a.pix_bytes())
+        return cg.ClusterKernel(
+            kernel="MUL", relu=int(relu), in_signed=int(a.stored_signed),
+            b_signed=int(b.stored_signed), out_signed=int(tout.stored_signed), in_bits=8,
+            out_bits=tout.cbits, shift=int(rq.shift), in_addr=buf("in"),
+            w_addr=buf("in") + row_a, out_addr=buf("out"), kappa_a=kap,
+            kappa_b=(ly.b_zero_point + b.offset_value) & 0xFFFF, lambda_=lam,
+            pad_value=ly.a_zero_point + a.offset_value, h_in=hh, w_in=ww, c_in=g.c,
+            c_out=g.c, h_out=hh, w_out=ww)
+
+    def _lut(self, lay: _Layer, hh: int, ww: int, buf, wslot: int) -> cg.ClusterKernel:
+        """CL.LUT over one tile: each byte replaced by its entry in the table at ``wslot``
+        (``lambda_`` = the channel stride: 0 for one shared row, 256 for a row per channel)."""
+        ly, tin, tout = lay.layer, lay.tin, lay.tout
+        if tin.cbits != 8 or tout.cbits != 8:
+            raise MappingError(f"layer {ly.name}: table lookup of {tin.bits}-bit codes (the "
+                               "cluster LUT indexes whole bytes)")
+        return cg.ClusterKernel(
+            kernel="LUT", in_signed=int(tin.stored_signed), out_signed=int(tout.stored_signed),
+            in_bits=8, out_bits=8, in_addr=buf("in"), out_addr=buf("out"), w_addr=wslot,
+            lambda_=256 if ly.table.shape[0] > 1 else 0, h_in=hh, w_in=ww, c_in=lay.geo.c,
+            c_out=lay.geo.c, h_out=hh, w_out=ww)
 
     def _pool(self, lay: _Layer, rows: int, hh: int, cols: int, ww: int,
               pads: tuple[int, int, int, int], buf) -> cg.ClusterKernel:

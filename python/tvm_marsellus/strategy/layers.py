@@ -4,12 +4,12 @@ stage)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, PoolLayer
+from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph, MulLayer, PoolLayer
 from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
 from tvm_marsellus.numerics import add_factors
 from tvm_marsellus.program import TensorPlacement
@@ -135,6 +135,28 @@ def _window(r0: int, extent: int, size: int) -> tuple[int, int, int, int]:
     if r1 <= 0:
         return 0, 1, -r0, 0
     return size - 1, size, extent, 0
+
+
+def layer_reads(layer) -> tuple[str, ...]:
+    """The tensors a layer reads, in the order its kernel takes them (a product: its feature
+    map, then its per-channel vector, see :func:`maps_first`)."""
+    if isinstance(layer, (AddLayer, MulLayer)):
+        return tuple(layer.inputs)
+    return (layer.input,)
+
+
+def maps_first(graph: LayerGraph) -> LayerGraph:
+    """The graph with every product's operands in the cluster MUL's order: the feature map,
+    then the (N, C, 1, 1) vector (the multiplication commutes; the zero points follow)."""
+    layers = []
+    for ly in graph.layers:
+        if isinstance(ly, MulLayer):
+            a, b = (graph.tensors[n].shape for n in ly.inputs)
+            if tuple(a[2:]) == (1, 1) and tuple(b[2:]) != (1, 1):
+                ly = replace(ly, inputs=(ly.inputs[1], ly.inputs[0]),
+                             a_zero_point=ly.b_zero_point, b_zero_point=ly.a_zero_point)
+        layers.append(ly)
+    return replace(graph, layers=layers)
 
 
 def _tensor_infos(graph: LayerGraph) -> dict[str, TensorInfo]:

@@ -13,7 +13,7 @@ from tvm_marsellus.hw_config import RBE_CHANNELS
 from tvm_marsellus.layout import pack_hwc, pack_normquant, pack_weights
 from tvm_marsellus.numerics import add_factors, normquant_params
 from tvm_marsellus.program import LayerProgram
-from tvm_marsellus.strategy.layers import _al, cluster_bits
+from tvm_marsellus.strategy.layers import TensorInfo, _al, cluster_bits
 from tvm_marsellus.strategy.tiling import _Layer
 
 
@@ -166,6 +166,12 @@ class Memory:
         data = wb + bytes(_al(len(wb)) - len(wb)) + nq
         return self._blob(data), len(data), []
 
+    def _lut_table(self, lay: _Layer) -> tuple[int, int, list]:
+        """The table of a LUT layer in the L2 image (:func:`lut_rows`): one 256-byte row, or
+        one per channel in channel order."""
+        data = lut_rows(lay.layer.table, lay.tin, lay.tout).tobytes()
+        return self._blob(data), len(data), []
+
     def _add_weights(self, lay: _Layer) -> tuple[int, int, list]:
         """Weights + NormQuant of an add on the RBE (``numerics.add_recipe``) in the L2 image: the
         1x1 BinConv of one 32-channel output tile from its Kin-stacked operand tiles (``a`` in input
@@ -191,6 +197,19 @@ class Memory:
         nq = pack_normquant(np.full(c, kappa), np.full(c, lam)).tobytes()
         data = wbytes + bytes(_al(len(wbytes)) - len(wbytes)) + nq
         return self._blob(data), len(data), []
+
+
+def lut_rows(table: np.ndarray, tin: TensorInfo, tout: TensorInfo) -> np.ndarray:
+    """The table rows as the cluster LUT reads them: indexed by the input's stored byte (two's
+    complement or offset by ``tin.offset_value``) and holding the output's stored byte, so the
+    kernel maps bytes to bytes whatever the storage of either side."""
+    stored = np.arange(256, dtype=np.int64)
+    code = stored - tin.offset_value
+    if tin.stored_signed:
+        code = np.where(stored >= 128, stored - 256, stored)
+    lo = -128 if tin.signed else 0
+    out = np.asarray(table, np.int64)[:, code - lo] + tout.offset_value
+    return (out & 0xFF).astype(np.uint8)
 
 
 def _sub_requant(rq, k0: int, kt: int):

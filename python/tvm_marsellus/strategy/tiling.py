@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import tvm_marsellus.codegen as cg
 from tvm_accel.errors import MappingError
 from tvm_accel.knobs import Knob, KnobSpace, validate_knobs
-from tvm_accel.layers import AddLayer, ConvLayer
+from tvm_accel.layers import ConvLayer
 from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
 from tvm_marsellus.layout import activation_bytes, weight_bytes
 from tvm_marsellus.numerics import add_factors
@@ -20,6 +20,7 @@ from tvm_marsellus.strategy.layers import (
     _al,
     _geometry,
     cluster_bits,
+    layer_reads,
     rbe_reasons,
 )
 
@@ -48,7 +49,7 @@ def _k_options(k: int, engine: str, kind: str, rbe_out: bool = False) -> list[in
     tensor whole 32-channel words plus the sub-word tiles 8 and 16 (a job with fewer output
     channels leaves BinConv columns idle, but its weights take less L1: a 3x3 layer over 512
     channels needs them, 32 output channels of its weights alone exceed half of L1)."""
-    if kind in ("dw", "pool", "add"):
+    if kind in ("dw", "pool", "add", "lut", "mul"):
         return [k]
     if engine == "rbe" or rbe_out:
         return sorted({m for m in SUBWORD_TILES if m < k and k % 8 == 0}
@@ -134,6 +135,9 @@ class _Layer:
         if self.packed:  # one word per bit plane holds both operands
             return _al(th * self.tw * self.tin.bits * 4)
         rows = self.rows_in(th) if self.kind != "add" else th
+        if self.kind == "mul":  # the tile of the feature map, then the whole vector
+            return _al(rows * self.cols_in() * self.pix_in(self.tin)) + _al(
+                self.tins[1].pix_bytes())
         return sum(_al(rows * self.cols_in() * self.pix_in(t)) for t in self.tins)
 
     def cols_in(self) -> int:
@@ -174,6 +178,8 @@ class _Layer:
                 b["w"] = _al(kt * g.kh * g.kw * self.tc * wb / 8) + _al(6 * kt)
             elif self.kind == "dw":
                 b["w"] = _al(kt * g.kh * g.kw * wb / 8) + _al(6 * kt)
+            elif self.kind == "lut":  # the table: one 256-byte row, or one per channel
+                b["w"] = self.group_bytes(kt)
             b["out"] = _al(th * self.tw * kt * self.tout.cbits / 8)
             if self.marshals_out:  # the kernel's HWC tile, then its bit planes
                 b["t4"] = b["out"]
@@ -251,13 +257,16 @@ class _Layer:
         if self.marshals_out:
             out = cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt * self.tout.bits / \
                 cfg.CL_MARSHAL_BITS_PER_CYCLE / self.n_chunks
-        if self.kind == "add":  # CL.ADD: elements at the element-wise rate
+        if self.kind in ("add", "mul"):  # CL.ADD / CL.MUL: elements at the element-wise rate
             return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + th * self.tw * kt / \
                 cfg.CL_ELTWISE_ELEMS_PER_CYCLE
         # the simulator's CL.* model: taps at the pool rate; MatMul at the wider of the input
         # and weight containers, im2col for windows, NormQuant of the last chunk and partial-sum
         # traffic on the cores
         outs = th * self.tw * kt
+        if self.kind == "lut":
+            return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * cfg.CL_LUT_CYCLES_PER_ELEMENT / \
+                cfg.CLUSTER_CORES
         if self.kind == "pool":
             return out + cfg.CL_KERNEL_OVERHEAD_CYCLES + outs * g.kh * g.kw / \
                 cfg.CL_POOL_TAPS_PER_CYCLE
@@ -357,8 +366,11 @@ class _Layer:
         """L2 bytes of the weight group of ``kt`` output channels (all input channels) and
         their NormQuant records: what one L2 staging slot holds when the weights live in L3."""
         g = self.geo
-        if self.kind in ("add", "pool"):
+        if self.kind in ("add", "pool", "mul"):
             return 0
+        if self.kind == "lut":
+            rows = self.layer.table.shape[0]
+            return _al(256 * (kt if rows > 1 else 1))
         if self.engine == "rbe":
             return weight_bytes(kt, g.c, g.kh, self.w_bits) + 6 * kt
         taps = g.kh * g.kw * (g.c if self.kind != "dw" else 1)
@@ -457,7 +469,7 @@ class Tiling:
 
     def _layer(self, ly) -> LayerProgram:
         kind, eng = self.kinds[ly.name], self.engines[ly.name]
-        ins = ly.inputs if isinstance(ly, AddLayer) else (ly.input,)
+        ins = layer_reads(ly)
         tins = [self.t[n] for n in ins]
         tout = self.t[ly.output]
         geo = _geometry(ly, tins[0], tout)
@@ -484,6 +496,8 @@ class Tiling:
         start = _al(len(self.image))
         if isinstance(ly, ConvLayer):
             groups = [self._weights(lay, k0, min(kt, geo.k - k0)) for k0 in range(0, geo.k, kt)]
+        elif kind == "lut":
+            groups = [self._lut_table(lay)]
         else:
             groups = [self._add_weights(lay)] if lay.stacked else []
         lay.wsrc = [(off, size) for off, size, _ in groups]
