@@ -119,6 +119,10 @@ class VTATarget(AccelTarget):
             except ValueError:
                 raise AccelError("--target-vta-embedding-weights: expected two numbers "
                                  f"'MAC,DATA', got {text!r}") from None
+        top_k = values.get("top-k")
+        if top_k is not None and top_k < 1:
+            raise AccelError(f"--target-vta-top-k {top_k}: give at least 1 CP candidate to "
+                             "measure per layer")
         return strategy_knobs(None, values.get("strategy"), weights, values.get("top-k"))
 
     def prepare_offload(self, mod, config, knobs=None, report=None):
