@@ -102,7 +102,7 @@ CASES = [
      {"err": ["warning:", "int64", "int8", "changes 1024 of 1024"]}),
     ("inputs-unknown-name-with-fill-mode", lambda w: run("--inputs", inputs(
         image=FLOAT64.astype(np.float32))(w), "--fill-mode", "random")(w), 2,
-     {"err": ["tvmc run: error:", "'image'", "inputs: input"]}),
+     {"err": ["tvmc run: error:", "'image'", "inputs: 'input'"]}),
     ("fill-mode-fills-inputs-absent-from-the-file", lambda w: run(
         "--inputs", inputs()(w), "--fill-mode", "zeros")(w), 0, {"out": ["first values"]}),
     ("without-fill-mode-an-absent-input-is-an-error", lambda w: run(

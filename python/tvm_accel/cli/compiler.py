@@ -52,6 +52,21 @@ def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
     return inputs, [spec(v) for v in model.graph.output], is_quantized(model)
 
 
+def _static_output_shapes(mod, outputs: list) -> None:
+    """Set ``outputs``' shapes to those Relax's ``main`` returns where static: an ONNX graph
+    whose batch --input-shapes fixes may still declare its old output shape, and
+    ``metadata.json`` describes what ``mod.so`` returns (``tvmc run`` checks it)."""
+    ret = mod["main"].ret_ty
+    rets = list(getattr(ret, "fields", None) or [ret])
+    if len(rets) != len(outputs):
+        return
+    for spec, r in zip(outputs, rets, strict=True):
+        try:
+            spec.shape = [int(d) for d in r.shape]
+        except (AttributeError, TypeError, ValueError):  # not a tensor, or a symbolic dim
+            continue
+
+
 def placement_summary(rows: list[dict], accel: str | None) -> str:
     """The compile summary of the report's ``rows`` (``OffloadRecord`` dicts): layers (every
     operator that computes, float ones included) by placement, then the Q/DQ nodes, folded
@@ -113,6 +128,7 @@ def cmd_compile(args) -> int:
     shapes = parse_input_shapes(args.input_shapes)
     mod, info = load_onnx(args.model, shapes=shapes)
     inputs, outputs, quantized = _onnx_signature(args.model, shapes)
+    _static_output_shapes(mod, outputs)
     t0 = time.perf_counter()
     from tvm_accel.precision import PrecisionWarning
     from tvm_accel.tuning.records import RecordWarning

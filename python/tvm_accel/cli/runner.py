@@ -53,7 +53,8 @@ def _check_names(path: str, data: dict, meta) -> None:
     unknown = [k for k in data if k not in names and k != LABELS_KEY]
     if unknown:
         raise AccelError(f"{path}: array '{unknown[0]}' is not an input of the model (its "
-                         f"inputs: {', '.join(names)}; '{LABELS_KEY}' holds labels)")
+                         f"inputs: {', '.join(repr(n) for n in names)}; '{LABELS_KEY}' holds "
+                         "labels)")
 
 
 def _check_outputs(package: str, meta, outs: list[np.ndarray]) -> None:
