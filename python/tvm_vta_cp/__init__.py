@@ -147,9 +147,9 @@ class VTATarget(AccelTarget):
         import time
 
         from tvm_accel.lower import report_progress
-        from tvm_vta_cp.rewrite import apply_layout_rewrites
+        from tvm_vta_cp.rewrite import apply_layout_rewrites, conv_layers
 
-        searched = [0]
+        searched, total = [0], len(conv_layers(mod))
 
         def decide(info):
             if info.layer is None:
@@ -164,7 +164,7 @@ class VTATarget(AccelTarget):
                              config, strat, weights, top_k, limit, forced.get(info.name))
                 _DECISIONS[key] = dec
             searched[0] += 1
-            report_progress("embedding", searched[0], 0, info.name, time.perf_counter() - t0)
+            report_progress("embedding", searched[0], total, info.name, time.perf_counter() - t0)
             if report is not None:
                 from dataclasses import asdict, replace
 

@@ -205,3 +205,14 @@ def test_disassemble_limit_bounds_the_whole_listing(ws, capsys, limit):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[:limit] == full[:limit] and len(lines) == limit + 1
     assert lines[-1] == f"; ... {len(full) - limit} more lines (--limit {limit})"
+
+
+def test_compile_progress_lines_carry_their_total_from_the_first(ws, capsys, monkeypatch):
+    from tvm_accel.cli import compiler
+
+    monkeypatch.setattr(compiler._ProgressLines, "AFTER", 0.0)
+    onnx.save(models.quantized("aspp_head", c=16, hw=8), ws.path("aspp.onnx"))  # 5 convs
+    assert tvmc("compile", ws.path("aspp.onnx"), "--target", "vta, llvm", "-o", ws.out) == 0
+    steps = [ln.split("]")[0].strip(" [") for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("  [embedding")]
+    assert len(steps) > 1 and all(s.endswith(f"/{len(steps)}") for s in steps), steps
