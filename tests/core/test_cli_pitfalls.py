@@ -166,6 +166,9 @@ CASES = [
      {"out": ["tuning records: 1 layer(s) from", "records.json"], "not": ["knobs {}"]}),
     # --- reports ---------------------------------------------------------------------------
     ("profile-summary-is-the-last-line", run("--profile"), 0, {"last": ["summary: {"]}),
+    ("profile-names-util-peak-and-clock", run("--profile"), 0,
+     {"out": ["util: MACs / (cycles x the engine's peak MACs per cycle)",
+              "vta at 333 MHz"]}),
 ]
 
 
