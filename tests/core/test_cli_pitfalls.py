@@ -165,6 +165,8 @@ CASES = [
                                                           "records.json"), 0,
      {"out": ["tuning records: 1 layer(s) from", "records.json"], "not": ["knobs {}"]}),
     # --- reports ---------------------------------------------------------------------------
+    ("dump-offloads-defines-its-columns", compile_("--dump-offloads"), 0,
+     {"out": ["scale err: largest relative error", "vs its float scale"]}),
     ("profile-summary-is-the-last-line", run("--profile"), 0, {"last": ["summary: {"]}),
     ("profile-names-util-peak-and-clock", run("--profile"), 0,
      {"out": ["util: MACs / (cycles x the engine's peak MACs per cycle)",

@@ -98,6 +98,14 @@ def fallback_note(rows: list[dict]) -> str | None:
             + ("" if len(top) == len(cpu) else " (see --dump-offloads for the others)"))
 
 
+#: what the --dump-offloads columns measure (printed above the table)
+_DUMP_LEGEND = (
+    "scale err: largest relative error of a layer's integer requantize scale (multiplier / "
+    "2^shift) vs its float scale\n"
+    "LSB err: worst-case deviation in output steps (what --max-requant-error limits); "
+    "W/I/O: weight, input and output bits")
+
+
 def _not_quantized(accel: str) -> str:
     """Reason of a layer of a float model: the targets offload quantized layers only."""
     return (f"model not quantized (no Q/DQ; the {accel} runs quantized layers): "
@@ -210,6 +218,7 @@ def cmd_compile(args) -> int:
             rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
             heads = [*heads[:-1], "embedding", "reason"]
         table = format_table(heads, rows)
+        print(_DUMP_LEGEND)
         if args.dump_offloads in ("-", "all"):
             print(table)
         else:
