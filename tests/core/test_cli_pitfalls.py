@@ -65,6 +65,7 @@ def ws(tmp_path_factory) -> Workspace:
     onnx.save(models.quantized("single_conv", cin=16, cout=16, hw=8), w.path("conv.onnx"))
     onnx.save(models.quantized("conv_residual", c=16, hw=8), w.path("residual.onnx"))
     onnx.save(models.conv_residual(c=16, hw=8), w.path("float.onnx"))
+    onnx.save(models.quantized("conv_pool", kind="gap"), w.path("gap.onnx"))
     assert tvmc("compile", w.path("conv.onnx"), "--target", "vta, llvm", "-o",
                 w.path("vta.tar")) == 0
     assert tvmc("tune", w.path("conv.onnx"), "--target", "vta, llvm", "-o",
@@ -165,6 +166,10 @@ CASES = [
                                                           "records.json"), 0,
      {"out": ["tuning records: 1 layer(s) from", "records.json"], "not": ["knobs {}"]}),
     # --- reports ---------------------------------------------------------------------------
+    ("global-average-pool-keeps-its-name-on-vta", compile_("--dump-offloads",
+                                                           model="gap.onnx"), 0,
+     {"out": ["gap", "global_avg_pool2d", "no vta pattern for global_avg_pool2d"],
+      "not": ["pattern for sum"]}),
     ("dump-offloads-defines-its-columns", compile_("--dump-offloads"), 0,
      {"out": ["scale err: largest relative error", "vs its float scale"]}),
     ("profile-summary-is-the-last-line", run("--profile"), 0, {"last": ["summary: {"]}),
