@@ -226,3 +226,19 @@ def test_compile_progress_lines_carry_their_total_from_the_first(ws, capsys, mon
     steps = [ln.split("]")[0].strip(" [") for ln in capsys.readouterr().err.splitlines()
              if ln.startswith("  [embedding")]
     assert len(steps) > 1 and all(s.endswith(f"/{len(steps)}") for s in steps), steps
+
+
+def test_timeline_drops_idle_units_and_tells_rbe_from_dma():
+    from matplotlib.colors import rgb_to_hsv, to_rgb
+
+    from tvm_accel.timeline import kind_colors, lanes
+
+    units = ["IODMA", "DMA_IN", "DMA_OUT", "RBE", "CLUSTER"]
+    names = {(1, tid): name for tid, name in enumerate(units)}
+    xs = [{"name": "DMA", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0},
+          {"name": "RBE", "pid": 1, "tid": 3, "ts": 1.0, "dur": 2.0},
+          {"name": "DMA", "pid": 1, "tid": 1, "ts": 3.0, "dur": 1.0}]
+    assert [names[k] for k in lanes(xs, names)] == ["DMA_IN", "RBE"]
+    hue = {k: rgb_to_hsv(to_rgb(c))[0] for k, c in kind_colors(["DMA", "RBE"]).items()
+           if k in ("DMA", "RBE")}
+    assert abs(hue["DMA"] - hue["RBE"]) > 0.1, hue
