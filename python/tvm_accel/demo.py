@@ -79,8 +79,10 @@ def run_target(name: str, model_path: Path, config: str | None = None) -> bool:
     ex, report = compile_model(mod, target, config)
     t_compile = time.perf_counter() - t0
     ref = compile_reference(mod, target)
-    print(f"\n=== target {name} (config {report.config_name}): {model_path.name}, "
-          f"compiled in {t_compile:.1f} s ===")
+    batch = inputs[0].shape[0] if inputs and inputs[0].ndim else 1
+    print(f"\n=== target {name} (config {report.config_name}): {model_path.name}, batch "
+          f"{batch} (input {list(inputs[0].shape) if inputs else []}), compiled in "
+          f"{t_compile:.1f} s ===")
     rows = [(r.layer, r.op, r.shape, r.placement, r.reason) for r in report.offloads]
     print(format_table(["layer", "op", "shape", "placement", "reason"], rows))
     t0 = time.perf_counter()

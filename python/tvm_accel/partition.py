@@ -454,6 +454,8 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                  _host_op_names(partitioned) if partitioned is not None else None,
                  module_layer_bits(mod), module_layer_names(mod))
     floats = _float_reasons(numerics)
+    #: the operator canonicalize recorded per layer (a GlobalAveragePool is a ``sum`` then)
+    layer_ops = {rec.onnx_name: rec.op for rec in numerics or ()}
     node_vars = _onnx_node_vars(mod)
     matches: dict[str, OffloadRecord] = {}  # root binding -> its layer's row
     named: set[str] = set()
@@ -489,8 +491,9 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                     records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
                                                  _float_reason(_ANCHORS[op], None)))
                 else:
-                    records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
-                                                 f"no {target_name} pattern for {_ANCHORS[op]}"))
+                    kind = layer_ops.get(name, _ANCHORS[op])
+                    records.append(OffloadRecord(name, kind, shape, "cpu",
+                                                 f"no {target_name} pattern for {kind}"))
     for name, pat_name in (lowered or {}).items():  # a blob's layer the walk did not name
         if name not in named:
             op = walk.by_name[pat_name].op if pat_name in walk.by_name else pat_name

@@ -130,6 +130,8 @@ class Profiler:
                   for r in self.records if "energy_uj" in r.extra and "vdd" in r.extra}
         for vdd, mhz, abb in sorted(points):
             text += f"\nenergy at {vdd} V, {mhz:.0f} MHz{' with ABB' if abb else ''}"
+        if self.records:
+            text += "\n" + self.legend(bound)
         if self.host:
             rows = [(h.layer, h.op, h.kind, h.bytes_moved, f"{h.model_cycles:,.0f}",
                      f"{h.time_us:.1f}") for h in self.host]
@@ -140,6 +142,21 @@ class Profiler:
                     "target's host, time measured here):\n" + format_table(
                         ["layer", "op", "kind", "bytes", "model cycles", "measured (us)"], rows,
                         align="lllrrr")
+        return text
+
+    def legend(self, bound: bool) -> str:
+        """What the table's columns mean: ``util``'s peak, the clock that turns cycles into
+        microseconds (per engine, from the records), ``bound``'s classes."""
+        clocks: dict[str, list[str]] = {}
+        for r in self.records:
+            if r.time_us > 0 and r.engine not in sum(clocks.values(), []):
+                clocks.setdefault(f"{r.cycles / r.time_us:.0f} MHz", []).append(r.engine)
+        at = "; ".join(f"{', '.join(e)} at {mhz}" for mhz, e in clocks.items())
+        text = ("util: MACs / (cycles x the engine's peak MACs per cycle); time (us): cycles at "
+                f"the engine's clock ({at or 'none'})")
+        if bound:
+            text += ("\nbound: the units busy longest (compute engines, on-chip or off-chip "
+                     "data movement)")
         return text
 
     def write_csv(self, path: str) -> None:

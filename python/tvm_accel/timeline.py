@@ -3,7 +3,7 @@ DPUV3INT8 paper.
 
 :func:`trace_to_png` reads a Chrome/Perfetto trace written by the simulator (``tvmc run --trace``,
 :func:`tvm_accel.profiler.profiling`; possibly several runs appended) and draws one horizontal
-lane per unit (track) with one bar per instruction, coloured by instruction kind: the DPU's
+lane per busy unit (track) with one bar per instruction, coloured by instruction kind: the DPU's
 LOAD to FM blue, LOAD to PM black, CONV purple, MAXPOOL green, ELTADD yellow, SAVE light purple
 (the colours of the paper's Fig. 9-15); kinds of other targets (VTA's GEMM, MARSELLUS's RBE
 jobs) get colours from a qualitative palette. The x axis is time in microseconds.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tvm_accel.errors import AccelError
 
@@ -60,6 +61,34 @@ def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str]]:
     return xs, names
 
 
+def lanes(xs: list[dict], names: dict[tuple, str]) -> list[tuple]:
+    """The ``(pid, tid)`` units that ran an instruction, top to bottom: the DPU's units in
+    :data:`LANE_ORDER`, others in trace order. A unit that stayed idle gets no lane."""
+    tracks: list[tuple] = []
+    for e in xs:
+        key = (e.get("pid"), e.get("tid"))
+        if key not in tracks:
+            tracks.append(key)
+    order = {n: i for i, n in enumerate(LANE_ORDER)}
+    first = {k: i for i, k in enumerate(tracks)}
+    return sorted(tracks, key=lambda k: (order.get(names.get(k, ""), len(order)), first[k]))
+
+
+def kind_colors(kinds) -> dict[str, Any]:
+    """A colour per instruction kind: the paper's for the DPU's kinds, then distinct hues for
+    other targets' kinds (tab20's ten dark hues before their light twins, so RBE and DMA never
+    get two shades of one blue)."""
+    import matplotlib.pyplot as plt
+
+    # "tab20" is a ListedColormap; the registry lookup is typed as the base Colormap
+    tab20 = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
+    palette = [*tab20[0::2], *tab20[1::2]]
+    extra = [k for k in sorted(kinds) if k not in KIND_COLORS]
+    color: dict[str, Any] = dict(KIND_COLORS)
+    color.update({k: palette[i % len(palette)] for i, k in enumerate(extra)})
+    return color
+
+
 def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str | None = None,
                  width_in: float = 14.0) -> Path:
     """Draw the trace as a PNG timeline (one lane per unit, one colour per instruction kind).
@@ -76,17 +105,8 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
     xs, names = _load_events(trace_json_path)
     if not xs:
         raise AccelError(f"{trace_json_path}: the trace has no instruction events to draw")
-    tracks = []
-    for e in xs:
-        key = (e.get("pid"), e.get("tid"))
-        if key not in tracks:
-            tracks.append(key)
-    pids = {k[0] for k in tracks}
-    tracks += [k for k in names if k[0] in pids and k not in tracks]  # idle units keep a lane
+    tracks = lanes(xs, names)
     label = {k: names.get(k, f"track {k[1]}") for k in tracks}
-    order = {n: i for i, n in enumerate(LANE_ORDER)}
-    first = {k: i for i, k in enumerate(tracks)}
-    tracks.sort(key=lambda k: (order.get(label[k], len(order)), first[k]))
     lane = {k: i for i, k in enumerate(tracks)}
 
     t0 = min(e["ts"] for e in xs)
@@ -97,11 +117,8 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
         kinds.setdefault(str(e.get("name", "?")), {}).setdefault(
             lane[(e.get("pid"), e.get("tid"))], []).append((e["ts"], max(e["dur"], min_w)))
 
-    # "tab20" is a ListedColormap; the registry lookup is typed as the base Colormap
-    palette = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
     extra = [k for k in sorted(kinds) if k not in KIND_COLORS]
-    color = dict(KIND_COLORS)
-    color.update({k: palette[i % len(palette)] for i, k in enumerate(extra)})
+    color = kind_colors(kinds)
 
     fig, ax = plt.subplots(figsize=(width_in, 1.0 + 0.6 * len(tracks)))
     for kind, per_lane in kinds.items():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
+from tvm_accel.errors import ConfigError
 from tvm_accel.layers import LayerGraph, Requant
 from tvm_accel.pipeline import (
     canonicalize_for,
@@ -137,8 +138,14 @@ class MarsellusTarget(AccelTarget):
             knobs["objective"] = values["objective"]
         if vdd is None and freq is None and not abb:
             return knobs or None
-        op = operating_point_of({"vdd": 0.8 if vdd is None else vdd, "freq_mhz": freq,
-                                 "abb": abb})
+        try:
+            op = operating_point_of({"vdd": 0.8 if vdd is None else vdd, "freq_mhz": freq,
+                                     "abb": abb})
+        except ConfigError as e:  # name the flags the user typed
+            given = " ".join(f"--target-marsellus-{k} {v}" for k, v in (("vdd", vdd),
+                                                                        ("freq", freq))
+                             if v is not None)
+            raise ConfigError(f"{given}: {e}" if given else str(e)) from None
         return {**knobs, OP_KNOB: {"vdd": op.vdd, "freq_mhz": op.freq_mhz, "abb": op.abb}}
 
     def tuning_tasks(self, graph: LayerGraph, config) -> list:

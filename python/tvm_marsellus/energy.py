@@ -141,10 +141,13 @@ class OperatingPoint:
         _check_vdd(self.vdd)
         fmax = max_freq_mhz(self.vdd, self.abb)
         if isinstance(self.freq_mhz, bool) or not isinstance(self.freq_mhz, (int, float)) or \
-                not 0 < self.freq_mhz <= fmax + 1e-9:
+                not self.freq_mhz > 0:
+            raise ConfigError(f"operating point: {self.freq_mhz!r} MHz: the CLUSTER clock must "
+                              "be a positive number of MHz")
+        if self.freq_mhz > fmax + 1e-9:
             raise ConfigError(f"operating point: {self.freq_mhz!r} MHz at {self.vdd} V "
                               f"{'with' if self.abb else 'without'} ABB is above the maximum "
-                              f"of {fmax:.0f} MHz (or not positive)")
+                              f"of {fmax:.0f} MHz at that voltage")
 
     @classmethod
     def at(cls, vdd: float, abb: bool = False) -> OperatingPoint:

@@ -121,6 +121,10 @@ class VTATarget(AccelTarget):
             except ValueError:
                 raise AccelError("--target-vta-embedding-weights: expected two numbers "
                                  f"'MAC,DATA', got {text!r}") from None
+        top_k = values.get("top-k")
+        if top_k is not None and top_k < 1:
+            raise AccelError(f"--target-vta-top-k {top_k}: give at least 1 CP candidate to "
+                             "measure per layer")
         return strategy_knobs(None, values.get("strategy"), weights, values.get("top-k"))
 
     def prepare_offload(self, mod, config, knobs=None, report=None):
@@ -146,9 +150,9 @@ class VTATarget(AccelTarget):
 
         from tvm_accel.lower import report_progress
         from tvm_vta_cp.host_cost import host_metadata
-        from tvm_vta_cp.rewrite import apply_layout_rewrites
+        from tvm_vta_cp.rewrite import apply_layout_rewrites, conv_layers
 
-        searched = [0]
+        searched, total = [0], len(conv_layers(mod))
 
         def decide(info):
             if info.layer is None:
@@ -163,7 +167,7 @@ class VTATarget(AccelTarget):
                              config, strat, weights, top_k, limit, forced.get(info.name))
                 _DECISIONS[key] = dec
             searched[0] += 1
-            report_progress("embedding", searched[0], 0, info.name, time.perf_counter() - t0)
+            report_progress("embedding", searched[0], total, info.name, time.perf_counter() - t0)
             if report is not None:
                 from dataclasses import asdict, replace
 

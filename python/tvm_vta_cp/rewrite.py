@@ -552,6 +552,24 @@ class _Mutator(relax.PyExprMutator):
 Decide = Callable[[ConvInfo], LayoutRewrite | None] | Mapping[str, LayoutRewrite]
 
 
+def _conv_matches(mod: tvm.IRModule):
+    """``(gv, function, its canonical conv2d matches)`` of every plain Relax function of
+    ``mod`` (offloaded ``Codegen`` and composite functions left out)."""
+    names = module_layer_names(mod)
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or (func.attrs is not None and any(
+                k in func.attrs for k in ("Codegen", "Composite", "Primitive"))):
+            continue
+        yield gv, func, list(_find_convs(gv.name_hint, func, names))
+
+
+def conv_layers(mod: tvm.IRModule) -> list[str]:
+    """The layers :func:`apply_layout_rewrites` asks ``decide`` about, in order: the total of
+    a compile's ``[embedding i/N]`` progress lines."""
+    return [m.info.name for _, _, ms in _conv_matches(mod) for m in ms
+            if m.info.layer is not None]
+
+
 def apply_layout_rewrites(mod: tvm.IRModule, decide: Decide
                           ) -> tuple[tvm.IRModule, list[tuple[str, LayoutRewrite]]]:
     """Rewrite every canonical conv2d (groups 1, static NCHW shapes) of every plain Relax
@@ -563,12 +581,9 @@ def apply_layout_rewrites(mod: tvm.IRModule, decide: Decide
     choose = decide.get if isinstance(decide, Mapping) else None
     records: list[tuple[str, LayoutRewrite]] = []
     out = mod
-    for gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or (func.attrs is not None and any(
-                k in func.attrs for k in ("Codegen", "Composite", "Primitive"))):
-            continue
+    for gv, func, matches in _conv_matches(mod):
         edits, drop = {}, set()
-        for match in _find_convs(gv.name_hint, func, module_layer_names(mod)):
+        for match in matches:
             spec = choose(match.info.name) if choose else decide(match.info)
             if spec is None or spec.is_identity:
                 continue

@@ -160,7 +160,7 @@ def test_long_compiles_print_a_progress_line_per_function(dotted, capsys, monkey
     assert tvmc("compile", model, "--target", "vta, llvm", "-o", d / "p.tar") == 0
     err = capsys.readouterr().err.splitlines()
     assert any(ln.strip().startswith("[lower 1/") for ln in err), err
-    assert any(ln.strip().startswith("[embedding 1]") and "block.conv1" in ln for ln in err)
+    assert any(ln.strip().startswith("[embedding 1/") and "block.conv1" in ln for ln in err)
 
 
 def test_timeline_draws_a_package_of_any_target(tmp_path, capsys):

@@ -167,7 +167,7 @@ CASES = [
      ["--target-vta-strategy"]),
     ("embedding-weights", compile_("vta", "--target-vta-embedding-weights", "a,b"),
      ["--target-vta-embedding-weights"]),
-    ("top-k-zero", compile_("vta", "--target-vta-top-k", "0"), ["top_k"]),
+    ("top-k-zero", compile_("vta", "--target-vta-top-k", "0"), ["--target-vta-top-k 0"]),
     ("marsellus-vdd", compile_("marsellus", "--target-marsellus-vdd", "0.2"), ["VDD 0.2"]),
     ("output-dir-missing", lambda w: compile_("vta")(w)[:-1] + [str(w.root / "no" / "m.tar")],
      ["does not exist"]),

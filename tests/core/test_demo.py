@@ -10,4 +10,6 @@ def test_demo_runs_every_finished_target_bit_exact(capsys):
     out = capsys.readouterr().out
     for t in demo.FINISHED_TARGETS:
         assert f"=== target {t}" in out
+    dpu = next(ln for ln in out.splitlines() if ln.startswith("=== target dpu"))
+    assert "batch 4 (input [4, " in dpu  # one image per PE: the header says so
     assert "all targets bit-exact" in out

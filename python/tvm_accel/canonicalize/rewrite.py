@@ -6,6 +6,7 @@ standalone clips and requantizes), applied in one pass by
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,6 @@ from tvm_accel.canonicalize.graph import (
 from tvm_accel.canonicalize.guard import GuardedRecipe, guard_add, guard_weighted
 from tvm_accel.canonicalize.narrow import Request, narrow_activations
 from tvm_accel.canonicalize.records import (
-    _AUTO_NAME,
     _FLOAT_OP_NAMES,
     _LAYOUT_OPS,
     _WEIGHTED_OPS,
@@ -81,6 +81,7 @@ class _Canonicalizer:
             return
         params = set(self.g.func.params)
         requests: dict[relax.Var, list[Request]] = {}
+        layers: set[str] = set()  # the quantized layers' ONNX names (what a config can name)
         for b in self.g.order:
             call = b.value
             if _op_name(call) != "relax.quantize" or (isinstance(call.args[0], relax.Var)
@@ -95,6 +96,7 @@ class _Canonicalizer:
             weighted = op_e is not None and self.g.op(op_e) in _WEIGHTED_OPS
             cands = [core] + ([op_e] if weighted else [])
             _, onnx_name = self.g.layer_name(cands, "layer")
+            layers.add(onnx_name)
             if onnx_name in cfg.layers:
                 self.cfg_seen.add(onnx_name)
             lp = cfg.for_layer(onnx_name, weighted)
@@ -114,10 +116,9 @@ class _Canonicalizer:
                     Request(lp.i, keep, f"layers.{onnx_name}.i", x.scale, x.zp))
         missing = sorted(set(cfg.layers) - self.cfg_seen)
         if missing:
-            known = sorted({self.g.names.get(v.name, v.name) for v in self.g.bind
-                            if not _AUTO_NAME.fullmatch(v.name)})
+            near = difflib.get_close_matches(missing[0], sorted(layers), n=5, cutoff=0)
             raise ConfigError(f"{cfg.source}: layers.{missing[0]}: no quantized layer of that "
-                              f"name in the model (e.g. {', '.join(known[:5])})")
+                              f"name in the model (nearest: {', '.join(near) or 'none'})")
         narrow_activations(self.g, requests, cfg.source)
 
     @property

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="on an error, also print the traceback (for a bug report)")
     p.add_argument("--version", action="version", version=version_line())
-    sub = p.add_subparsers(dest="verb", required=True)
+    sub = p.add_subparsers(dest="verb")
     compiler.add_parser(sub)
     tuner.add_parser(sub)
     runner.add_parsers(sub)
@@ -48,7 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in sub.choices.values():  # -v also after the verb, as users type it
         verb.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                           help=argparse.SUPPRESS)
+    p.set_defaults(verbs=sub.choices)
     return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line; a missing verb lists the verbs, and an unknown flag points to
+    the verb's own ``--help`` (argparse names the top-level parser for both)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.verb is None:
+        parser.error(f"give a verb: {', '.join(args.verbs)}")
+    if extra:
+        args.verbs[args.verb].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def describe_error(exc: BaseException) -> tuple[int, str]:
@@ -66,7 +79,7 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> int:
     """Run ``tvmc``; returns the exit code (0 ok, 2 user error, 1 internal error, 130 Ctrl-C:
     also in the middle of a simulation, see :func:`tvm_accel.simlib.call`)."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -5,8 +5,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import os
 import re
+import sys
+import warnings
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import NoReturn
 
@@ -48,6 +53,7 @@ def _check_host(host: str) -> None:
     """A host target string TVM accepts (``llvm -mcpu=...`` with a CPU LLVM knows)."""
     from tvm_accel.pipeline import host_target
 
+    _check_llvm_cpu(host)
     try:
         host_target(host)
     except Exception as e:
@@ -56,6 +62,31 @@ def _check_host(host: str) -> None:
         why = why.split(". Target creation")[0]
         raise AccelError(f"--target: host '{host}' is not a valid TVM target: "
                          + (f"{host.split()[0]} has no option -{m[1]}" if m else why)) from None
+
+
+def _check_llvm_cpu(host: str) -> None:
+    """Refuse an ``-mcpu`` LLVM does not know for the host's triple: TVM would log an error and
+    quietly compile for a generic CPU instead."""
+    opts = dict(o.lstrip("-").partition("=")[::2] for o in host.split()[1:] if "=" in o)
+    cpu = opts.get("mcpu")
+    if host.split()[0] != "llvm" or not cpu:
+        return
+    import tvm
+    from tvm.target import codegen
+
+    triple = opts.get("mtriple") or codegen.llvm_get_system_triple()
+    if codegen.llvm_is_valid_cpu(cpu, triple):
+        return
+    known = [str(c) for c in codegen.llvm_get_cpu_archlist(
+        tvm.target.Target({"kind": "llvm", "mtriple": triple}))]
+    if cpu == "native":
+        hint = f"this machine's CPU is -mcpu={codegen.llvm_get_system_cpu()}"
+    else:
+        near = difflib.get_close_matches(cpu, known, n=3, cutoff=0.5)
+        hint = (f"nearest: {', '.join(near)}" if near else
+                f"{len(known)} known, e.g. {', '.join(known[:3])}")
+    raise AccelError(f"--target: host '{host}': LLVM {codegen.llvm_version_major()} knows no CPU "
+                     f"'{cpu}' for {triple} ({hint})")
 
 
 #: ``name:[1,3,224,224]`` of ``--input-shapes`` (upstream tvmc's syntax)
@@ -105,15 +136,38 @@ def version_line() -> str:
     return f"tvmc (tvm-accel) {mine}, Apache TVM {tvm_v}"
 
 
-def check_output_path(path: str, example: str = "module.tar", what: str = "package") -> None:
-    """Refuse an ``-o`` the package (or ``what``) cannot be written to before spending time
-    compiling."""
-    if os.path.isdir(path):
-        raise AccelError(f"-o {path}: is a directory; give the {what} file name, e.g. "
+def check_output_path(path: str, example: str = "module.tar", what: str = "package",
+                      flag: str = "-o") -> None:
+    """Refuse an output file (``-o``, or ``flag``) the package (or ``what``) cannot be written
+    to before spending time compiling or running: a directory, or a missing parent directory
+    (never created: every output flag of every verb refuses alike)."""
+    if os.path.isdir(path) or path.endswith(os.sep):
+        raise AccelError(f"{flag} {path}: is a directory; give the {what} file name, e.g. "
                          f"{os.path.join(path, example)}")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise AccelError(f"-o {path}: directory {parent} does not exist")
+        raise AccelError(f"{flag} {path}: directory {parent} does not exist")
+
+
+@contextlib.contextmanager
+def user_warnings(verb: str, *categories: type[Warning]) -> Iterator[None]:
+    """Print each warning of ``categories`` (the project's own: precision, tuning records) once,
+    as one ``tvmc <verb>: warning: ...`` line on stderr instead of Python's two-line format with
+    a source line; other warnings go on as they came."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            for c in categories:
+                warnings.simplefilter("always", c)
+            yield
+    finally:
+        shown = set()
+        for w in caught:
+            if not issubclass(w.category, categories):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            elif str(w.message) not in shown:
+                shown.add(str(w.message))
+                print(f"tvmc {verb}: warning: {one_line(str(w.message))}", file=sys.stderr)
 
 
 def _option_dest(kind: str, option: TargetOption) -> str:

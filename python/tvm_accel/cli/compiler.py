@@ -4,12 +4,10 @@ embedding)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
+import re
 import sys
 import time
-import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -19,12 +17,12 @@ from tvm_accel.cli.common import (
     add_target_options,
     add_tuning_records_option,
     check_output_path,
-    one_line,
     parse_input_shapes,
     parse_target,
     target_knobs,
     target_options,
     tuning_records,
+    user_warnings,
     version_line,
 )
 from tvm_accel.errors import AccelError, MappingError
@@ -54,6 +52,21 @@ def _onnx_signature(path: str, shapes: dict[str, list[int]] | None = None):
     return inputs, [spec(v) for v in model.graph.output], is_quantized(model)
 
 
+def _static_output_shapes(mod, outputs: list) -> None:
+    """Set ``outputs``' shapes to those Relax's ``main`` returns where static: an ONNX graph
+    whose batch --input-shapes fixes may still declare its old output shape, and
+    ``metadata.json`` describes what ``mod.so`` returns (``tvmc run`` checks it)."""
+    ret = mod["main"].ret_ty
+    rets = list(getattr(ret, "fields", None) or [ret])
+    if len(rets) != len(outputs):
+        return
+    for spec, r in zip(outputs, rets, strict=True):
+        try:
+            spec.shape = [int(d) for d in r.shape]
+        except (AttributeError, TypeError, ValueError):  # not a tensor, or a symbolic dim
+            continue
+
+
 def placement_summary(rows: list[dict], accel: str | None) -> str:
     """The compile summary of the report's ``rows`` (``OffloadRecord`` dicts): layers (every
     operator that computes, float ones included) by placement, then the Q/DQ nodes, folded
@@ -69,6 +82,28 @@ def placement_summary(rows: list[dict], accel: str | None) -> str:
         text += f"; {len(qdq) - on_cpu} Q/DQ nodes folded"
         text += f", {on_cpu} convert to or from float on the cpu" if on_cpu else ""
     return text
+
+
+def fallback_note(rows: list[dict]) -> str | None:
+    """``note: ...`` naming the most common reason (numbers aside) of the layers that fell back
+    to the CPU, with that reason's fix, or None when every layer is offloaded."""
+    cpu = [r for r in rows if r["kind"] == "layer" and r["placement"] == "cpu" and r["reason"]]
+    if not cpu:
+        return None
+    groups: dict[str, list[str]] = {}
+    for r in cpu:
+        groups.setdefault(re.sub(r"\d[\w.+-]*", "#", r["reason"]), []).append(r["reason"])
+    top = max(groups.values(), key=len)
+    return (f"note: {len(top)} of the {len(cpu)} layer(s) on the cpu: {top[0]}"
+            + ("" if len(top) == len(cpu) else " (see --dump-offloads for the others)"))
+
+
+#: what the --dump-offloads columns measure (printed above the table)
+_DUMP_LEGEND = (
+    "scale err: largest relative error of a layer's integer requantize scale (multiplier / "
+    "2^shift) vs its float scale\n"
+    "LSB err: worst-case deviation in output steps (what --max-requant-error limits); "
+    "W/I/O: weight, input and output bits")
 
 
 def _not_quantized(accel: str) -> str:
@@ -89,11 +124,8 @@ def cmd_compile(args) -> int:
     accel, host = parse_target(args.target)
     check_output_path(args.output)
     check_linker()
-    if args.dump_offloads not in (None, "-", "all") and (
-            os.path.isdir(args.dump_offloads)
-            or not os.path.isdir(os.path.dirname(os.path.abspath(args.dump_offloads)))):
-        raise AccelError(f"--dump-offloads {args.dump_offloads}: not a file in an existing "
-                         "directory")
+    if args.dump_offloads not in (None, "-", "all"):
+        check_output_path(args.dump_offloads, "offloads.txt", "table", "--dump-offloads")
     precision = None
     keep_scale = getattr(args, "precision_keep_scale", False)
     if keep_scale and not getattr(args, "precision_config", None):
@@ -105,8 +137,12 @@ def cmd_compile(args) -> int:
     shapes = parse_input_shapes(args.input_shapes)
     mod, info = load_onnx(args.model, shapes=shapes)
     inputs, outputs, quantized = _onnx_signature(args.model, shapes)
+    _static_output_shapes(mod, outputs)
     t0 = time.perf_counter()
-    with _precision_warnings():
+    from tvm_accel.precision import PrecisionWarning
+    from tvm_accel.tuning.records import RecordWarning
+
+    with user_warnings("compile", PrecisionWarning, RecordWarning):
         if accel is None:
             ex = compile_reference(mod, None, host, precision=precision)
             report, config, cfg, knobs = None, "", None, None
@@ -146,9 +182,17 @@ def cmd_compile(args) -> int:
               f"nothing runs on the {accel}; quantize it first: tvmc quantize {args.model} "
               f"-o {default_output(args.model)}"
               f"{' --scheme power-of-two' if accel == 'dpu' else ''}")
+    elif accel:
+        note = fallback_note(offloads)
+        if note:
+            print(note)
     if accel:
-        print(f"config {config}; knobs {json.dumps(knobs or {}, sort_keys=True)}; "
-              f"{version_line()}")
+        applied = ""
+        if getattr(args, "tuning_records", None):
+            n = len({ly for f in report.functions for ly in f.tuned})
+            applied = f"tuning records: {n} layer(s) from {args.tuning_records}; "
+        shown = f"knobs {json.dumps(knobs or {}, sort_keys=True)}; " if knobs or not applied else ""
+        print(f"config {config}; {shown}{applied}{version_line()}")
     if args.dump_offloads and report:
         err = {r.onnx_name: r for r in report.numerics} if report.numerics else {}
         rows: list[tuple[Any, ...]] = []
@@ -175,6 +219,7 @@ def cmd_compile(args) -> int:
             rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
             heads = [*heads[:-1], "embedding", "reason"]
         table = format_table(heads, rows)
+        print(_DUMP_LEGEND)
         if args.dump_offloads in ("-", "all"):
             print(table)
         else:
@@ -186,27 +231,6 @@ def cmd_compile(args) -> int:
                                  f"({e.strerror})") from None
             print(f"offloads -> {args.dump_offloads}")
     return 0
-
-
-@contextlib.contextmanager
-def _precision_warnings():
-    """Print each :class:`~tvm_accel.precision.PrecisionWarning` once, as a ``tvmc compile:
-    warning:`` line on stderr (other warnings go on as they came)."""
-    from tvm_accel.precision import PrecisionWarning
-
-    caught: list[warnings.WarningMessage] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PrecisionWarning)
-            yield
-    finally:
-        shown = set()
-        for w in caught:
-            if not issubclass(w.category, PrecisionWarning):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            elif str(w.message) not in shown:
-                shown.add(str(w.message))
-                print(f"tvmc compile: warning: {one_line(str(w.message))}", file=sys.stderr)
 
 
 def _compile(mod, target, cfg, knobs, host: str, precision, records: str | None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -19,8 +20,10 @@ from tvm_accel.errors import AccelError, BlobError
 _T = TypeVar("_T")
 
 
-def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
-    """``arr`` as the model input ``spec`` describes: same shape, real numbers, finite."""
+def _check_input(path: str, arr: np.ndarray, spec, verb: str = "run") -> np.ndarray:
+    """``arr`` as the model input ``spec`` describes: same shape, real numbers, finite; cast to
+    the input's dtype, with a warning when the cast changes values (float64 rounded, int64
+    wrapped)."""
     if arr.dtype.kind not in "biuf":
         raise AccelError(f"{path}: input '{spec.name}' has dtype {arr.dtype}, the model expects "
                          f"{spec.dtype} numbers")
@@ -29,22 +32,64 @@ def _check_input(path: str, arr: np.ndarray, spec) -> np.ndarray:
                          f"expects {spec.shape}")
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise AccelError(f"{path}: input '{spec.name}' contains NaN or infinity")
-    return arr.astype(spec.dtype)
+    cast = arr.astype(spec.dtype)
+    if arr.dtype != cast.dtype:
+        changed = cast.astype(arr.dtype) != arr
+        if changed.any():
+            worst = np.max(np.abs(cast.astype(np.float64) - arr.astype(np.float64)))
+            print(f"tvmc {verb}: warning: {path}: input '{spec.name}' is {arr.dtype}, the model "
+                  f"expects {spec.dtype}: the cast changes {np.count_nonzero(changed)} of "
+                  f"{arr.size} values (by up to {worst:.3g}); save it as {spec.dtype}",
+                  file=sys.stderr)
+    return cast
+
+
+def _check_names(path: str, data: dict, meta) -> None:
+    """Every array of ``--inputs`` names a model input (or holds the labels): an unknown name
+    is a typo, never silently ignored."""
+    from tvm_accel.evaluate import LABELS_KEY
+
+    names = [s.name for s in meta.inputs]
+    unknown = [k for k in data if k not in names and k != LABELS_KEY]
+    if unknown:
+        raise AccelError(f"{path}: array '{unknown[0]}' is not an input of the model (its "
+                         f"inputs: {', '.join(repr(n) for n in names)}; '{LABELS_KEY}' holds "
+                         "labels)")
+
+
+def _check_outputs(package: str, meta, outs: list[np.ndarray]) -> None:
+    """The outputs ``mod.so`` returned against ``metadata.json``, as inputs are checked: a
+    mismatch means the package was edited after compile."""
+    from tvm_accel.errors import PackageError
+
+    for spec, o in zip(meta.outputs, outs, strict=False):
+        shape_ok = len(spec.shape) == o.ndim and all(
+            d < 0 or d == n for d, n in zip(spec.shape, o.shape, strict=True))
+        if not shape_ok or (spec.dtype and np.dtype(spec.dtype) != o.dtype):
+            raise PackageError(f"{package}: mod.so returns output '{spec.name}' as "
+                               f"{list(o.shape)} {o.dtype}, metadata.json says {spec.shape} "
+                               f"{spec.dtype} (the package was edited after compile); "
+                               "recompile the model with 'tvmc compile'")
+    if len(outs) != len(meta.outputs) and meta.outputs:
+        raise PackageError(f"{package}: mod.so returns {len(outs)} outputs, metadata.json "
+                           f"lists {len(meta.outputs)}; recompile the model with 'tvmc compile'")
 
 
 def _make_inputs(meta, args) -> list[np.ndarray]:
     from tvm_accel.frontend import read_npz
 
     data = read_npz(args.inputs, args.inputs, "inputs") if args.inputs else {}
+    _check_names(args.inputs, data, meta)
     rng = np.random.default_rng(0)
     out = []
     for spec in meta.inputs:
         if spec.name in data:
-            out.append(_check_input(args.inputs, np.asarray(data[spec.name]), spec))
+            out.append(_check_input(args.inputs, np.asarray(data[spec.name]), spec, args.verb))
             continue
         if args.inputs and args.fill_mode is None:
             raise AccelError(f"{args.inputs}: no array named '{spec.name}' (have: "
-                             f"{', '.join(data.keys()) or 'none'}); or pass --fill-mode")
+                             f"{', '.join(data.keys()) or 'none'}); add it, or pass --fill-mode "
+                             "to fill the inputs the file lacks")
         mode = args.fill_mode or "random"
         if mode == "zeros":
             out.append(np.zeros(spec.shape, spec.dtype))
@@ -66,11 +111,21 @@ def cmd_run(args) -> int:
     if args.max_cycles is not None and not 0 < args.max_cycles <= simlib.MAX_MAX_CYCLES:
         raise AccelError(f"--max-cycles {args.max_cycles}: give a positive number of cycles "
                          "(at most 2^62)")
+    for flag, path, example in (("--outputs", args.outputs, "outputs.npz"),
+                                ("--profile-csv", args.profile_csv, "profile.csv"),
+                                ("--trace", args.trace, "trace.json")):
+        if path:
+            check_output_path(path, example, flag.lstrip("-").replace("-", " ") + " file", flag)
     pkg = load_package(args.package)
+    if args.inputs:
+        from tvm_accel.frontend import read_npz
+
+        _check_names(args.inputs, read_npz(args.inputs, args.inputs, "inputs"), pkg.meta)
     if _dataset_mode(pkg.meta, args):
         return _run_dataset(args, pkg.meta)
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
-    outs = _run_checked(pkg, inputs, args)
+    outs, summary = _run_checked(pkg, inputs, args)
+    _check_outputs(args.package, pkg.meta, outs)
     names = [o.name for o in pkg.meta.outputs]
     names += [f"output_{i}" for i in range(len(names), len(outs))]
     if args.outputs:
@@ -80,6 +135,8 @@ def cmd_run(args) -> int:
         for n, o in zip(names, outs, strict=False):
             flat = o.reshape(-1)
             print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
+    if summary:  # last, for scripts reading the last line
+        print(summary)
     return 0
 
 
@@ -124,7 +181,7 @@ def _run_dataset(args, meta) -> int:
     return 0
 
 
-def _run_checked(pkg, inputs: list, args) -> list[np.ndarray]:
+def _run_checked(pkg, inputs: list, args) -> tuple[list[np.ndarray], str | None]:
     """:func:`_execute` under the ``--max-cycles`` budget, its user errors as one line."""
     return _guarded(args, lambda: _execute(pkg, inputs, args))
 
@@ -174,14 +231,16 @@ def cmd_timeline(args) -> int:
     return 0
 
 
-def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
-    """Run ``main`` once (profiled and traced when asked), then time it for --print-time."""
+def _execute(pkg, inputs: list, args) -> tuple[list[np.ndarray], str | None]:
+    """Run ``main`` once (profiled and traced when asked), then time it for --print-time;
+    returns the outputs and, with --profile, the JSON summary line (printed last)."""
     import tvm
 
     from tvm_accel.package import outputs_to_numpy
     from tvm_accel.profiler import profiling, time_host_functions
 
     vm = pkg.vm()
+    summary = None
     if args.profile or args.trace or args.profile_csv:
         with profiling(args.trace) as prof:
             timed = pkg.vm()
@@ -189,7 +248,7 @@ def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
             result = timed["main"](*inputs)
         if args.profile:
             print(prof.table())
-            print("summary: " + json.dumps(prof.summary(), sort_keys=True))
+            summary = "summary: " + json.dumps(prof.summary(), sort_keys=True)
         if args.profile_csv:
             prof.write_csv(args.profile_csv)
             print(f"per-layer profile written to {args.profile_csv}")
@@ -202,7 +261,7 @@ def _execute(pkg, inputs: list, args) -> list[np.ndarray]:
         t = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=args.repeat)(*inputs)
         print(f"wall time per run (host + simulator): mean {t.mean * 1e3:.2f} ms, "
               f"std {t.std * 1e3:.2f} ms over {args.repeat} runs")
-    return outs
+    return outs, summary
 
 
 #: how the VM reports an argument of ``main`` that does not match the compiled signature
@@ -247,7 +306,8 @@ def add_parsers(sub) -> None:
     r.add_argument("--reference", metavar="ONNX", help="the QDQ model the package was compiled "
                    "from: count the samples whose top-1 class differs from onnxruntime's")
     r.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
-                   help="fill inputs missing from --inputs (default random)")
+                   help="fill the inputs absent from --inputs (without it, every input must be "
+                   "in the file); without --inputs, every input is filled (default random)")
     r.add_argument("--print-time", action="store_true", help="print host wall time per run")
     r.add_argument("--repeat", type=int, default=3, help="runs timed by --print-time")
     r.add_argument("--profile", action="store_true",
@@ -268,7 +328,8 @@ def add_parsers(sub) -> None:
                     help="also keep the Chrome trace here (default: beside the picture)")
     tl.add_argument("--inputs", metavar="NPZ", help="input arrays by name (.npz)")
     tl.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
-                    help="fill inputs missing from --inputs (default random)")
+                    help="fill the inputs absent from --inputs (without it, every input must "
+                    "be in the file); without --inputs, every input is filled (default random)")
     tl.add_argument("--max-cycles", type=int, metavar="N",
                     help="cycle budget of each simulator run (default 2^34)")
     tl.add_argument("--title", help="title of the picture")

@@ -13,10 +13,12 @@ import argparse
 from tvm_accel.cli.common import (
     add_input_shapes_option,
     add_target_options,
+    check_output_path,
     parse_input_shapes,
     parse_target,
     target_knobs,
     target_options,
+    user_warnings,
 )
 from tvm_accel.errors import AccelError
 from tvm_accel.tuning.autotuner import TUNERS, TaskOutcome, TuneOptions, tune_model
@@ -57,6 +59,7 @@ def tune_from_args(args: argparse.Namespace) -> list[TaskOutcome]:
     if accel is None:
         raise AccelError('--target: tune needs an accelerator before the host, e.g. '
                          '"vta, llvm"')
+    check_output_path(args.output, "records.json", "tuning records")
     precision = None
     if args.precision_config:
         from tvm_accel.precision import load_precision
@@ -72,10 +75,14 @@ def tune_from_args(args: argparse.Namespace) -> list[TaskOutcome]:
 def cmd_tune(args: argparse.Namespace) -> int:
     """``tvmc tune``: :func:`tune_model`, then its table (energy columns only when a task
     reported energy)."""
+    from tvm_accel.precision import PrecisionWarning
     from tvm_accel.report import format_table
+    from tvm_accel.tuning.records import RecordWarning
 
-    outcomes = tune_from_args(args)
+    with user_warnings("tune", PrecisionWarning, RecordWarning):
+        outcomes = tune_from_args(args)
     if not outcomes:
+        _explain_no_tasks(args)
         return 0
     energy = any(o.default_energy_uj is not None or o.best_energy_uj is not None
                  for o in outcomes)
@@ -96,6 +103,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
              *(["default uJ", "tuned uJ"] if energy else []), "note"]
     print(format_table(heads, rows))
     return 0
+
+
+def _explain_no_tasks(args: argparse.Namespace) -> None:
+    """After "no tunable layers": a float model is the usual cause; say how to quantize it."""
+    import onnx
+
+    from tvm_accel.quantize import default_output, is_quantized
+
+    if is_quantized(onnx.load(args.model, load_external_data=False)):
+        return
+    accel, _ = parse_target(args.target)
+    print(f"note: {args.model} is not quantized (no QuantizeLinear/DequantizeLinear), and only "
+          f"quantized layers run on the {accel}; quantize it first: tvmc quantize {args.model} "
+          f"-o {default_output(args.model)}{' --scheme power-of-two' if accel == 'dpu' else ''}")
 
 
 def _energy(uj: float | None) -> str:
