@@ -30,12 +30,13 @@ from tvm_marsellus.hw_config import MarsellusConfig
 from tvm_marsellus.program import MarsProgram
 from tvm_marsellus.strategy.batch import plan_in_passes
 from tvm_marsellus.strategy.concat import expand_concats
+from tvm_marsellus.strategy.decompose import expand_phases
 from tvm_marsellus.strategy.emit import Emit
 from tvm_marsellus.strategy.engines import OBJECTIVES, EngineChoice
 from tvm_marsellus.strategy.kernels import Kernels
 from tvm_marsellus.strategy.layers import _tensor_infos, maps_first, rbe_reasons
 from tvm_marsellus.strategy.memory import CapacityError, Memory
-from tvm_marsellus.strategy.phases import expand_phases, merge_phases
+from tvm_marsellus.strategy.phases import merge_phases
 from tvm_marsellus.strategy.tiling import Tiling, _Layer, knob_space
 from tvm_marsellus.strategy.views import Views
 

@@ -10,9 +10,9 @@ output tile's pixels to their places (the transpose of that copy), so the RBE an
 run their ordinary jobs on dense tiles and the phases of one layer together write every output
 pixel once, with no intermediate tensor and no host copy.
 
-:func:`expand_phases` replaces the layers the strategy decomposes (``deconv``, ``dilated``,
-and ``resize``'s nearest upsample, whose phases are copies) by their phases before the stages
-run; :func:`merge_phases` gathers their programs back
+:func:`tvm_marsellus.strategy.decompose.expand_phases` replaces the layers the strategy
+decomposes (``deconv``, ``dilated``, and ``resize``'s nearest upsample, whose phases are
+copies) by their phases before the stages run; :func:`merge_phases` gathers their programs back
 into one layer program named after the original layer (its profile row and placement).
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tvm_accel.layers import ConvLayer, DeconvLayer, LayerGraph, UpsampleLayer
+from tvm_accel.layers import ConvLayer
 from tvm_marsellus.program import LayerProgram, MarsProgram
 from tvm_marsellus.strategy.layers import Geometry, TensorInfo
 
@@ -68,38 +68,6 @@ def phase_padding(count: int, taps: int, top: int, size: int) -> tuple[int, int]
     """(before, after) padding of a stride-1 axis of ``taps`` taps whose ``count`` outputs
     start ``top`` rows before an input of ``size``: after = what the last window needs."""
     return top, max(0, count - 1 + taps - top - size)
-
-
-def expand_phases(graph: LayerGraph, knobs: dict | None) -> tuple[LayerGraph, dict | None,
-                                                                   dict[str, object]]:
-    """``graph`` with every transpose conv and dilated conv replaced by its phase convs (or,
-    for a dilated conv whose pruned kernel is dense, one ordinary conv) and every nearest
-    upsample by its phase copies (``resize``); the knobs of such a layer given to each of its
-    phases; and the replaced layers by name. MappingError (the layer runs on the CPU) when a
-    layer has no phase form."""
-    from tvm_marsellus.strategy.deconv import deconv_phases
-    from tvm_marsellus.strategy.dilated import dilated_phases
-    from tvm_marsellus.strategy.resize import upsample_phases
-
-    layers, parents, user = [], {}, dict(knobs or {})
-    for ly in graph.layers:
-        if isinstance(ly, DeconvLayer):
-            subs = deconv_phases(ly, graph)
-        elif isinstance(ly, ConvLayer) and tuple(ly.dilation) != (1, 1):
-            subs = dilated_phases(ly, graph)
-        elif isinstance(ly, UpsampleLayer):
-            subs = upsample_phases(ly, graph)
-        else:
-            layers.append(ly)
-            continue
-        parents[ly.name] = ly
-        own = user.pop(ly.name, None)
-        if own is not None:  # the layer's knobs hold for each of its phases
-            user.update({s.name: dict(own) for s in subs})
-        layers += subs
-    if not parents:
-        return graph, knobs, parents
-    return LayerGraph(graph.tensors, layers, graph.inputs, graph.outputs), user, parents
 
 
 def merge_phases(prog: MarsProgram, parents: dict[str, object]) -> MarsProgram:
