@@ -259,6 +259,18 @@ def qlut_pattern() -> tuple[DFPattern, dict]:
     return core, {"data": x, "offset": off, "table": table, "core": core, "root": core}
 
 
+def qlinear_lut_pattern(kind: str = "conv2d") -> tuple[DFPattern, dict]:
+    """A conv / dense (:func:`qlinear_pattern`) whose requantized output goes through a table
+    lookup (:func:`qlut_pattern`): an activation fused after the layer (DNNVM's point-wise
+    fusion). The conv's annotations, plus ``offset``, ``table`` and ``lut`` (the take, the
+    composite's output); ``root`` stays the conv's requantize (its dtype checks apply)."""
+    conv, ann = qlinear_pattern(kind)
+    off, table = is_const(), is_const()
+    lut = is_op("relax.take")(table, is_op("relax.add")(is_op("relax.astype")(conv), off))
+    ann.update({"offset": off, "table": table, "lut": lut})
+    return lut, ann
+
+
 def qmul_pattern() -> tuple[DFPattern, dict]:
     """Product of two quantized tensors in canonical form (a squeeze-excitation gate):
     ``multiply(astype(a) - za, astype(b) - zb)`` (int32, broadcasting) -> requant chain."""
@@ -534,6 +546,14 @@ class _Walk:
             var_name = layer_name(core_name)
             name = self.onnx.get(var_name, var_name)
             shape = _shape_str(binding.var)
+            if "lut" in annotated and (self.lowered or {}).get(name, pat.name) != pat.name:
+                # a layer and its activation that were not fused: why, on the activation's row
+                lut = layer_name(self.bound_name.get(annotated["lut"].__chandle__(),
+                                                     binding.var.name))
+                failed = pat.failed_checks(annotated)
+                first_failure = first_failure or (failed and OffloadRecord(
+                    self.onnx.get(lut, lut), "lut", shape, "cpu", "; ".join(failed))) or None
+                continue
             if self.lowered is not None and name in self.lowered:  # a blob holds it
                 used = self.by_name.get(self.lowered[name], pat)
                 if "flatten" in annotated and used.name == pat.name:
