@@ -10,6 +10,7 @@ import pytest
 
 from helpers import models
 from tvm_accel.quantize import ort_quantize
+from tvm_accel.zoo import INPUT_NAME, Builder
 from tvm_dpu.codegen import Conv, decode_stream, load_blob
 from tvm_dpu.numerics import LEAKY_SLOPE, leaky_mismatch, leaky_relu
 
@@ -93,3 +94,22 @@ def test_relu6_is_the_conv_clip_bit_exact(compare):
     r.assert_bit_exact()
     diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
     assert diff <= 2 * _output_lsb(m) + 1e-6
+
+
+def test_leaky_convs_keep_their_activation_inside_an_on_chip_chain(compare):
+    """conv -> LeakyRelu -> conv -> LeakyRelu -> 1x1 conv: the fusion search chains the convs
+    (intermediate bands in FM) and every CONV of a fused layer carries ``leaky``."""
+    b = Builder(3)
+    y = INPUT_NAME
+    for i, k in enumerate((3, 3, 1), 1):
+        y = b.conv(y, 16, 16, k, name=f"c{i}")
+        y = b.node("LeakyRelu", [y], f"l{i}", alpha=LEAKY_SLOPE) if i < 3 else y
+    m = ort_quantize(b.model("leaky_chain", INPUT_NAME, (4, 16, 32, 32), [y]),
+                     power_of_two=True)
+    r = compare(m)
+    rows = {o.layer: o for o in r.report.nodes if o.kind in ("layer", "fused")}
+    assert rows["c1"].reason == rows["c2"].reason == "matched dpu.qconv2d_leaky"
+    groups = [ly.name for f in r.report.functions for ly in load_blob(f.blob)[0].layers]
+    assert "c1+c2+c3" in groups
+    assert any(c.leaky for c in _conv_insns(r.report))
+    r.assert_bit_exact()
