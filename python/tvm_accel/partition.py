@@ -507,7 +507,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
         if name not in named:
             op = walk.by_name[pat_name].op if pat_name in walk.by_name else pat_name
             records.append(OffloadRecord(name, op, "?", target_name, f"matched {pat_name}"))
-    return _with_node_rows(mod, records, numerics, target_name, walk.host)
+    return _with_node_rows(mod, records, numerics, target_name, walk.host, walk.fused)
 
 
 @dataclass
@@ -524,6 +524,8 @@ class _Walk:
     onnx: dict[str, str]
     #: core ops (and views) some pattern matched: not listed again as host ops
     covered: set[int] = field(default_factory=set)
+    #: ONNX name of an activation fused into a layer (``lut`` annotation) -> that layer's
+    fused: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.var2val = relax.analysis.get_var2val(self.func)
@@ -558,6 +560,10 @@ class _Walk:
                 used = self.by_name.get(self.lowered[name], pat)
                 if "flatten" in annotated and used.name == pat.name:
                     self.covered.add(annotated["flatten"].__chandle__())
+                if "lut" in annotated and used.name == pat.name:
+                    lut = layer_name(self.bound_name.get(annotated["lut"].__chandle__(),
+                                                         binding.var.name))
+                    self.fused[self.onnx.get(lut, lut)] = name
                 return OffloadRecord(name, used.op, shape, self.target_name,
                                      f"matched {used.name}")
             if self.excluded and name in self.excluded:  # whatever the checks say
@@ -587,9 +593,10 @@ class _Walk:
 
 
 def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
-                    target_name: str, host: set[str] | None) -> list[OffloadRecord]:
+                    target_name: str, host: set[str] | None,
+                    fused: Mapping[str, str] | None = None) -> list[OffloadRecord]:
     """``records`` plus one row per ONNX node they do not name, all in model order (see
-    :func:`explain`)."""
+    :func:`explain`); ``fused``: an activation's name -> the layer it is fused into."""
     from tvm_accel.frontend import ONNX_NODES_ATTR, sanitize_name
 
     if mod.attrs is None or ONNX_NODES_ATTR not in mod.attrs:
@@ -603,6 +610,7 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         if row is not None:
             for v in rec.detail.get("absorbed", ()):
                 owner.setdefault(v, row)
+    fused_into = {act: by_layer[lay] for act, lay in (fused or {}).items() if lay in by_layer}
     # an intermediate layer composed into another one's table (the Sigmoid of a SiLU)
     composed = {n: rec.onnx_name for rec in integer.values()
                 for n in rec.detail.get("composed", ())}
@@ -628,8 +636,8 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         elif kind == "qdq":
             row = OffloadRecord(name, op, "-", "-",
                                 "activation quantization: part of the integer graph", "qdq")
-        elif var in owner:
-            lay = owner[var]
+        elif var in owner or name in fused_into:
+            lay = owner.get(var) or fused_into[name]
             row = OffloadRecord(name, op, lay.shape, lay.placement, f"fused into {lay.layer}",
                                 "fused")
         elif var in bound:

@@ -60,7 +60,7 @@ def test_leaky_relu_with_the_dpu_slope_runs_in_the_conv_bit_exact(compare, batch
     r = compare(m)
     rows = {o.layer: o for o in r.report.nodes if o.kind in ("layer", "fused")}
     assert (rows["conv1"].placement, rows["conv1"].reason) == ("dpu", "matched dpu.qconv2d_leaky")
-    assert rows["leakyrelu"].placement == "dpu"
+    assert (rows["leakyrelu"].placement, rows["leakyrelu"].reason) == ("dpu", "fused into conv1")
     assert rows["conv2"].placement == "dpu"
     assert [c.leaky for c in _conv_insns(r.report)].count(True) >= 1
     r.assert_bit_exact()
