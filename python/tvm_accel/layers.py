@@ -115,10 +115,27 @@ class ConvLayer:
     weight_bits: int = 8
     #: kernel dilation (dh, dw); 1 is a dense stencil
     dilation: tuple[int, int] = (1, 1)
+    #: a table lookup fused after the requantize (an activation, docs/architecture.md 4.4):
+    #: ``(K, 256)`` rows (K = 1, or one per channel), ``y = lut[c, y - lut_lo]``; None: none
+    lut: np.ndarray | None = None
+    #: the smallest code of the requantized dtype (-128 for int8, 0 for uint8)
+    lut_lo: int = -128
 
     @property
     def kernel(self) -> tuple[int, int]:
         return int(self.weight.shape[2]), int(self.weight.shape[3])
+
+    def apply_lut(self, y: np.ndarray, channel_axis: int = 1) -> np.ndarray:
+        """The fused table lookup on the requantized output ``y`` (identity without one)."""
+        if self.lut is None:
+            return y
+        lut = np.asarray(self.lut, dtype=np.int64)
+        idx = y.astype(np.int64) - self.lut_lo
+        if lut.shape[0] == 1:
+            return lut[0][idx]
+        shape = [1] * y.ndim
+        shape[channel_axis] = lut.shape[0]
+        return lut.reshape(-1)[idx + 256 * np.arange(lut.shape[0]).reshape(shape)]
 
     @property
     def dilated_kernel(self) -> tuple[int, int]:
@@ -529,7 +546,7 @@ def reference_execute(graph: LayerGraph, inputs: dict[str, np.ndarray]) -> dict[
     for layer in graph.layers:
         if isinstance(layer, ConvLayer):
             acc = conv_accumulate(env[layer.input], layer)
-            y = layer.requant.apply(acc)
+            y = layer.apply_lut(layer.requant.apply(acc))
             if layer.is_dense:
                 y = y.reshape(y.shape[0], y.shape[1])
         elif isinstance(layer, AddLayer):

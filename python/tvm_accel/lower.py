@@ -189,10 +189,14 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
             dilation = _pair(a.dilation)
         k = w.shape[0]
         rq = _requant(ann, k, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], k))
+        lut, lo = None, -128
+        if "table" in ann:  # a fused activation (partition.qlinear_lut_pattern)
+            lut = const_value(ann["table"]).astype(np.int64).reshape(-1, 256)
+            lo = -int(np.asarray(const_value(ann["offset"])).reshape(-1)[0])
         return ConvLayer(name=name, input=inputs[0], output=output, weight=w, bias=bias,
                          input_zero_point=zx, strides=strides, padding=padding, requant=rq,
                          is_dense=is_dense, op_name="dense" if is_dense else "conv2d",
-                         groups=groups, dilation=dilation)
+                         groups=groups, dilation=dilation, lut=lut, lut_lo=lo)
     if op == "relax.multiply":
         rq = _requant(ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
         return MulLayer(name=name, inputs=(inputs[_param_index(comp, ann["lhs"])],

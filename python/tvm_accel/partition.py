@@ -259,6 +259,18 @@ def qlut_pattern() -> tuple[DFPattern, dict]:
     return core, {"data": x, "offset": off, "table": table, "core": core, "root": core}
 
 
+def qlinear_lut_pattern(kind: str = "conv2d") -> tuple[DFPattern, dict]:
+    """A conv / dense (:func:`qlinear_pattern`) whose requantized output goes through a table
+    lookup (:func:`qlut_pattern`): an activation fused after the layer (DNNVM's point-wise
+    fusion). The conv's annotations, plus ``offset``, ``table`` and ``lut`` (the take, the
+    composite's output); ``root`` stays the conv's requantize (its dtype checks apply)."""
+    conv, ann = qlinear_pattern(kind)
+    off, table = is_const(), is_const()
+    lut = is_op("relax.take")(table, is_op("relax.add")(is_op("relax.astype")(conv), off))
+    ann.update({"offset": off, "table": table, "lut": lut})
+    return lut, ann
+
+
 def qmul_pattern() -> tuple[DFPattern, dict]:
     """Product of two quantized tensors in canonical form (a squeeze-excitation gate):
     ``multiply(astype(a) - za, astype(b) - zb)`` (int32, broadcasting) -> requant chain."""
@@ -498,7 +510,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
         if name not in named:
             op = walk.by_name[pat_name].op if pat_name in walk.by_name else pat_name
             records.append(OffloadRecord(name, op, "?", target_name, f"matched {pat_name}"))
-    return _with_node_rows(mod, records, numerics, target_name, walk.host)
+    return _with_node_rows(mod, records, numerics, target_name, walk.host, walk.fused)
 
 
 @dataclass
@@ -515,6 +527,8 @@ class _Walk:
     onnx: dict[str, str]
     #: core ops (and views) some pattern matched: not listed again as host ops
     covered: set[int] = field(default_factory=set)
+    #: ONNX name of an activation fused into a layer (``lut`` annotation) -> that layer's
+    fused: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.var2val = relax.analysis.get_var2val(self.func)
@@ -537,10 +551,22 @@ class _Walk:
             var_name = layer_name(core_name)
             name = self.onnx.get(var_name, var_name)
             shape = _shape_str(binding.var)
+            if "lut" in annotated and (self.lowered or {}).get(name, pat.name) != pat.name:
+                # a layer and its activation that were not fused: why, on the activation's row
+                lut = layer_name(self.bound_name.get(annotated["lut"].__chandle__(),
+                                                     binding.var.name))
+                failed = pat.failed_checks(annotated)
+                first_failure = first_failure or (failed and OffloadRecord(
+                    self.onnx.get(lut, lut), "lut", shape, "cpu", "; ".join(failed))) or None
+                continue
             if self.lowered is not None and name in self.lowered:  # a blob holds it
                 used = self.by_name.get(self.lowered[name], pat)
                 if "flatten" in annotated and used.name == pat.name:
                     self.covered.add(annotated["flatten"].__chandle__())
+                if "lut" in annotated and used.name == pat.name:
+                    lut = layer_name(self.bound_name.get(annotated["lut"].__chandle__(),
+                                                         binding.var.name))
+                    self.fused[self.onnx.get(lut, lut)] = name
                 return OffloadRecord(name, used.op, shape, self.target_name,
                                      f"matched {used.name}")
             if self.excluded and name in self.excluded:  # whatever the checks say
@@ -570,9 +596,10 @@ class _Walk:
 
 
 def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
-                    target_name: str, host: set[str] | None) -> list[OffloadRecord]:
+                    target_name: str, host: set[str] | None,
+                    fused: Mapping[str, str] | None = None) -> list[OffloadRecord]:
     """``records`` plus one row per ONNX node they do not name, all in model order (see
-    :func:`explain`)."""
+    :func:`explain`); ``fused``: an activation's name -> the layer it is fused into."""
     from tvm_accel.frontend import ONNX_NODES_ATTR, sanitize_name
 
     if mod.attrs is None or ONNX_NODES_ATTR not in mod.attrs:
@@ -586,6 +613,7 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         if row is not None:
             for v in rec.detail.get("absorbed", ()):
                 owner.setdefault(v, row)
+    fused_into = {act: by_layer[lay] for act, lay in (fused or {}).items() if lay in by_layer}
     # an intermediate layer composed into another one's table (the Sigmoid of a SiLU)
     composed = {n: rec.onnx_name for rec in integer.values()
                 for n in rec.detail.get("composed", ())}
@@ -611,8 +639,8 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
         elif kind == "qdq":
             row = OffloadRecord(name, op, "-", "-",
                                 "activation quantization: part of the integer graph", "qdq")
-        elif var in owner:
-            lay = owner[var]
+        elif var in owner or name in fused_into:
+            lay = owner.get(var) or fused_into[name]
             row = OffloadRecord(name, op, lay.shape, lay.placement, f"fused into {lay.layer}",
                                 "fused")
         elif var in bound:

@@ -30,8 +30,8 @@ CONV (256 bits)::
     out_mem[78:80] out_addr[80:100] out_pix_stride[100:112] out_row_stride[112:132]
     out_h[132:144] out_w[144:156] oc[156:168] kernel_h[168:172] kernel_w[172:176]
     stride_h[176:179] stride_w[179:182] pad_top[182:186] pad_bottom[186:190] pad_left[190:194]
-    pad_right[194:198] pad_value[198:206]s param_addr[206:230] shift[230:235] clip_lo[235:243]s
-    clip_hi[243:251]s depthwise[251:252] dilation[252:256]
+    pad_right[194:198] pad_value[198:206]s param_addr[206:229] leaky[229:230] shift[230:235]
+    clip_lo[235:243]s clip_hi[243:251]s depthwise[251:252] dilation[252:256]
 
 MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3 UPSAMPLE,
 4 COPY)::
@@ -205,6 +205,8 @@ class Conv(_Deps):
     pad_right: int = 0
     pad_value: int = 0
     param_addr: int = 0
+    #: the nonlinear module's LeakyReLU (slope 26/256) on the int8 result, then the clip
+    leaky: bool = False
     shift: int = 0
     clip_lo: int = -128
     clip_hi: int = 127
@@ -355,7 +357,8 @@ LAYOUTS: dict[str, tuple] = {
         ("stride_w", 3, False),
         ("pad_top", 4, False), ("pad_bottom", 4, False), ("pad_left", 4, False),
         ("pad_right", 4, False), ("pad_value", 8, True),
-        ("param_addr", 24, False), ("shift", 5, False), ("clip_lo", 8, True),
+        ("param_addr", 23, False), ("leaky", 1, False), ("shift", 5, False),
+        ("clip_lo", 8, True),
         ("clip_hi", 8, True), ("depthwise", 1, False), ("dilation", 4, False)),
 }
 MISC_COMMON = (("op", 4, False), *_FM_IN, *_FM_OUT, ("out_h", 12, False), ("out_w", 12, False),

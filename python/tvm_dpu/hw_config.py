@@ -65,7 +65,7 @@ REGION_ALIGN = 4096
 
 # ISA field limits the config must respect (see ``docs/dpu.md``, ISA).
 FM_ADDR_BITS = 20
-PM_ADDR_BITS = 24
+PM_ADDR_BITS = 23
 FORMAT_FACTOR_BITS = 4
 
 _INT_FIELDS = (

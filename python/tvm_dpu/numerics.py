@@ -85,3 +85,33 @@ def global_pool_steps(h: int, w: int, dtype: str,
                 return inexact, [-kh * kw for kh, kw in s]
             return min(splits, key=rank)
     return None
+
+
+#: slope of the nonlinear module's LeakyReLU: 26/256 = 0.1015625 (the DPUCZDX8G's fixed slope;
+#: Vitis AI's quantizer rounds a model's 0.1 to it)
+LEAKY_SLOPE_NUM, LEAKY_SLOPE_SHIFT = 26, 8
+LEAKY_SLOPE = LEAKY_SLOPE_NUM / (1 << LEAKY_SLOPE_SHIFT)
+
+
+def leaky_relu(c: np.ndarray) -> np.ndarray:
+    """The nonlinear module's LeakyReLU on the CONV's int8 result ``c``: ``c`` when ``c >= 0``,
+    else ``(26 * c + 128) >> 8`` (round half up); the output keeps the input's scale."""
+    c = np.asarray(c, dtype=np.int64)
+    rnd = 1 << (LEAKY_SLOPE_SHIFT - 1)
+    return np.where(c >= 0, c, (LEAKY_SLOPE_NUM * c + rnd) >> LEAKY_SLOPE_SHIFT)
+
+
+def leaky_mismatch(lut: np.ndarray, lut_lo: int, qmin: int, qmax: int) -> str | None:
+    """The first code where a conv's fused table is not what the CONV computes with ``leaky``
+    set (None: none, the table is the DPU's LeakyReLU). The CONV clips its result to int8 and
+    the module maps it, so the table of ``clip(v, qmin, qmax)`` must equal :func:`leaky_relu`
+    of ``v`` for every int8 ``v``, in every row (256 codes: an exhaustive check)."""
+    codes = np.arange(-128, 128)
+    dpu = leaky_relu(codes)
+    for row in np.asarray(lut, dtype=np.int64).reshape(-1, 256):
+        ref = row[np.clip(codes, qmin, qmax) - lut_lo]
+        bad = np.flatnonzero(ref != dpu)
+        if bad.size:
+            return (f"code {int(codes[bad[0]])} -> {int(ref[bad[0]])} in the model's table, "
+                    f"{int(dpu[bad[0]])} on the DPU")
+    return None

@@ -23,6 +23,7 @@ from tvm_accel.partition import (
     qadd_pattern,
     qconcat_pattern,
     qdeconv_pattern,
+    qlinear_lut_pattern,
     qlinear_pattern,
     qpool_pattern,
     qupsample_pattern,
@@ -177,6 +178,22 @@ def requant_is_shift(m: dict) -> bool:
             and all(const_value(m[k]).size == 1 for k in ("zero_point", "qmin", "qmax")))
 
 
+def lut_is_leaky_relu(m: dict) -> bool:
+    """the activation is not the DPU's LeakyReLU (slope 26/256 = 0.1015625 at the conv's scale)
+
+    The CONV's nonlinear module (DNNVM 4.1.2) has LeakyReLU with the DPUCZDX8G's fixed slope
+    on the int8 result; the fused table must equal it on every code
+    (:func:`tvm_dpu.numerics.leaky_mismatch`), else the activation stays on the CPU.
+    """
+    from tvm_dpu.numerics import leaky_mismatch
+
+    table, off = const_value(m["table"]), np.asarray(const_value(m["offset"])).reshape(-1)
+    if str(m["table"].ty.dtype) != "int8" or table.size != 256 * off.size:
+        return False
+    return leaky_mismatch(table, -int(off[0]), int(const_value(m["qmin"])),
+                          int(const_value(m["qmax"]))) is None
+
+
 def add_same_shape(m: dict) -> bool:
     """operands differ in shape or are not 4-D (ELTADD has no broadcasting)"""
     a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
@@ -293,10 +310,12 @@ def pattern_table() -> list[OffloadPattern]:
     conv, conv_ann = qlinear_pattern("conv2d")
     dense, dense_ann = qlinear_pattern("matmul")
     add, add_ann = qadd_pattern()
+    conv_checks = [conv_nchw, conv_dilation_fits, conv_groups_supported, kernel_fits,
+                   stride_fits, padding_fits, channels_fit, *_COMMON]
     table = [
-        OffloadPattern("dpu.qconv2d", "conv2d", conv, conv_ann,
-                       [conv_nchw, conv_dilation_fits, conv_groups_supported, kernel_fits,
-                        stride_fits, padding_fits, channels_fit, *_COMMON]),
+        OffloadPattern("dpu.qconv2d_leaky", "conv2d", *qlinear_lut_pattern("conv2d"),
+                       [*conv_checks, lut_is_leaky_relu]),
+        OffloadPattern("dpu.qconv2d", "conv2d", conv, conv_ann, conv_checks),
         OffloadPattern("dpu.qdense_flat", "dense", *qlinear_pattern("matmul", flatten=True),
                        [flatten_is_a_view, channels_fit, *_COMMON]),
         OffloadPattern("dpu.qdense", "dense", dense, dense_ann,

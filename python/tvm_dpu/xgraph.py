@@ -23,6 +23,7 @@ import numpy as np
 
 from tvm_accel.errors import AccelError
 from tvm_accel.layers import AddLayer, ConvLayer, LayerGraph
+from tvm_dpu.numerics import leaky_mismatch
 
 
 class XGraphError(AccelError):
@@ -71,9 +72,22 @@ def fold_conv(layer: ConvLayer) -> dict:
             + (int(rq.zero_point) << rq.shift))
     if bias.size and np.abs(bias).max() >= 2**31:
         raise XGraphError(f"layer {layer.name}: folded bias overflows int32")
+    if layer.lut is not None:
+        bad = leaky_mismatch(layer.lut, layer.lut_lo, int(rq.qmin), int(rq.qmax))
+        if bad:
+            raise XGraphError(f"layer {layer.name}: the fused activation is not the DPU's "
+                              f"LeakyReLU ({bad})")
     wt = np.transpose(w, (0, 2, 3, 1)).astype(np.int8)  # [oc][kh][kw][ic]
     return {"weight": wt, "bias": bias.astype(np.int32), "shift": int(rq.shift),
             "clip": (int(rq.qmin), int(rq.qmax)), "pad_value": zx}
+
+
+def clip_fields(layer: ConvLayer) -> dict:
+    """CONV ``leaky`` / ``clip_lo`` / ``clip_hi``: the requantize's clip, or, with a fused
+    LeakyReLU table (checked by :func:`fold_conv`), the nonlinear module on the int8 result."""
+    if layer.lut is not None:
+        return {"leaky": True, "clip_lo": -128, "clip_hi": 127}
+    return {"leaky": False, "clip_lo": int(layer.requant.qmin), "clip_hi": int(layer.requant.qmax)}
 
 
 def fold_add(layer: AddLayer) -> dict:

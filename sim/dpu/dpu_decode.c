@@ -47,8 +47,8 @@ static const dpu_field SAVE_F[] = {
 static const dpu_field CONV_F[] = {
     FM_IN, F(ic, 12, 0), FM_OUT, F(out_h, 12, 0), F(out_w, 12, 0), F(oc, 12, 0), F(kernel_h, 4, 0),
     F(kernel_w, 4, 0), F(stride_h, 3, 0), F(stride_w, 3, 0), F(pad_top, 4, 0), F(pad_bottom, 4, 0),
-    F(pad_left, 4, 0), F(pad_right, 4, 0), F(pad_value, 8, 1), F(param_addr, 24, 0), F(shift, 5, 0),
-    F(clip_lo, 8, 1), F(clip_hi, 8, 1), F(depthwise, 1, 0), F(dilation, 4, 0)};
+    F(pad_left, 4, 0), F(pad_right, 4, 0), F(pad_value, 8, 1), F(param_addr, 23, 0), F(leaky, 1, 0),
+    F(shift, 5, 0), F(clip_lo, 8, 1), F(clip_hi, 8, 1), F(depthwise, 1, 0), F(dilation, 4, 0)};
 static const dpu_field POOL_F[] = {MISC_COMMON, POOL_FIELDS};
 static const dpu_field ELT_F[] = {MISC_COMMON,       F(b_mem, 2, 0),   F(b_addr, 20, 0),
                                   F(b_pix_stride, 12, 0), F(b_row_stride, 20, 0), F(shift_a, 6, 1),
@@ -189,7 +189,7 @@ int dpu_check_config(const dpu_sim_config *c, dpu_geom *g, accel_err *err)
     if ((uint64_t)c->fm_banks * (uint64_t)c->fm_bank_bytes > (UINT64_C(1) << 20))
         return accel_fail(err, ACCEL_ERR_CONFIG,
                           "config: field FM_BANK_BYTES: FM_BANKS x FM_BANK_BYTES exceeds the 20-bit FM address field");
-    RANGE(c->pm_bytes, "PM_BYTES", 1024, 1 << 24)
+    RANGE(c->pm_bytes, "PM_BYTES", 1024, 1 << 23)
     RANGE(c->conv_ic_par, "CONV_IC_PAR", 1, 256)
     RANGE(c->conv_oc_par, "CONV_OC_PAR", 1, 256)
     RANGE(c->conv_row_par, "CONV_ROW_PAR", 1, c->fm_banks)

@@ -274,8 +274,26 @@ static int conv_depthwise(const dpu_insn *in, const int16_t *X, const int16_t *W
     return 0;
 }
 
-static int exec_conv(dpu_state *s, const dpu_insn *in, accel_err *err)
+/* The nonlinear module's LeakyReLU on the CONV's int8 result c (slope 26/256, as the
+ * DPUCZDX8G's): c >= 0 ? c : (26 * c + 128) >> 8 (rounded half up), then clip_lo..clip_hi. */
+static void leaky_relu(uint8_t *out, uint64_t n, int64_t lo, int64_t hi)
 {
+    uint64_t i;
+    for (i = 0; i < n; i++) {
+        const int64_t c = (int8_t)out[i];
+        out[i] = clip8(c >= 0 ? c : asr64(26 * c + 128, 8), lo, hi);
+    }
+}
+
+static int exec_conv(dpu_state *s, const dpu_insn *insn, accel_err *err)
+{
+    /* with LeakyReLU the CONV's own result is clipped to int8, the module clips its output */
+    dpu_insn cv = *insn;
+    const dpu_insn *in = &cv;
+    if (insn->leaky) {
+        cv.clip_lo = -128;
+        cv.clip_hi = 127;
+    }
     const dpu_geom *g = &s->g;
     const uint64_t ic = (uint64_t)in->ic, oc = (uint64_t)in->oc, oh = (uint64_t)in->out_h, ow = (uint64_t)in->out_w;
     const uint64_t kk = (uint64_t)(in->kernel_h * in->kernel_w);
@@ -310,6 +328,8 @@ static int exec_conv(dpu_state *s, const dpu_insn *in, accel_err *err)
             gather_window16(mem_in, g->mem_bytes, in, ic, X);
             if (conv_depthwise(in, X, W, bias, acc, out))
                 return ACCEL_ERR_INTERRUPTED;
+            if (insn->leaky)
+                leaky_relu(out, oh * ow * oc, insn->clip_lo, insn->clip_hi);
             fm_scatter(mem_out, g->mem_bytes, (uint64_t)in->out_addr, (uint64_t)in->out_pix_stride,
                        (uint64_t)in->out_row_stride, oh, ow, oc, out);
         }
@@ -321,6 +341,8 @@ static int exec_conv(dpu_state *s, const dpu_insn *in, accel_err *err)
         gather_window16(mem_in, g->mem_bytes, in, ic, X);
         if (conv_dense(in, X, W, bias, out))
             return ACCEL_ERR_INTERRUPTED;
+        if (insn->leaky)
+            leaky_relu(out, oh * ow * oc, insn->clip_lo, insn->clip_hi);
         fm_scatter(mem_out, g->mem_bytes, (uint64_t)in->out_addr, (uint64_t)in->out_pix_stride,
                    (uint64_t)in->out_row_stride, oh, ow, oc, out);
     }

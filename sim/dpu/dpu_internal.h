@@ -38,7 +38,7 @@ typedef struct {
     int64_t pad_top, pad_bottom, pad_left, pad_right, pad_value, img_stride, fmt;
     int64_t in_mem, in_addr, in_pix_stride, in_row_stride, ic;
     int64_t out_mem, out_addr, out_pix_stride, out_row_stride, out_h, out_w, oc;
-    int64_t kernel_h, kernel_w, stride_h, stride_w, param_addr, shift, mult, clip_lo, clip_hi, depthwise, dilation;
+    int64_t kernel_h, kernel_w, stride_h, stride_w, param_addr, shift, mult, clip_lo, clip_hi, depthwise, dilation, leaky;
     int64_t b_mem, b_addr, b_pix_stride, b_row_stride, shift_a, shift_b, factor_h, factor_w;
     /* --- derived --- */
     uint32_t index;

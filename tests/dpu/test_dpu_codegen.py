@@ -53,7 +53,7 @@ def sample_program():
              in_row_stride=3584, ic=64, out_mem=1, out_addr=0xFFFFF, out_pix_stride=4095,
              out_row_stride=(1 << 20) - 1, out_h=8, out_w=56, oc=4095, kernel_h=15,
              kernel_w=3, stride_h=7, stride_w=2, pad_top=15, pad_bottom=0, pad_left=1,
-             pad_right=14, pad_value=-3, param_addr=0xABCDEF, shift=31, clip_lo=0,
+             pad_right=14, pad_value=-3, param_addr=0x7BCDEF, leaky=True, shift=31, clip_lo=0,
              clip_hi=100, depthwise=True),
         Pool(op=MISC_MAXPOOL, dpon="CONV", dpby="SAVE", in_mem=1, in_addr=5, in_pix_stride=64,
              in_row_stride=640, out_mem=2, out_addr=7, out_pix_stride=64, out_row_stride=320,

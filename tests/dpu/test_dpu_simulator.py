@@ -320,6 +320,28 @@ def test_requant_rounds_half_up_relu_and_clip_exactly(cfg):
     assert results[31][18] == 1 and results[31][19] == -1  # 1 + (2^31 - 1): 64-bit, no wrap
 
 
+@pytest.mark.parametrize("shift, clip", [(0, (-128, 127)), (2, (-5, 100))])
+def test_leaky_relu_maps_the_int8_conv_result_then_clips(cfg, shift, clip):
+    """CONV with ``leaky``: c = clip(s >> shift, -128, 127), then c or (26 c + 128) >> 8, then
+    clip_lo..clip_hi (1x1 conv of x = 1 with w = 1, so s is the bias + 1 + round)."""
+    from tvm_dpu.numerics import leaky_relu
+
+    targets = np.arange(-300, 300) << shift
+    oc = len(targets)
+    prog = Prog(cfg)
+    prog.load_images(np.ones((cfg.NUM_PE, 1, 1, 1), np.int8))
+    prog.load_params(np.ones((oc, 1, 1, 1), np.int8), targets - 1, dpby="CONV")
+    insn, _, _ = conv_insn(1, 1, 1, oc, 1, 1, 0, 0, shift, clip, leaky=True, dpon="LOAD",
+                           dpby="SAVE")
+    prog.insns.append(insn)
+    out = prog.save_images(1, 0, 1, 1, oc, dpon="CONV")
+    prog.run()
+    c = np.clip((targets + rnd(shift)) >> shift, -128, 127)
+    np.testing.assert_array_equal(out()[0, 0, 0], np.clip(leaky_relu(c), *clip))
+    assert decode(encode(insn)).leaky and not decode(encode(dataclasses.replace(
+        insn, leaky=False))).leaky
+
+
 def test_int32_accumulator_wraps_modulo_2_32(cfg):
     ic, k = 4095, 7  # 49 x 4095 x 128^2 > 2^31
     prog = Prog(cfg)

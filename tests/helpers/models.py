@@ -143,11 +143,12 @@ def conv_flatten_dense(c: int = 8, hw: int = 4, cout: int = 10, batch: int = 1,
 
 
 def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
-               seed: int = 0) -> onnx.ModelProto:
+               seed: int = 0, alpha: float | None = None) -> onnx.ModelProto:
     """conv, one elementwise op, then another conv: ``Relu``, ``Clip`` (0..6), an activation
     (``Sigmoid``, ``Tanh``, ``HardSigmoid``, ``HardSwish``, ``LeakyRelu``, ``PRelu`` with one
     slope per channel, ``SiLU`` as an exporter writes it: ``Mul(x, Sigmoid(x))``) or an op
-    without an integer form (``Softmax``)."""
+    without an integer form (``Softmax``). ``alpha``: the LeakyRelu's slope (default ONNX's
+    0.01)."""
     b = Builder(seed)
     x = INPUT_NAME
     y = b.conv(x, c, c, 3, name="conv1")
@@ -160,7 +161,10 @@ def conv_unary(op: str = "Sigmoid", c: int = 8, hw: int = 8, batch: int = 1,
     elif op == "SiLU":
         y = b.node("Mul", [y, b.node("Sigmoid", [y], "silu_sigmoid")], "silu")
     else:
-        y = b.node(op, [y], op.lower(), **({"axis": 1} if op == "Softmax" else {}))
+        attrs = {"axis": 1} if op == "Softmax" else {}
+        if alpha is not None:
+            attrs["alpha"] = float(alpha)
+        y = b.node(op, [y], op.lower(), **attrs)
     y = b.conv(y, c, c, 3, name="conv2")
     return b.model(f"conv_{op.lower()}", x, (batch, c, hw, hw), [y])
 

@@ -29,7 +29,7 @@ from tvm_dpu.strategy.dependencies import _Tile
 from tvm_dpu.strategy.emit import Emitter, _pool_maker
 from tvm_dpu.strategy.emit_conv import ConvEmitter
 from tvm_dpu.strategy.tiling import _in_window
-from tvm_dpu.xgraph import XGraphError, fold_add
+from tvm_dpu.xgraph import XGraphError, clip_fields, fold_add
 
 
 class ChainEmitter(ConvEmitter):
@@ -315,8 +315,7 @@ class _ChainStep:
                          pad_left=pleft, pad_right=pright,
                          pad_value=folded["pad_value"],
                          param_addr=pm_addr if addr is None else addr,
-                         shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
-                         depthwise=dw)
+                         shift=int(rq.shift), depthwise=dw, **clip_fields(ly))
             self.keys[id(cv)] = (self.rows_keys(ly.input, r0, r0 + nr, j, q),
                                  [(ly.output, q, "new", k0) if closes and len(parts) > 1
                                   else (ly.output, q, "new")])

@@ -25,7 +25,7 @@ from tvm_dpu.strategy.tiling import (
     conv_dilation,
     conv_span,
 )
-from tvm_dpu.xgraph import XGraphError, fold_conv
+from tvm_dpu.xgraph import XGraphError, clip_fields, fold_conv
 
 
 class ConvEmitter(Emitter):
@@ -122,8 +122,8 @@ class ConvEmitter(Emitter):
         conv = cg.Conv(in_mem=0, in_addr=buf, out_mem=out_mem, out_addr=out_addr,
                        out_pix_stride=kk, out_row_stride=nw * kk, out_h=nh, out_w=nw, oc=kk,
                        kernel_h=kh, stride_h=sh, stride_w=sw, pad_value=zx, param_addr=pm_addr,
-                       shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax),
-                       depthwise=dw, dilation=dil, **geo)
+                       shift=int(rq.shift), depthwise=dw, dilation=dil, **clip_fields(layer),
+                       **geo)
         return ld, conv
 
     def _conv_segments(self, layer: ConvLayer, tin: TensorPlacement, kn: dict, tail,

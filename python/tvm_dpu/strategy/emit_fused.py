@@ -19,7 +19,7 @@ from tvm_dpu.strategy.emit import _pool_maker
 from tvm_dpu.strategy.emit_chain import ChainEmitter
 from tvm_dpu.strategy.knobs import fused_knob_space
 from tvm_dpu.strategy.tiling import _conv_geometry, _in_window
-from tvm_dpu.xgraph import XGraphError, fold_add
+from tvm_dpu.xgraph import XGraphError, clip_fields, fold_add
 
 
 class FusedEmitter(ChainEmitter):
@@ -69,7 +69,7 @@ class FusedEmitter(ChainEmitter):
                              stride_w=sw, pad_top=ctop, pad_bottom=cbot,
                              pad_left=cleft, pad_right=cright, pad_value=zx,
                              param_addr=pm_addr, shift=int(rq.shift),
-                             clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+                             **clip_fields(conv))
                 sv = self._save(tout, buf, g, y0, nh, x0, nw, k0, kk, fm_mem=2)
                 tiles.append(_Tile([ld], [op, cv], [sv]))
             segments.append(([pm], tiles))
