@@ -11,8 +11,9 @@ simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
 (TVM's template), ``cp`` (the best of the top-k CP candidates by simulated combined time:
-accelerator cycles plus the modelled host cost of the rewrite) and ``auto`` (the best of both,
-the default). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
+accelerator cycles plus the modelled host cost of the rewrite), ``auto`` (the best of both,
+the default) and ``tvm-reference`` (the CP paper's baseline: the template with dilation by
+zero-inflated kernels). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
 ``embedding`` (a candidate name such as ``"im2col(h,w)"`` or ``"static"``) forces a candidate.
 
 Importing this package registers the target, its runtime function and the ``vta`` Relax pipeline,
@@ -39,6 +40,8 @@ from tvm_vta_cp.hw_config import VTAConfig, load_config
 #: key of the knob dict holding the strategy options (``strategy``, ``weights``, ``top_k``,
 #: ``time_limit``)
 STRATEGY_KNOB = "__vta_strategy__"
+#: the CP paper's baseline: TVM's VTA conv template as the paper measured it
+REFERENCE_STRATEGY = "tvm-reference"
 #: per-layer knob naming the chosen embedding candidate
 EMBEDDING_KNOB = "embedding"
 _DECISIONS: dict = {}  # (layer signature, config, options) -> Decision, per process
@@ -84,7 +87,9 @@ class VTATarget(AccelTarget):
     def plan(self, graph: LayerGraph, config: VTAConfig, knobs: dict | None = None):
         from tvm_vta_cp import strategy
 
-        return strategy.plan(graph, config, _layer_knobs(knobs))
+        opts = (knobs or {}).get(STRATEGY_KNOB) or {}
+        return strategy.plan(graph, config, _layer_knobs(knobs),
+                             reference=opts.get("strategy") == REFERENCE_STRATEGY)
 
     def execute(self, program, inputs, config: VTAConfig, trace_path: str | None = None):
         from tvm_vta_cp.runtime import execute_program
@@ -102,8 +107,10 @@ class VTATarget(AccelTarget):
             TargetOption("config", "VTA hardware config JSON or bundled name (vta_1x16x16, "
                          "vta_8x8x8)", metavar="FILE"),
             TargetOption("strategy", "VTA strategy: TVM's static template, the CP embedding with "
-                         "layout rewrites, or the best of both by simulated combined time "
-                         "(default auto)", choices=("static", "cp", "auto")),
+                         "layout rewrites, the best of both by simulated combined time "
+                         "(default auto), or the CP paper's TVM baseline (tvm-reference: "
+                         "dilation by zero-inflated kernels)",
+                         choices=("static", "cp", "auto", REFERENCE_STRATEGY)),
             TargetOption("embedding-weights", "weights of the MAC and data-movement overheads "
                          "when ranking CP embeddings (default 1,1)", metavar="MAC,DATA"),
             TargetOption("top-k", "CP candidates measured per layer (default 5)", type=int,
@@ -138,7 +145,7 @@ class VTATarget(AccelTarget):
                              f"{top_k}, {limit})")
         forced = {n: v[EMBEDDING_KNOB] for n, v in (knobs or {}).items()
                   if isinstance(v, dict) and EMBEDDING_KNOB in v}
-        if strat == "static" and not forced:
+        if strat in ("static", REFERENCE_STRATEGY) and not forced:
             return mod
         import time
 
@@ -261,5 +268,5 @@ def lower_vta(mod: tvm.IRModule, config: str | VTAConfig | None = None,
 
 from tvm_vta_cp import runtime as _runtime  # noqa: E402,F401  (registers tvm_vta_cp.run)
 
-__all__ = ["EMBEDDING_KNOB", "STRATEGY_KNOB", "TARGET", "VTAConfig", "load_config", "lower_vta",
-           "partition_for_vta", "pipeline", "strategy_knobs"]
+__all__ = ["EMBEDDING_KNOB", "REFERENCE_STRATEGY", "STRATEGY_KNOB", "TARGET", "VTAConfig",
+           "load_config", "lower_vta", "partition_for_vta", "pipeline", "strategy_knobs"]

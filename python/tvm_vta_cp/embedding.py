@@ -28,7 +28,7 @@ from tvm_vta_cp.rewrite import LayoutRewrite, host_parts, rewrite_weight, rewrit
 __all__ = ["Candidate", "CandidateSet", "Decision", "Footprint", "STRATEGIES", "candidates",
            "choose", "embedding_space", "footprint", "gemm_of", "operator_of", "rewrite_of"]
 
-STRATEGIES = ("static", "cp", "auto")
+STRATEGIES = ("static", "cp", "auto", "tvm-reference")
 #: what VTA's rewrite rules can implement, posted as lane restrictions so the search never
 #: enumerates embeddings no rule implements: y lanes are output channels; x lanes are the
 #: batch or image-pack pieces of the output image (never both, never adjacent pixels)
@@ -346,7 +346,7 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     if strategy not in STRATEGIES:
         raise AccelError(f"unknown VTA strategy {strategy!r} (choose from "
                          f"{', '.join(STRATEGIES)})")
-    if strategy == "static" and embedding is None:  # no search: the template as it is
+    if strategy in ("static", "tvm-reference") and embedding is None:  # no search
         static = _candidate(layer, in_shape, IDENTITY, cfg, operator_of(layer, in_shape), None,
                             check_weights(weights))
         return Decision(layer.name, strategy, static, [static])

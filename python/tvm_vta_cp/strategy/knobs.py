@@ -182,7 +182,10 @@ def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, t
     comp = nCI * gemm + alu
     if nthr == 2:
         per = max(comp, load, store)
-        total = tiles * per + load + store
+        # the first load is never hidden; a weight tile kept resident in its half (one chunk)
+        # is loaded in full there, ``w_frac`` only amortizes it over the tiles
+        first = inp_cost + wgt_cost if nCI == 1 else load
+        total = tiles * per + first + store
     else:
         total = tiles * (comp + max(load, store + alu * 0.0)) + store
     return total + tiles * nCI * 2.0  # a little per-instruction overhead favours big tiles
