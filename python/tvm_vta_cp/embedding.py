@@ -12,6 +12,7 @@ and the host cost model are in ``docs/vta.md``.
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -99,6 +100,8 @@ class Candidate:
     host_written: int = 0
     pack_bytes: int = 0  # host bytes of the NCHWnc padding + blocking (the runtime's pack)
     cycles: int | None = None  # measured on the simulator (accelerator only)
+    model_cycles: float = math.inf  # the tiling cost model's cycles with the default knobs
+    knobs: dict | None = None  # tuned knobs of the rewritten conv (None: its defaults)
 
     @property
     def name(self) -> str:
@@ -114,6 +117,10 @@ class Candidate:
 
     def combined(self, cfg: VTAConfig) -> float | None:
         return None if self.cycles is None else self.cycles + self.host_cycles(cfg)
+
+    def modelled_combined(self, cfg: VTAConfig) -> float:
+        """Modelled compute-module cycles (GEMM + requantize tail + DMA overlap) plus host."""
+        return self.model_cycles + self.host_cycles(cfg)
 
 
 @dataclass
@@ -269,11 +276,29 @@ def candidates(layer: ConvLayer, in_shape, cfg: VTAConfig, weights=(1.0, 1.0), t
         cand = _candidate(layer, in_shape, rw, cfg, op, emb, weights)
         if rw not in by_rw or cand.score < by_rw[rw].score:
             by_rw[rw] = cand
-    ranked = sorted(by_rw.values(), key=lambda c: (c.score, c.name))[:max(1, top_k)]
+    for cand in by_rw.values():
+        cand.model_cycles = _modelled(layer, in_shape, cand.rewrite, cfg)
+    # the paper's overhead metric and the cycle model each nominate top_k; both are measured
+    k = max(1, top_k)
+    nominated = (sorted(by_rw.values(), key=lambda c: (c.score, c.name))[:k]
+                 + sorted(by_rw.values(), key=lambda c: (c.modelled_combined(cfg), c.name))[:k])
+    ranked = list({c.name: c for c in nominated}.values())
     static = _candidate(layer, in_shape, IDENTITY, cfg, op, None, weights)
+    static.model_cycles = _modelled(layer, in_shape, IDENTITY, cfg)
     reason = "" if ranked else (reasons[-1] if reasons else "no embedding: no rewrite rule "
                                 "implements the embeddings found")
     return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static)
+
+
+def _modelled(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> float:
+    """Modelled cycles of the conv VTA runs after ``rw`` (inf when it cannot be planned)."""
+    from tvm_vta_cp.strategy.knobs import modelled_cycles
+
+    try:
+        new, shape = rewritten_layer(layer, in_shape, rw)
+        return modelled_cycles(new, shape, cfg)
+    except (AccelError, ValueError):
+        return math.inf
 
 
 @dataclass
@@ -337,12 +362,61 @@ def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAC
     return measure_layer(("vta", graph, cfg), knobs or {})[0]
 
 
+#: candidates tuned when a tuning budget is given (the paper autotuned its top 5)
+TUNE_TOP = 5
+
+
+def tune_candidate(c: Candidate, layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str,
+                   cfg: VTAConfig, trials: int, seed: int = 0) -> None:
+    """Tune ``c``'s tile knobs on the simulator with ``trials`` measurements: a first-improvement
+    hill climb over the knob space from the defaults (one knob one step at a time, in a seeded
+    order; a random feasible point when no neighbour is left). Keeps the best in ``c.knobs`` /
+    ``c.cycles``."""
+    from tvm_vta_cp.strategy.knobs import knob_space
+
+    new, shape = rewritten_layer(layer, in_shape, c.rewrite)
+    space = knob_space(new, shape, cfg, (in_dtype, out_dtype))
+    rng = random.Random(seed)
+    cur, best = space.default(), c.cycles
+    seen = {tuple(sorted(cur.items()))}
+    done = stall = 0
+    while done < trials and stall < 50:
+        nbrs = [n for n in space.neighbours(cur) if tuple(sorted(n.items())) not in seen]
+        rng.shuffle(nbrs)
+        if not nbrs:  # a local optimum: random feasible points
+            try:
+                nbrs = [space.sample(rng)]
+            except ValueError:
+                return
+        improved = False
+        for kn in nbrs:
+            key = tuple(sorted(kn.items()))
+            if key in seen or done >= trials:
+                continue
+            seen.add(key)
+            if not space.is_valid(kn):
+                continue
+            done += 1
+            try:
+                cyc = measure(new, shape, in_dtype, out_dtype, cfg, kn)
+            except (AccelError, ValueError):
+                continue
+            if best is None or cyc < best:
+                best, cur, improved = cyc, kn, True
+                c.cycles, c.knobs = cyc, dict(kn)
+                break
+        stall = 0 if improved else stall + 1
+
+
 def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
            strategy: str = "auto", weights=(1.0, 1.0), top_k: int = 5,
-           time_limit: float = 10.0, embedding: str | None = None) -> Decision:
+           time_limit: float = 10.0, embedding: str | None = None,
+           tune: int = 0) -> Decision:
     """The layer's layout: ``static`` (TVM's template), ``cp`` (the best CP candidate by
     simulated combined time) or ``auto`` (the best of both). ``embedding`` (a candidate name,
-    the knob) forces one candidate."""
+    the knob) forces one candidate. ``tune`` > 0: the :data:`TUNE_TOP` best measured
+    candidates get their tile knobs tuned with that many measurements each before the
+    choice (:func:`tune_candidate`)."""
     if strategy not in STRATEGIES:
         raise AccelError(f"unknown VTA strategy {strategy!r} (choose from "
                          f"{', '.join(STRATEGIES)})")
@@ -378,6 +452,9 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     if not timed:
         return Decision(layer.name, strategy, static, pool, cs.nodes, cs.seconds,
                         "no candidate could be built; static template used")
+    if tune > 0:
+        for c in sorted(timed, key=lambda c: (c.combined(cfg), c.name))[:TUNE_TOP]:
+            tune_candidate(c, layer, in_shape, in_dtype, out_dtype, cfg, tune)
     best = min(timed, key=lambda c: (c.combined(cfg), c.name))
     return Decision(layer.name, strategy, best, pool, cs.nodes, cs.seconds)
 

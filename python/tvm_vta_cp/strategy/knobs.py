@@ -125,6 +125,18 @@ def knob_space(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAC
                      name=f"vta.add:{layer.name}")
 
 
+def modelled_cycles(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
+                    dtypes: tuple[str, str] | None = None, knobs: dict | None = None) -> float:
+    """The cost model's cycles of a conv/dense layer with ``knobs`` (default: its default
+    knobs): GEMM, requantize tail and DMA with their overlap, as the defaults are chosen."""
+    g, ops = _layer_ctx(layer, in_shape, cfg, dtypes)
+    kn = knob_space(layer, in_shape, cfg, _ctx=(g, ops)).complete(knobs)
+    nthr, axis = threads(kn)
+    orders = {"co": ("co_inner",), "h": ("h_inner",)}.get(axis, ("co_outer", "co_inner"))
+    return min(conv_cost(g, cfg, len(ops), n_vec(ops), *conv_tile_extents(g, kn), nthr, o)
+               for o in orders)
+
+
 def default_knobs(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
                   dtypes: tuple[str, ...] | None = None) -> dict:
     """Heuristic default (cost-model search over tile sizes that fit the buffers)."""
