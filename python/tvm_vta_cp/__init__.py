@@ -45,7 +45,7 @@ REFERENCE_STRATEGY = "tvm-reference"
 #: per-layer knob naming the chosen embedding candidate
 EMBEDDING_KNOB = "embedding"
 _DECISIONS: dict = {}  # (layer signature, config, options) -> Decision, per process
-_TUNED: dict = {}  # workload of a conv VTA runs -> knobs tuned by ``choose(..., tune=N)``
+_TUNED: dict = {}  # workload of a conv VTA runs -> knobs its cp/auto decision measured best
 
 
 def _workload(layer, in_shape, in_dtype: str, out_dtype: str, config: VTAConfig) -> tuple:
@@ -56,7 +56,8 @@ def _workload(layer, in_shape, in_dtype: str, out_dtype: str, config: VTAConfig)
 
 
 def _with_tuned(graph: LayerGraph, config: VTAConfig, knobs: dict | None) -> dict | None:
-    """``knobs`` completed with the knobs tuned while choosing (layers the user left unset)."""
+    """``knobs`` completed with the knobs the cp/auto choice measured best (a non-default
+    start rule of the cost model, or tuned), for layers the user left unset."""
     from tvm_accel.layers import ConvLayer
 
     out = dict(knobs or {})
@@ -112,7 +113,7 @@ class VTATarget(AccelTarget):
 
         opts = (knobs or {}).get(STRATEGY_KNOB) or {}
         layer_knobs = _layer_knobs(knobs)
-        if opts.get("tune"):
+        if opts.get("strategy", "auto") in ("cp", "auto"):
             layer_knobs = _with_tuned(graph, config, layer_knobs)
         return strategy.plan(graph, config, layer_knobs,
                              reference=opts.get("strategy") == REFERENCE_STRATEGY)

@@ -101,7 +101,7 @@ class Candidate:
     pack_bytes: int = 0  # host bytes of the NCHWnc padding + blocking (the runtime's pack)
     cycles: int | None = None  # measured on the simulator (accelerator only)
     model_cycles: float = math.inf  # the tiling cost model's cycles with the default knobs
-    knobs: dict | None = None  # tuned knobs of the rewritten conv (None: its defaults)
+    knobs: dict | None = None  # measured-best knobs of the rewritten conv (None: defaults)
 
     @property
     def name(self) -> str:
@@ -132,6 +132,8 @@ class CandidateSet:
     seconds: float
     reason: str = ""
     static: Candidate | None = None
+    #: every implementable rewrite found (the nominated ``candidates`` are among them)
+    implementable: list[Candidate] = field(default_factory=list)
 
 
 def _up(a: int, b: int) -> int:
@@ -287,7 +289,8 @@ def candidates(layer: ConvLayer, in_shape, cfg: VTAConfig, weights=(1.0, 1.0), t
     static.model_cycles = _modelled(layer, in_shape, IDENTITY, cfg)
     reason = "" if ranked else (reasons[-1] if reasons else "no embedding: no rewrite rule "
                                 "implements the embeddings found")
-    return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static)
+    return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static,
+                        list(by_rw.values()))
 
 
 def _modelled(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> float:
@@ -362,6 +365,22 @@ def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAC
     return measure_layer(("vta", graph, cfg), knobs or {})[0]
 
 
+def _measure_defaults(c: Candidate, layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str,
+                      cfg: VTAConfig) -> None:
+    """Measure ``c`` with the default tilings of every start rule of the cost model
+    (``knobs.default_alternatives``); the fastest sets ``c.cycles`` (and ``c.knobs`` when it
+    is not the default)."""
+    from tvm_vta_cp.strategy.knobs import default_alternatives
+
+    new, shape = rewritten_layer(layer, in_shape, c.rewrite)
+    alts = default_alternatives(new, shape, cfg, (in_dtype, out_dtype))
+    c.cycles = measure(new, shape, in_dtype, out_dtype, cfg)
+    for kn in alts[1:]:
+        cyc = measure(new, shape, in_dtype, out_dtype, cfg, kn)
+        if cyc < c.cycles:
+            c.cycles, c.knobs = cyc, dict(kn)
+
+
 #: candidates tuned when a tuning budget is given (the paper autotuned its top 5)
 TUNE_TOP = 5
 
@@ -377,7 +396,7 @@ def tune_candidate(c: Candidate, layer: ConvLayer, in_shape, in_dtype: str, out_
     new, shape = rewritten_layer(layer, in_shape, c.rewrite)
     space = knob_space(new, shape, cfg, (in_dtype, out_dtype))
     rng = random.Random(seed)
-    cur, best = space.default(), c.cycles
+    cur, best = space.complete(c.knobs), c.cycles
     seen = {tuple(sorted(cur.items()))}
     done = stall = 0
     while done < trials and stall < 50:
@@ -430,7 +449,7 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     if strategy == "auto" and all(c.rewrite != IDENTITY for c in pool):
         pool.append(static)
     if embedding is not None:
-        pick = [c for c in pool + [static] if c.name == embedding]
+        pick = [c for c in pool + [static] + cs.implementable if c.name == embedding]
         if not pick:
             names = ", ".join(sorted({c.name for c in pool} | {"static"}))
             raise AccelError(f"layer {layer.name}: embedding {embedding!r} is not a candidate "
@@ -442,8 +461,7 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     for c in pool:
         if c.cycles is None:
             try:
-                new, shape = rewritten_layer(layer, in_shape, c.rewrite)
-                c.cycles = measure(new, shape, in_dtype, out_dtype, cfg)
+                _measure_defaults(c, layer, in_shape, in_dtype, out_dtype, cfg)
             except (AccelError, ValueError) as e:
                 c.cycles = None
                 c.score = math.inf
