@@ -8,7 +8,10 @@ Sections (``--sections``, default all):
   then relative to the static template: operator speed-up (accelerator cycles), transformation
   speed-up (modelled host cycles of the layout rewrite plus the runtime's padding + blocking,
   ``tvm_vta_cp.host_cost``: copies and gathers at their own rates), combined speed-up, and
-  DRAM footprint of data, weights and both; the paper's own columns beside ours.
+  DRAM footprint of data, weights and both; the paper's own columns beside ours; then the same
+  against the paper's own baseline, the ``tvm-reference`` strategy (dilation by zero-inflated
+  kernels). ``--tune N`` gives ``auto`` a tuning budget (its top 5 candidates' tile knobs tuned
+  with N simulator measurements each); the baselines keep their default knobs.
 - ``deepbench``: every layer of ``deepbench_conv_inference_server.csv`` on both configs: GEMM
   utilization (useful MACs / (accelerator cycles x MACs per cycle)) of ``static`` and ``auto``,
   combined speed-up, the embedding chosen; geomeans.
@@ -22,7 +25,7 @@ Sections (``--sections``, default all):
 
     python benchmarks/vta_cp.py [--sections table3,table5,deepbench,search,fig8]
                                 [--configs vta_1x16x16,vta_8x8x8] [--ids 0,5] [--limit N]
-                                [--jobs N]
+                                [--jobs N] [--tune N]
 
 Figures are information for issue notes, never assertions.
 """
@@ -119,17 +122,26 @@ def evaluate(job: tuple) -> dict:
     from tvm_vta_cp.embedding import footprint
     from tvm_vta_cp.hw_config import load_config
 
-    cfg_name, lid, spec = job
+    cfg_name, lid, spec, tune = job
     cfg = load_config(cfg_name)
     shape, k, kernel, pad, stride, dil = spec
     layer = make_conv(f"conv{lid}", shape, k, kernel, pad, stride, dil, seed=int(lid) + 1)
     t0 = time.perf_counter()
-    from tvm_vta_cp.embedding import IDENTITY, choose
+    from tvm_vta_cp.embedding import IDENTITY, choose, measure
+    from tvm_vta_cp.strategy.reference import zero_inflated
 
-    dec = choose(layer, shape, "int8", "int8", cfg, "auto")
+    dec = choose(layer, shape, "int8", "int8", cfg, "auto", tune=tune)
     wall = time.perf_counter() - t0
     static = next(c for c in dec.options if c.rewrite == IDENTITY)
+    if static.knobs is not None:  # the baselines run with their default knobs
+        static = choose(layer, shape, "int8", "int8", cfg, "static").chosen
+        static.cycles = measure(layer, shape, "int8", "int8", cfg)
     best = dec.chosen
+    ref_layer = zero_inflated(layer)  # the paper's TVM baseline (tvm-reference)
+    ref_cycles = (static.cycles if ref_layer is layer
+                  else measure(ref_layer, shape, "int8", "int8", cfg))
+    ref_combined = ref_cycles + static.host_cycles(cfg)
+    fr = footprint(ref_layer, shape, IDENTITY, cfg)
     fs, fb = footprint(layer, shape, IDENTITY, cfg), footprint(layer, shape, best.rewrite, cfg)
     macs = int(np.prod(shape[:1])) * k * int(np.prod(kernel)) * shape[1]
     from tvm_accel.layers import conv_output_shape
@@ -150,6 +162,10 @@ def evaluate(job: tuple) -> dict:
         "data": fb.data_bytes / fs.data_bytes, "weights": fb.weight_bytes / fs.weight_bytes,
         "total": (fb.data_bytes + fb.weight_bytes) / (fs.data_bytes + fs.weight_bytes),
         "util_static": macs / (static.cycles * peak), "util": macs / (best.cycles * peak),
+        "op_ref": ref_cycles / best.cycles, "combined_ref": ref_combined / best.combined(cfg),
+        "weights_ref": fb.weight_bytes / fr.weight_bytes,
+        "total_ref": (fb.data_bytes + fb.weight_bytes) / (fr.data_bytes + fr.weight_bytes),
+        "util_ref": macs / (ref_cycles * peak), "tuned": best.knobs is not None,
         "solve": dec.solve_seconds, "nodes": dec.nodes, "wall": wall,
         "n_options": len(dec.options),
     }
@@ -191,7 +207,7 @@ def run_pool(fn, jobs: list, n: int) -> list:
 
 def paper_table(title: str, cfg: str, specs, paper: dict, args) -> None:
     idx = [i for i in range(len(specs)) if not args.ids or i in args.ids]
-    res = run_pool(evaluate, [(cfg, i, specs[i]) for i in idx], args.jobs)
+    res = run_pool(evaluate, [(cfg, i, specs[i], args.tune) for i in idx], args.jobs)
     rows = []
     for i, r in zip(idx, res, strict=True):
         rows.append([str(i), r["shape"], r["choice"], r["op"], paper["op"][i], r["transf"],
@@ -207,6 +223,20 @@ def paper_table(title: str, cfg: str, specs, paper: dict, args) -> None:
         print(f"paper data memory geomean {geomean([paper['data'][i] for i in idx]):.3f}")
     slower = [r["id"] for r in res if r["combined"] < 1 - 1e-9]
     print(f"layers slower than static under auto: {slower or 'none'}")
+    rows = []
+    for i, r in zip(idx, res, strict=True):
+        rows.append([str(i), r["shape"], r["choice"], r["op_ref"], paper["op"][i], r["transf"],
+                     paper["transf"][i], r["combined_ref"], paper["combined"][i],
+                     r["weights_ref"], paper["weights"][i], r["total_ref"]])
+    g = [geomean([r[j] for r in rows]) for j in range(3, 12)]
+    rows.append(["geo", "", "", *g])
+    print(f"\n== {title} ({cfg}): auto vs the paper's TVM baseline (tvm-reference: dilation by "
+          f"zero-inflated kernels; transformation as the static template's)")
+    print(table(["#", "layer (N,C,H,W)->K kernel pad stride", "auto choice", "op", "paper",
+                 "transf", "paper", "combined", "paper", "weights", "paper", "total"], rows))
+    print(f"auto tuned ({args.tune} measurements per candidate): "
+          f"{sum(r['tuned'] for r in res)} of {len(res)} choices run tuned knobs"
+          if args.tune else "auto with default knobs (--tune 0)")
 
 
 def deepbench(args) -> None:
@@ -217,7 +247,7 @@ def deepbench(args) -> None:
         specs = specs[:args.limit]
     for cfg in args.configs:
         t0 = time.perf_counter()
-        res = run_pool(evaluate, [(cfg, i, s) for i, s in specs], args.jobs)
+        res = run_pool(evaluate, [(cfg, i, s, args.tune) for i, s in specs], args.jobs)
         rows = [[str(r["id"]), r["shape"], r["choice"], r["util_static"], r["util"],
                  r["op"], r["combined"], r["solve"]] for r in res]
         print(f"\n== DeepBench {len(res)} layers on {cfg}")
@@ -296,6 +326,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ids", default="", help="comma-separated layer indices")
     ap.add_argument("--limit", type=int, default=0, help="only the first N DeepBench layers")
     ap.add_argument("--jobs", type=int, default=0, help="worker processes (default: cores)")
+    ap.add_argument("--tune", type=int, default=0,
+                    help="auto's tuning budget: measurements per tuned candidate (top 5)")
     args = ap.parse_args(argv)
     import os
 

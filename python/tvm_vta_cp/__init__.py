@@ -13,8 +13,9 @@ simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
 (TVM's template), ``cp`` (the best of the top-k CP candidates by simulated combined time:
-accelerator cycles plus the modelled host cost of the rewrite) and ``auto`` (the best of both,
-the default). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
+accelerator cycles plus the modelled host cost of the rewrite), ``auto`` (the best of both,
+the default) and ``tvm-reference`` (the CP paper's baseline: the template with dilation by
+zero-inflated kernels). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
 ``embedding`` (a candidate name such as ``"im2col(h,w)"`` or ``"static"``) forces a candidate.
 
 Importing this package registers the target, its runtime function and the ``vta`` Relax pipeline,
@@ -39,11 +40,37 @@ from tvm_vta_cp import hw_config, patterns
 from tvm_vta_cp.hw_config import VTAConfig, load_config
 
 #: key of the knob dict holding the strategy options (``strategy``, ``weights``, ``top_k``,
-#: ``time_limit``)
+#: ``time_limit``, ``tune``)
 STRATEGY_KNOB = "__vta_strategy__"
+#: the CP paper's baseline: TVM's VTA conv template as the paper measured it
+REFERENCE_STRATEGY = "tvm-reference"
 #: per-layer knob naming the chosen embedding candidate
 EMBEDDING_KNOB = "embedding"
 _DECISIONS: dict = {}  # (layer signature, config, options) -> Decision, per process
+_TUNED: dict = {}  # workload of a conv VTA runs -> knobs its cp/auto decision measured best
+
+
+def _workload(layer, in_shape, in_dtype: str, out_dtype: str, config: VTAConfig) -> tuple:
+    """What a conv's tuned knobs depend on: shapes, conv parameters, dtypes and config."""
+    return (tuple(int(s) for s in in_shape), tuple(layer.weight.shape), tuple(layer.strides),
+            tuple(layer.padding), tuple(layer.dilation), int(layer.groups), in_dtype, out_dtype,
+            config.fingerprint)
+
+
+def _with_tuned(graph: LayerGraph, config: VTAConfig, knobs: dict | None) -> dict | None:
+    """``knobs`` completed with the knobs the cp/auto choice measured best (a non-default
+    start rule of the cost model, or tuned), for layers the user left unset."""
+    from tvm_accel.layers import ConvLayer
+
+    out = dict(knobs or {})
+    for ly in graph.layers:
+        if not isinstance(ly, ConvLayer) or ly.name in out:
+            continue
+        key = _workload(ly, graph.tensors[ly.input].shape, graph.tensors[ly.input].dtype,
+                        graph.tensors[ly.output].dtype, config)
+        if key in _TUNED:
+            out[ly.name] = dict(_TUNED[key])
+    return out
 
 
 def _layer_knobs(knobs: dict | None) -> dict | None:
@@ -86,7 +113,12 @@ class VTATarget(AccelTarget):
     def plan(self, graph: LayerGraph, config: VTAConfig, knobs: dict | None = None):
         from tvm_vta_cp import strategy
 
-        return strategy.plan(graph, config, _layer_knobs(knobs))
+        opts = (knobs or {}).get(STRATEGY_KNOB) or {}
+        layer_knobs = _layer_knobs(knobs)
+        if opts.get("strategy", "auto") in ("cp", "auto"):
+            layer_knobs = _with_tuned(graph, config, layer_knobs)
+        return strategy.plan(graph, config, layer_knobs,
+                             reference=opts.get("strategy") == REFERENCE_STRATEGY)
 
     def execute(self, program, inputs, config: VTAConfig, trace_path: str | None = None):
         from tvm_vta_cp.runtime import execute_program
@@ -104,12 +136,17 @@ class VTATarget(AccelTarget):
             TargetOption("config", "VTA hardware config JSON or bundled name (vta_1x16x16, "
                          "vta_8x8x8)", metavar="FILE"),
             TargetOption("strategy", "VTA strategy: TVM's static template, the CP embedding with "
-                         "layout rewrites, or the best of both by simulated combined time "
-                         "(default auto)", choices=("static", "cp", "auto")),
+                         "layout rewrites, the best of both by simulated combined time "
+                         "(default auto), or the CP paper's TVM baseline (tvm-reference: "
+                         "dilation by zero-inflated kernels)",
+                         choices=("static", "cp", "auto", REFERENCE_STRATEGY)),
             TargetOption("embedding-weights", "weights of the MAC and data-movement overheads "
                          "when ranking CP embeddings (default 1,1)", metavar="MAC,DATA"),
             TargetOption("top-k", "CP candidates measured per layer (default 5)", type=int,
                          metavar="K"),
+            TargetOption("tune-trials", "tuning budget of the embedding choice: the 5 best "
+                         "measured candidates get their tile knobs tuned with N simulator "
+                         "measurements each (default 0)", type=int, metavar="N"),
         ]
 
     def knobs_from_options(self, values: dict) -> dict | None:
@@ -125,7 +162,8 @@ class VTATarget(AccelTarget):
         if top_k is not None and top_k < 1:
             raise AccelError(f"--target-vta-top-k {top_k}: give at least 1 CP candidate to "
                              "measure per layer")
-        return strategy_knobs(None, values.get("strategy"), weights, values.get("top-k"))
+        return strategy_knobs(None, values.get("strategy"), weights, values.get("top-k"),
+                              tune=values.get("tune-trials"))
 
     def prepare_offload(self, mod, config, knobs=None, report=None):
         """Layout rewrites of the CP strategy (``cp``/``auto``): every conv2d (groups 1) gets
@@ -139,12 +177,13 @@ class VTATarget(AccelTarget):
                              f"{', '.join(STRATEGIES)})")
         weights = check_weights(opts.get("weights", (1.0, 1.0)))
         top_k, limit = int(opts.get("top_k", 5)), float(opts.get("time_limit", 10.0))
-        if top_k < 1 or not limit > 0:
-            raise AccelError(f"VTA strategy: top_k must be >= 1 and time_limit > 0 (got "
-                             f"{top_k}, {limit})")
+        tune = int(opts.get("tune", 0))
+        if top_k < 1 or not limit > 0 or tune < 0:
+            raise AccelError(f"VTA strategy: top_k must be >= 1, time_limit > 0 and tune >= 0 "
+                             f"(got {top_k}, {limit}, {tune})")
         forced = {n: v[EMBEDDING_KNOB] for n, v in (knobs or {}).items()
                   if isinstance(v, dict) and EMBEDDING_KNOB in v}
-        if strat == "static" and not forced:
+        if strat in ("static", REFERENCE_STRATEGY) and not forced:
             return mod
         import time
 
@@ -160,12 +199,18 @@ class VTATarget(AccelTarget):
             t0 = time.perf_counter()
             key = (info.input_shape, info.input_dtype, info.output_dtype, info.weight_shape,
                    info.strides, info.padding, info.dilation, config.fingerprint, strat,
-                   weights, top_k, forced.get(info.name))
+                   weights, top_k, forced.get(info.name), tune)
             dec = _DECISIONS.get(key)
             if dec is None:
                 dec = choose(info.layer, info.input_shape, info.input_dtype, info.output_dtype,
-                             config, strat, weights, top_k, limit, forced.get(info.name))
+                             config, strat, weights, top_k, limit, forced.get(info.name), tune)
                 _DECISIONS[key] = dec
+            if dec.chosen.knobs:
+                from tvm_vta_cp.embedding import rewritten_layer
+
+                new, shape = rewritten_layer(info.layer, info.input_shape, dec.rewrite)
+                _TUNED[_workload(new, shape, info.input_dtype, info.output_dtype,
+                                 config)] = dec.chosen.knobs
             searched[0] += 1
             report_progress("embedding", searched[0], total, info.name, time.perf_counter() - t0)
             if report is not None:
@@ -252,11 +297,12 @@ register_target_pipeline(TARGET)
 
 
 def strategy_knobs(knobs: dict | None = None, strategy: str | None = None,
-                   weights=None, top_k: int | None = None, time_limit: float | None = None
-                   ) -> dict | None:
-    """``knobs`` with the strategy options added (unchanged when none is given)."""
+                   weights=None, top_k: int | None = None, time_limit: float | None = None,
+                   tune: int | None = None) -> dict | None:
+    """``knobs`` with the strategy options added (unchanged when none is given); ``tune`` is
+    the tuning budget of the embedding choice (measurements per candidate)."""
     opts = {k: v for k, v in (("strategy", strategy), ("weights", weights), ("top_k", top_k),
-                              ("time_limit", time_limit)) if v is not None}
+                              ("time_limit", time_limit), ("tune", tune)) if v is not None}
     if not opts:
         return knobs
     out = dict(knobs or {})
@@ -265,11 +311,14 @@ def strategy_knobs(knobs: dict | None = None, strategy: str | None = None,
 
 
 def pipeline(config: str | VTAConfig | None = None, knobs: dict | None = None,
-             strategy: str | None = None, weights=None, top_k: int | None = None):
+             strategy: str | None = None, weights=None, top_k: int | None = None,
+             tune: int | None = None):
     """The ``vta`` pipeline for a non-default config, knobs or strategy (``static``, ``cp``,
-    ``auto``; ``weights`` = the overhead weight vector [MAC, data], ``top_k`` candidates):
+    ``auto``, ``tvm-reference``; ``weights`` = the overhead weight vector [MAC, data],
+    ``top_k`` candidates, ``tune`` measurements per tuned candidate):
     ``relax_pipeline=pipeline(...)``."""
-    return target_pipeline(TARGET, config, strategy_knobs(knobs, strategy, weights, top_k))
+    return target_pipeline(TARGET, config,
+                           strategy_knobs(knobs, strategy, weights, top_k, tune=tune))
 
 
 def partition_for_vta(mod: tvm.IRModule) -> tvm.IRModule:
@@ -287,5 +336,5 @@ def lower_vta(mod: tvm.IRModule, config: str | VTAConfig | None = None,
 
 from tvm_vta_cp import runtime as _runtime  # noqa: E402,F401  (registers tvm_vta_cp.run)
 
-__all__ = ["EMBEDDING_KNOB", "STRATEGY_KNOB", "TARGET", "VTAConfig", "load_config", "lower_vta",
-           "partition_for_vta", "pipeline", "strategy_knobs"]
+__all__ = ["EMBEDDING_KNOB", "REFERENCE_STRATEGY", "STRATEGY_KNOB", "TARGET", "VTAConfig",
+           "load_config", "lower_vta", "partition_for_vta", "pipeline", "strategy_knobs"]

@@ -12,6 +12,7 @@ and the host cost model are in ``docs/vta.md``.
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ from tvm_vta_cp.rewrite import LayoutRewrite, host_parts, rewrite_weight, rewrit
 __all__ = ["Candidate", "CandidateSet", "Decision", "Footprint", "STRATEGIES", "candidates",
            "choose", "embedding_space", "footprint", "gemm_of", "operator_of", "rewrite_of"]
 
-STRATEGIES = ("static", "cp", "auto")
+STRATEGIES = ("static", "cp", "auto", "tvm-reference")
 #: what VTA's rewrite rules can implement, posted as lane restrictions so the search never
 #: enumerates embeddings no rule implements: y lanes are output channels; x lanes are the
 #: batch or image-pack pieces of the output image (never both, never adjacent pixels)
@@ -101,6 +102,8 @@ class Candidate:
     pack_bytes: int = 0  # host bytes of the NCHWnc padding + blocking (the runtime's pack)
     cycles: int | None = None  # measured on the simulator (accelerator only)
     gather_bytes: int = 0  # the part of the host bytes moved by gathers (``host_cost``)
+    model_cycles: float = math.inf  # the tiling cost model's cycles with the default knobs
+    knobs: dict | None = None  # measured-best knobs of the rewritten conv (None: defaults)
 
     @property
     def name(self) -> str:
@@ -118,6 +121,10 @@ class Candidate:
     def combined(self, cfg: VTAConfig) -> float | None:
         return None if self.cycles is None else self.cycles + self.host_cycles(cfg)
 
+    def modelled_combined(self, cfg: VTAConfig) -> float:
+        """Modelled compute-module cycles (GEMM + requantize tail + DMA overlap) plus host."""
+        return self.model_cycles + self.host_cycles(cfg)
+
 
 @dataclass
 class CandidateSet:
@@ -128,6 +135,8 @@ class CandidateSet:
     seconds: float
     reason: str = ""
     static: Candidate | None = None
+    #: every implementable rewrite found (the nominated ``candidates`` are among them)
+    implementable: list[Candidate] = field(default_factory=list)
 
 
 def _up(a: int, b: int) -> int:
@@ -275,11 +284,30 @@ def candidates(layer: ConvLayer, in_shape, cfg: VTAConfig, weights=(1.0, 1.0), t
         cand = _candidate(layer, in_shape, rw, cfg, op, emb, weights)
         if rw not in by_rw or cand.score < by_rw[rw].score:
             by_rw[rw] = cand
-    ranked = sorted(by_rw.values(), key=lambda c: (c.score, c.name))[:max(1, top_k)]
+    for cand in by_rw.values():
+        cand.model_cycles = _modelled(layer, in_shape, cand.rewrite, cfg)
+    # the paper's overhead metric and the cycle model each nominate top_k; both are measured
+    k = max(1, top_k)
+    nominated = (sorted(by_rw.values(), key=lambda c: (c.score, c.name))[:k]
+                 + sorted(by_rw.values(), key=lambda c: (c.modelled_combined(cfg), c.name))[:k])
+    ranked = list({c.name: c for c in nominated}.values())
     static = _candidate(layer, in_shape, IDENTITY, cfg, op, None, weights)
+    static.model_cycles = _modelled(layer, in_shape, IDENTITY, cfg)
     reason = "" if ranked else (reasons[-1] if reasons else "no embedding: no rewrite rule "
                                 "implements the embeddings found")
-    return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static)
+    return CandidateSet(ranked, embs, rejected, nodes, time.monotonic() - t0, reason, static,
+                        list(by_rw.values()))
+
+
+def _modelled(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> float:
+    """Modelled cycles of the conv VTA runs after ``rw`` (inf when it cannot be planned)."""
+    from tvm_vta_cp.strategy.knobs import modelled_cycles
+
+    try:
+        new, shape = rewritten_layer(layer, in_shape, rw)
+        return modelled_cycles(new, shape, cfg)
+    except (AccelError, ValueError):
+        return math.inf
 
 
 @dataclass
@@ -343,16 +371,81 @@ def measure(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAC
     return measure_layer(("vta", graph, cfg), knobs or {})[0]
 
 
+def _measure_defaults(c: Candidate, layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str,
+                      cfg: VTAConfig) -> None:
+    """Measure ``c`` with the default tilings of every start rule of the cost model
+    (``knobs.default_alternatives``); the fastest sets ``c.cycles`` (and ``c.knobs`` when it
+    is not the default)."""
+    from tvm_vta_cp.strategy.knobs import default_alternatives
+
+    new, shape = rewritten_layer(layer, in_shape, c.rewrite)
+    alts = default_alternatives(new, shape, cfg, (in_dtype, out_dtype))
+    c.cycles = measure(new, shape, in_dtype, out_dtype, cfg)
+    for kn in alts[1:]:
+        cyc = measure(new, shape, in_dtype, out_dtype, cfg, kn)
+        if cyc < c.cycles:
+            c.cycles, c.knobs = cyc, dict(kn)
+
+
+#: candidates tuned when a tuning budget is given (the paper autotuned its top 5)
+TUNE_TOP = 5
+
+
+def tune_candidate(c: Candidate, layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str,
+                   cfg: VTAConfig, trials: int, seed: int = 0) -> None:
+    """Tune ``c``'s tile knobs on the simulator with ``trials`` measurements: a first-improvement
+    hill climb over the knob space from the defaults (one knob one step at a time, in a seeded
+    order; a random feasible point when no neighbour is left). Keeps the best in ``c.knobs`` /
+    ``c.cycles``."""
+    from tvm_vta_cp.strategy.knobs import knob_space
+
+    new, shape = rewritten_layer(layer, in_shape, c.rewrite)
+    space = knob_space(new, shape, cfg, (in_dtype, out_dtype))
+    rng = random.Random(seed)
+    cur, best = space.complete(c.knobs), c.cycles
+    seen = {tuple(sorted(cur.items()))}
+    done = stall = 0
+    while done < trials and stall < 50:
+        nbrs = [n for n in space.neighbours(cur) if tuple(sorted(n.items())) not in seen]
+        rng.shuffle(nbrs)
+        if not nbrs:  # a local optimum: random feasible points
+            try:
+                nbrs = [space.sample(rng)]
+            except ValueError:
+                return
+        improved = False
+        for kn in nbrs:
+            key = tuple(sorted(kn.items()))
+            if key in seen or done >= trials:
+                continue
+            seen.add(key)
+            if not space.is_valid(kn):
+                continue
+            done += 1
+            try:
+                cyc = measure(new, shape, in_dtype, out_dtype, cfg, kn)
+            except (AccelError, ValueError):
+                continue
+            if best is None or cyc < best:
+                best, cur, improved = cyc, kn, True
+                c.cycles, c.knobs = cyc, dict(kn)
+                break
+        stall = 0 if improved else stall + 1
+
+
 def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTAConfig,
            strategy: str = "auto", weights=(1.0, 1.0), top_k: int = 5,
-           time_limit: float = 10.0, embedding: str | None = None) -> Decision:
+           time_limit: float = 10.0, embedding: str | None = None,
+           tune: int = 0) -> Decision:
     """The layer's layout: ``static`` (TVM's template), ``cp`` (the best CP candidate by
     simulated combined time) or ``auto`` (the best of both). ``embedding`` (a candidate name,
-    the knob) forces one candidate."""
+    the knob) forces one candidate. ``tune`` > 0: the :data:`TUNE_TOP` best measured
+    candidates get their tile knobs tuned with that many measurements each before the
+    choice (:func:`tune_candidate`)."""
     if strategy not in STRATEGIES:
         raise AccelError(f"unknown VTA strategy {strategy!r} (choose from "
                          f"{', '.join(STRATEGIES)})")
-    if strategy == "static" and embedding is None:  # no search: the template as it is
+    if strategy in ("static", "tvm-reference") and embedding is None:  # no search
         static = _candidate(layer, in_shape, IDENTITY, cfg, operator_of(layer, in_shape), None,
                             check_weights(weights))
         return Decision(layer.name, strategy, static, [static])
@@ -362,7 +455,7 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     if strategy == "auto" and all(c.rewrite != IDENTITY for c in pool):
         pool.append(static)
     if embedding is not None:
-        pick = [c for c in pool + [static] if c.name == embedding]
+        pick = [c for c in pool + [static] + cs.implementable if c.name == embedding]
         if not pick:
             names = ", ".join(sorted({c.name for c in pool} | {"static"}))
             raise AccelError(f"layer {layer.name}: embedding {embedding!r} is not a candidate "
@@ -374,8 +467,7 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     for c in pool:
         if c.cycles is None:
             try:
-                new, shape = rewritten_layer(layer, in_shape, c.rewrite)
-                c.cycles = measure(new, shape, in_dtype, out_dtype, cfg)
+                _measure_defaults(c, layer, in_shape, in_dtype, out_dtype, cfg)
             except (AccelError, ValueError) as e:
                 c.cycles = None
                 c.score = math.inf
@@ -384,6 +476,9 @@ def choose(layer: ConvLayer, in_shape, in_dtype: str, out_dtype: str, cfg: VTACo
     if not timed:
         return Decision(layer.name, strategy, static, pool, cs.nodes, cs.seconds,
                         "no candidate could be built; static template used")
+    if tune > 0:
+        for c in sorted(timed, key=lambda c: (c.combined(cfg), c.name))[:TUNE_TOP]:
+            tune_candidate(c, layer, in_shape, in_dtype, out_dtype, cfg, tune)
     best = min(timed, key=lambda c: (c.combined(cfg), c.name))
     return Decision(layer.name, strategy, best, pool, cs.nodes, cs.seconds)
 

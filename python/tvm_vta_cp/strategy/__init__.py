@@ -8,6 +8,9 @@ Stages, one module each (the design is in ``docs/vta.md``):
 4. ``knobs`` - the knob space of a layer and the cost model choosing its defaults;
 5. ``conv`` (and dense), ``deconv``, ``add`` - one schedule per operator, each emitting its
    stream through ``emitter`` (micro-op kernels, dependency tokens).
+
+``reference`` is the CP paper's baseline variant of the template (dilation by zero-inflated
+kernels), planned with ``plan(..., reference=True)``.
 """
 
 from __future__ import annotations
@@ -27,15 +30,20 @@ from tvm_vta_cp.strategy.placement import (
     halos,
     place_tensors,
 )
+from tvm_vta_cp.strategy.reference import reference_graph
 
 __all__ = ["plan"]
 
 
-def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None) -> VTAProgram:
+def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None,
+         reference: bool = False) -> VTAProgram:
     """Compile a layer graph into per-layer VTA instruction streams and a DRAM memory map.
 
     ``knobs`` maps layer names to (partial) knob dicts overriding the defaults; names of layers
-    not in the graph are ignored (tuning records may cover several functions)."""
+    not in the graph are ignored (tuning records may cover several functions). ``reference``
+    plans the CP paper's TVM baseline (dilated kernels zero-inflated, ``strategy.reference``)."""
+    if reference:
+        graph = reference_graph(graph)
     check_function(graph, cfg)
     halo, fill, use_halo = halos(graph)
     ctx = place_tensors(graph, cfg, halo, fill)

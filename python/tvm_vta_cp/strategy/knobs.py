@@ -125,6 +125,33 @@ def knob_space(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAC
                      name=f"vta.add:{layer.name}")
 
 
+def modelled_cycles(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
+                    dtypes: tuple[str, str] | None = None, knobs: dict | None = None) -> float:
+    """The cost model's cycles of a conv/dense layer with ``knobs`` (default: its default
+    knobs): GEMM, requantize tail and DMA with their overlap, as the defaults are chosen."""
+    g, ops = _layer_ctx(layer, in_shape, cfg, dtypes)
+    kn = knob_space(layer, in_shape, cfg, _ctx=(g, ops)).complete(knobs)
+    nthr, axis = threads(kn)
+    orders = {"co": ("co_inner",), "h": ("h_inner",)}.get(axis, ("co_outer", "co_inner"))
+    return min(conv_cost(g, cfg, len(ops), n_vec(ops), *conv_tile_extents(g, kn), nthr, o)
+               for o in orders)
+
+
+def default_alternatives(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
+                         dtypes: tuple[str, str] | None = None) -> list[dict]:
+    """The distinct default knobs of a conv under each start rule of the cost model
+    (:data:`START_RULES`), the default first: the tilings worth measuring when the choice is
+    made on the simulator (the model's start term is its least certain part)."""
+    g, ops = _layer_ctx(layer, in_shape, cfg, dtypes)
+    space = knob_space(layer, in_shape, cfg, _ctx=(g, ops))
+    out = [space.default()]
+    for rule in START_RULES[1:]:
+        kn = _default_conv(g, cfg, n_vec(ops), len(ops), rule)
+        if kn not in out:
+            out.append(kn)
+    return out
+
+
 def default_knobs(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
                   dtypes: tuple[str, ...] | None = None) -> dict:
     """Heuristic default (cost-model search over tile sizes that fit the buffers)."""
@@ -132,9 +159,16 @@ def default_knobs(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: V
 
 
 # --- cost model for the defaults ----------------------------------------------------------------
+#: how the two-thread cost charges the unhidden start: the first chunk's full load for
+#: one-chunk tilings and the whole tile's loads otherwise (the default), one chunk's always,
+#: or the whole tile's always (the model before the start term was analysed)
+START_RULES = ("mixed", "chunk", "tile")
+
+
 def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, th, tw,
-               nthr: int, order: str) -> float:
-    """Rough cycle estimate of a tiling (same cost rules as the simulator's timing model)."""
+              nthr: int, order: str, start: str = "mixed") -> float:
+    """Rough cycle estimate of a tiling (same cost rules as the simulator's timing model);
+    ``start`` is one of :data:`START_RULES`."""
     lat, bpc, pl = cfg.DRAM_LATENCY_CYCLES, cfg.DRAM_BYTES_PER_CYCLE, cfg.PIPELINE_LATENCY_CYCLES
     nB, nCO, nCI = cdiv(g.NB, tb), cdiv(g.KB, tco), cdiv(g.CB, tci)
     nH, nW = cdiv(g.Ho, th), cdiv(g.Wo, tw)
@@ -182,7 +216,11 @@ def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, t
     comp = nCI * gemm + alu
     if nthr == 2:
         per = max(comp, load, store)
-        total = tiles * per + load + store
+        # the first load is never hidden; a weight tile kept resident in its half (one chunk)
+        # is loaded in full there, ``w_frac`` only amortizes it over the tiles
+        one_chunk = start == "chunk" or (start == "mixed" and nCI == 1)
+        first = inp_cost + wgt_cost if one_chunk else load
+        total = tiles * per + first + store
     else:
         total = tiles * (comp + max(load, store + alu * 0.0)) + store
     return total + tiles * nCI * 2.0  # a little per-instruction overhead favours big tiles
@@ -200,7 +238,8 @@ def _largest_fit(opts: list[int], pred) -> int | None:
     return opts[lo - 1] if lo else None
 
 
-def _default_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, nops: int) -> dict:
+def _default_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, nops: int,
+                  start: str = "mixed") -> dict:
     b_opts, co_opts, ci_opts = tile_options(g.NB), tile_options(g.KB), tile_options(g.CB)
     h_opts = [1] if g.dense else tile_options(g.Ho)
     w_opts = [1] if g.dense else tile_options(g.Wo)
@@ -247,7 +286,8 @@ def _default_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, nops: int) -> dict:
                         else:
                             axes = [("", "co_outer"), ("", "co_inner")]
                         for axis, order in axes:
-                            c = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, nthr, order)
+                            c = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, nthr, order,
+                                          start)
                             if best is None or c < best[0] - 1e-9:
                                 best = (c, tb, tco, tci, th, tw, nthr, axis)
     if best is None:
