@@ -177,9 +177,10 @@ class Profiler:
     def summary(self) -> dict:
         """Totals of the run: layers, MACs, cycles, time, bytes, energy (when modelled), the
         layers by bound and the host rewrites' modelled cycles."""
+        cycles = sum(r.cycles for r in self.records)
         out: dict[str, int | float | dict[str, int]] = {
                "layers": len(self.records), "macs": sum(r.macs for r in self.records),
-               "cycles": sum(r.cycles for r in self.records),
+               "cycles": cycles,
                "time_us": round(sum(r.time_us for r in self.records), 3),
                "bytes_moved": sum(r.bytes_moved for r in self.records)}
         if any("energy_uj" in r.extra for r in self.records):
@@ -192,8 +193,9 @@ class Profiler:
         if bounds:
             out["bound"] = bounds
         if self.host:
-            out["host_model_cycles"] = round(sum(h.model_cycles for h in self.host), 1)
-            out["total_cycles"] = round(out["cycles"] + out["host_model_cycles"], 1)
+            host = round(sum(h.model_cycles for h in self.host), 1)
+            out["host_model_cycles"] = host
+            out["total_cycles"] = round(cycles + host, 1)
         return out
 
     def write_trace(self) -> None:

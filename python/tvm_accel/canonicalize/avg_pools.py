@@ -69,7 +69,7 @@ def stepped_global_pool(cz, core, out: _Out, x: _QAct, shape) -> _Plan | None:
     steps_of = getattr(cz.rc.target, "global_pool_steps", None)
     h, w = int(shape[2]), int(shape[3])
     steps = steps_of(h, w, x.dtype, (x.zp, out.zp)) if steps_of is not None else None
-    if not _valid_steps(steps, h, w):
+    if steps is None or not _valid_steps(steps, h, w):
         return None
     steps = [(int(kh), int(kw)) for kh, kw in steps]
     lo, hi = DTYPE_RANGE[x.dtype]

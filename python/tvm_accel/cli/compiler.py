@@ -188,7 +188,7 @@ def cmd_compile(args) -> int:
             print(note)
     if accel:
         applied = ""
-        if getattr(args, "tuning_records", None):
+        if getattr(args, "tuning_records", None) and report is not None:
             n = len({ly for f in report.functions for ly in f.tuned})
             applied = f"tuning records: {n} layer(s) from {args.tuning_records}; "
         shown = f"knobs {json.dumps(knobs or {}, sort_keys=True)}; " if knobs or not applied else ""
@@ -209,7 +209,7 @@ def cmd_compile(args) -> int:
                          wio if bits else "-", reasons.get(r.layer, r.reason)))
         heads = ["layer", "op", "shape", "placement", "scale err", "LSB err", "W/I/O",
                  "reason"]
-        if getattr(args, "tuning_records", None):
+        if getattr(args, "tuning_records", None) and report is not None:
             tuned = {ly: cfg_ for f in report.functions for ly, cfg_ in f.tuned.items()}
             rows = [(*r[:-1], "record" if r[0] in tuned else "-" if r[3] == "cpu" else
                      "default", r[-1]) for r in rows]
