@@ -73,8 +73,8 @@ def _dpu_conv(cfg, h: int, c: int):
 def _dpu_long():
     from tvm_dpu.hw_config import load_config
 
-    cfg = dataclasses.replace(load_config(), NUM_PE=16, FM_BANK_BYTES=1 << 17, PM_BYTES=1 << 24)
-    return _dpu_conv(cfg, 32, 1024)  # 1 MiB in and out per PE, 9.4 MiB of weights
+    cfg = dataclasses.replace(load_config(), NUM_PE=16, FM_BANK_BYTES=1 << 17, PM_BYTES=1 << 23)
+    return _dpu_conv(cfg, 32, 960)  # 0.9 MiB in and out per PE, 7.9 MiB of weights (PM <= 8 MiB)
 
 
 def _dpu_short():
