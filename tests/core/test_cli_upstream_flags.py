@@ -57,7 +57,7 @@ ERRORS = [
     ("number-zero", run("--number", "0"), ["--number 0"]),
     ("number-negative", run("--print-time", "--number", "-2"), ["--number -2"]),
     ("repeat-on-a-dataset", lambda w: ["run", w / "vta.tar", "--inputs", w / "x3.npz",
-                                        "--repeat", "2"], ["--repeat", "one run"]),
+                                        "--repeat", "2"], ["--repeat times one run"]),
 ]
 
 

@@ -173,8 +173,9 @@ def _run_dataset(args, meta) -> int:
 
     for flag in ("profile", "profile_csv", "trace", "print_time", "number", "repeat"):
         if getattr(args, flag):
-            raise AccelError(f"--{flag.replace('_', '-')} profiles or times one run; give "
-                             "--inputs with a single sample (and no --labels / --reference)")
+            verb = "times" if flag in ("print_time", "number", "repeat") else "profiles"
+            raise AccelError(f"--{flag.replace('_', '-')} {verb} one run; give --inputs with a "
+                             "single sample (and no --labels / --reference)")
     res = _guarded(args, lambda: evaluate(
         args.package, args.inputs, args.labels, args.reference, progress=ProgressBar()))
     names = [o.name for o in meta.outputs]
