@@ -2,7 +2,8 @@
 
 Follows upstream tvmc's flags: ``--target "vta, llvm"`` (accelerators first, host last),
 ``--target-<kind>-<option>`` (declared by each target), ``-o``, ``--dump-offloads``,
-``--inputs``, ``--outputs``, ``--fill-mode``, ``--print-time``, ``--profile``.
+``-O/--opt-level``, ``--pass-config``, ``--inputs``, ``--outputs``, ``--fill-mode``,
+``--print-time`` (``--number``, ``--repeat``), ``--print-top``, ``--profile``.
 
 One module per verb: :mod:`~tvm_accel.cli.compiler` (compile), :mod:`~tvm_accel.cli.runner`
 (run, timeline), :mod:`~tvm_accel.cli.tuner` (tune), :mod:`~tvm_accel.cli.quantizer`

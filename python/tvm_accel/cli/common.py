@@ -245,3 +245,65 @@ def tuning_records(path: str | None) -> AbstractContextManager:
     from tvm_accel.tuning.records import ApplyHistoryBest
 
     return ApplyHistoryBest(path)
+
+
+def add_pass_context_options(p: argparse.ArgumentParser) -> None:
+    """``-O/--opt-level`` and ``--pass-config key=value`` (upstream tvmc's): the
+    ``tvm.transform.PassContext`` the compile runs in (applied by :func:`pass_context`)."""
+    p.add_argument("-O", "--opt-level", type=int, choices=range(4), metavar="{0,1,2,3}",
+                   help="PassContext opt_level of the host passes (default: TVM's, 2)")
+    p.add_argument("--pass-config", action="append", metavar="KEY=VALUE", default=[],
+                   help="a TVM pass config of the compile, e.g. tirx.disable_vectorize=true "
+                   "(repeatable; keys as tvm.transform.PassContext.list_configs() names them)")
+
+
+def _config_value(key: str, text: str, kind: str) -> bool | int:
+    """``--pass-config`` value ``text`` of a config of type ``kind`` (TVM's type name)."""
+    if kind == "bool":
+        value = {"true": True, "1": True, "false": False, "0": False}.get(text.lower())
+        if value is None:
+            raise AccelError(f"--pass-config {key}={text}: {key} takes true or false")
+        return value
+    if kind in ("int", "ir.IntImm"):
+        try:
+            return int(text)
+        except ValueError:
+            raise AccelError(f"--pass-config {key}={text}: {key} takes an integer") from None
+    raise AccelError(f"--pass-config {key}: its value is a {kind}, which cannot be given on the "
+                     "command line (only bool and integer configs can)")
+
+
+def parse_pass_configs(items: list[str]) -> dict[str, bool | int]:
+    """``["tirx.disable_vectorize=true"]`` -> ``{key: value}``, each key one TVM registered
+    and each value read as that config's type."""
+    import tvm
+
+    known = {k: str(v["type"]) for k, v in tvm.transform.PassContext.list_configs().items()}
+    out: dict[str, bool | int] = {}
+    for item in items:
+        key, eq, text = (s.strip() for s in item.partition("="))
+        if not eq or not key or not text:
+            raise AccelError(f"--pass-config {item}: give KEY=VALUE, e.g. "
+                             "tirx.disable_vectorize=true")
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            raise AccelError(f"--pass-config {key}: not a pass config TVM registered ("
+                             + (f"nearest: {', '.join(near)}" if near else
+                                f"{len(known)} known, see tvm.transform.PassContext."
+                                "list_configs()") + ")")
+        out[key] = _config_value(key, text, known[key])
+    return out
+
+
+def pass_context(args: argparse.Namespace) -> AbstractContextManager:
+    """The ``PassContext`` of ``-O`` and ``--pass-config`` (neither given: a no-op context, so
+    the compile runs in TVM's default one)."""
+    configs = parse_pass_configs(getattr(args, "pass_config", None) or [])
+    level = getattr(args, "opt_level", None)
+    if level is None and not configs:
+        return nullcontext()
+    import tvm
+
+    return tvm.transform.PassContext(
+        opt_level=tvm.transform.PassContext.current().opt_level if level is None else level,
+        config=configs)

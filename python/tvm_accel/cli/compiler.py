@@ -13,12 +13,14 @@ from typing import Any
 
 from tvm_accel.cli.common import (
     add_input_shapes_option,
+    add_pass_context_options,
     add_requant_error_option,
     add_target_options,
     add_tuning_records_option,
     check_output_path,
     parse_input_shapes,
     parse_target,
+    pass_context,
     target_knobs,
     target_options,
     tuning_records,
@@ -135,6 +137,7 @@ def cmd_compile(args) -> int:
 
         precision = load_precision(args.precision_config, keep_scale=keep_scale or None)
     shapes = parse_input_shapes(args.input_shapes)
+    passes = pass_context(args)  # before loading the model: a bad key fails at once
     mod, info = load_onnx(args.model, shapes=shapes)
     inputs, outputs, quantized = _onnx_signature(args.model, shapes)
     _static_output_shapes(mod, outputs)
@@ -142,7 +145,7 @@ def cmd_compile(args) -> int:
     from tvm_accel.precision import PrecisionWarning
     from tvm_accel.tuning.records import RecordWarning
 
-    with user_warnings("compile", PrecisionWarning, RecordWarning):
+    with user_warnings("compile", PrecisionWarning, RecordWarning), passes:
         if accel is None:
             ex = compile_reference(mod, None, host, precision=precision)
             report, config, cfg, knobs = None, "", None, None
@@ -280,4 +283,5 @@ def add_parser(sub) -> None:
                    help="list every layer, where it runs and why (to FILE, or stdout: '-' "
                    "or no value; 'all': stdout, with the folded Q/DQ and constant nodes)")
     add_tuning_records_option(c)
+    add_pass_context_options(c)
     c.set_defaults(func=cmd_compile)

@@ -106,8 +106,10 @@ def cmd_run(args) -> int:
     from tvm_accel import simlib
     from tvm_accel.package import load_package
 
-    if args.repeat < 1:
-        raise AccelError(f"--repeat {args.repeat}: give at least 1 run to time")
+    for flag in ("number", "repeat", "print_top"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise AccelError(f"--{flag.replace('_', '-')} {value}: give at least 1")
     if args.max_cycles is not None and not 0 < args.max_cycles <= simlib.MAX_MAX_CYCLES:
         raise AccelError(f"--max-cycles {args.max_cycles}: give a positive number of cycles "
                          "(at most 2^62)")
@@ -123,6 +125,8 @@ def cmd_run(args) -> int:
         _check_names(args.inputs, read_npz(args.inputs, args.inputs, "inputs"), pkg.meta)
     if _dataset_mode(pkg.meta, args):
         return _run_dataset(args, pkg.meta)
+    if args.number is not None or args.repeat is not None:
+        args.print_time = True
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
     outs, summary = _run_checked(pkg, inputs, args)
     _check_outputs(args.package, pkg.meta, outs)
@@ -135,6 +139,8 @@ def cmd_run(args) -> int:
         for n, o in zip(names, outs, strict=False):
             flat = o.reshape(-1)
             print(f"{n}: shape {list(o.shape)} {o.dtype}  first values {flat[:8].tolist()}")
+    if args.print_top:
+        print(top_classes(names[0], outs[0], args.print_top))
     if summary:  # last, for scripts reading the last line
         print(summary)
     return 0
@@ -165,17 +171,20 @@ def _run_dataset(args, meta) -> int:
     on stderr, top-1 / top-5 with labels, disagreement with onnxruntime with a reference."""
     from tvm_accel.evaluate import ProgressBar, evaluate
 
-    for flag in ("profile", "profile_csv", "trace", "print_time"):
+    for flag in ("profile", "profile_csv", "trace", "print_time", "number", "repeat"):
         if getattr(args, flag):
-            raise AccelError(f"--{flag.replace('_', '-')} profiles one run; give --inputs "
-                             "with a single sample (and no --labels / --reference)")
+            verb = "times" if flag in ("print_time", "number", "repeat") else "profiles"
+            raise AccelError(f"--{flag.replace('_', '-')} {verb} one run; give --inputs with a "
+                             "single sample (and no --labels / --reference)")
     res = _guarded(args, lambda: evaluate(
         args.package, args.inputs, args.labels, args.reference, progress=ProgressBar()))
+    names = [o.name for o in meta.outputs]
+    names += [f"output_{i}" for i in range(len(names), len(res.outputs))]
     if args.outputs:
-        names = [o.name for o in meta.outputs]
-        names += [f"output_{i}" for i in range(len(names), len(res.outputs))]
         np.savez(args.outputs, **dict(zip(names, res.outputs, strict=False)))
         print(f"outputs of {res.n} samples written to {args.outputs}")
+    if args.print_top:
+        print(top_classes(names[0], res.outputs[0], args.print_top))
     print(res.format(f"onnxruntime ({os.path.basename(args.reference)})" if args.reference
                      else "onnxruntime"))
     return 0
@@ -258,10 +267,37 @@ def _execute(pkg, inputs: list, args) -> tuple[list[np.ndarray], str | None]:
         result = vm["main"](*inputs)
     outs = outputs_to_numpy(result)
     if args.print_time:
-        t = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=args.repeat)(*inputs)
-        print(f"wall time per run (host + simulator): mean {t.mean * 1e3:.2f} ms, "
-              f"std {t.std * 1e3:.2f} ms over {args.repeat} runs")
+        number, repeat = args.number or 1, args.repeat or 3
+        t = vm.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)(*inputs)
+        print(time_table(list(t.results), number))
     return outs, summary
+
+
+def time_table(results: list[float], number: int) -> str:
+    """``--print-time``: wall time per run (host + simulator) in ms over ``len(results)``
+    measurements (``--repeat``), each the mean of ``number`` runs (``--number``), as upstream
+    tvmc prints it. Simulated cycles do not depend on it: each run simulates the same program."""
+    from tvm_accel.report import format_table
+
+    ms = np.asarray(results) * 1e3
+    table = format_table(["mean (ms)", "median (ms)", "max (ms)", "min (ms)", "std (ms)"],
+                         [tuple(f"{v:.2f}" for v in (ms.mean(), np.median(ms), ms.max(),
+                                                     ms.min(), ms.std()))], "rrrrr")
+    return (f"wall time per run (host + simulator), {len(ms)} measurement(s) of {number} "
+            f"run(s):\n{table}")
+
+
+def top_classes(name: str, output: np.ndarray, n: int) -> str:
+    """``--print-top N``: the N highest-scoring classes of each sample of ``output`` (samples
+    along the leading axis, classes the rest flattened), best first, ties to the lower
+    index, with their scores."""
+    scores = output.reshape(output.shape[0] if output.ndim > 1 else 1, -1)
+    n = min(n, scores.shape[1])
+    lines = [f"top-{n} classes of output '{name}' (class: score):"]
+    for i, row in enumerate(scores):
+        best = np.argsort(-row.astype(np.float64), kind="stable")[:n]
+        lines.append(f"  sample {i}: " + ", ".join(f"{c}: {row[c]:.4g}" for c in best))
+    return "\n".join(lines)
 
 
 #: how the VM reports an argument of ``main`` that does not match the compiled signature
@@ -308,8 +344,14 @@ def add_parsers(sub) -> None:
     r.add_argument("--fill-mode", choices=["zeros", "ones", "random"],
                    help="fill the inputs absent from --inputs (without it, every input must be "
                    "in the file); without --inputs, every input is filled (default random)")
-    r.add_argument("--print-time", action="store_true", help="print host wall time per run")
-    r.add_argument("--repeat", type=int, default=3, help="runs timed by --print-time")
+    r.add_argument("--print-top", type=int, metavar="N",
+                   help="print the N highest-scoring classes of each sample of the first output")
+    r.add_argument("--print-time", action="store_true",
+                   help="print host wall time per run (mean, median, max, min, std)")
+    r.add_argument("--number", type=int, metavar="N", help="runs averaged into one "
+                   "measurement of --print-time (default 1; implies --print-time)")
+    r.add_argument("--repeat", type=int, metavar="N", help="measurements of --print-time "
+                   "(default 3; implies --print-time)")
     r.add_argument("--profile", action="store_true",
                    help="per-layer table: cycles, utilization, bytes moved")
     r.add_argument("--profile-csv", metavar="FILE",
