@@ -26,7 +26,13 @@ QUANT = {"vta": {}, "dpu": {"power_of_two": True}, "marsellus": {"activation_typ
 #: zoo networks at sizes that compile in seconds (the defaults are ImageNet-sized)
 SMALL = {"resnet50": {"hw": 32}, "vgg16": {"hw": 32, "width": 0.125},
          "googlenet": {"hw": 32, "width": 0.25}, "yolov3_tiny": {"hw": 64, "width": 0.25},
-         "encoder_decoder": {"hw": 16}}
+         "encoder_decoder": {"hw": 16},
+         "mobilenet_v2": {"hw": 32, "width": 0.25, "max_repeats": 1, "num_classes": 10},
+         "efficientnet_b0": {"hw": 32, "width": 0.25, "max_repeats": 1, "num_classes": 10},
+         "squeezenet1_1": {"hw": 32, "width": 0.25, "num_classes": 10},
+         "unet": {"hw": 32, "width": 0.125, "levels": 2},
+         "deeplab_aspp": {"hw": 32, "width": 0.125, "num_classes": 4},
+         "conv_bn_net": {"hw": 16, "width": 0.25}}
 
 
 def _zoo(name: str, target: str):
