@@ -4,8 +4,6 @@ module computes (slope 26/256 at the conv's scale); any other slope stays a tabl
 with the reason. Bit-exact against the CPU reference, within 2 LSB of onnxruntime."""
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 
 from helpers import models
@@ -25,15 +23,6 @@ def _table(alpha: float, ratio: float = 1.0) -> np.ndarray:
     return np.clip(np.rint(y), -128, 127).astype(np.int64)
 
 
-def _ort(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {m.graph.input[0].name: x})[0]
-
-
-def _output_lsb(m: onnx.ModelProto) -> float:
-    q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"][-1]
-    init = {t.name: t for t in m.graph.initializer}
-    return float(onnx.numpy_helper.to_array(init[q.input[1]]))
 
 
 def _conv_insns(report) -> list[Conv]:
@@ -64,8 +53,8 @@ def test_leaky_relu_with_the_dpu_slope_runs_in_the_conv_bit_exact(compare, batch
     assert rows["conv2"].placement == "dpu"
     assert [c.leaky for c in _conv_insns(r.report)].count(True) >= 1
     r.assert_bit_exact()
-    diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
-    assert diff <= 2 * _output_lsb(m) + 1e-6
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= 2 * models.output_step(m) + 1e-6
 
 
 @pytest.mark.parametrize("alpha", [0.01, 0.1, 0.2])
@@ -78,8 +67,8 @@ def test_leaky_relu_with_another_slope_stays_on_the_cpu_naming_the_dpu_slope(com
     assert "slope 26/256 = 0.1015625" in rows["leakyrelu"].reason
     assert not any(c.leaky for c in _conv_insns(r.report))
     r.assert_bit_exact()
-    diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
-    assert diff <= 2 * _output_lsb(m) + 1e-6
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= 2 * models.output_step(m) + 1e-6
 
 
 def test_relu6_is_the_conv_clip_bit_exact(compare):
@@ -92,8 +81,8 @@ def test_relu6_is_the_conv_clip_bit_exact(compare):
     assert any(c.clip_lo == 0 and c.clip_hi < 127 for c in convs)
     assert not any(c.leaky for c in convs)
     r.assert_bit_exact()
-    diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
-    assert diff <= 2 * _output_lsb(m) + 1e-6
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= 2 * models.output_step(m) + 1e-6
 
 
 def test_leaky_convs_keep_their_activation_inside_an_on_chip_chain(compare):

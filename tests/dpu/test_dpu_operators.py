@@ -5,7 +5,6 @@ onnxruntime."""
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from conftest import run_vm
 
@@ -23,16 +22,6 @@ def pow2(name, **kw):
     return models.quantized(name, power_of_two=True, **kw)
 
 
-def _ort(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {m.graph.input[0].name: x})[0]
-
-
-def _output_lsb(m: onnx.ModelProto) -> float:
-    """Scale of the model output's last QuantizeLinear (one int8 step)."""
-    q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"][-1]
-    init = {t.name: t for t in m.graph.initializer}
-    return float(onnx.numpy_helper.to_array(init[q.input[1]]))
 
 
 @pytest.mark.parametrize("dilations, batch", [((2, 6, 12), 1), ((2, 6, 12), 3)])
@@ -46,8 +35,8 @@ def test_aspp_head_runs_its_dilated_branches_on_the_dpu(compare, dilations, batc
               for ly in load_blob(f.blob)[0].layers}
     assert all(shapes[f"aspp_d{d}"].endswith(f"k3x3 s1 d{d}") for d in dilations)
     r.assert_bit_exact()
-    diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
-    assert diff <= _output_lsb(m) + 1e-6
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= models.output_step(m) + 1e-6
 
 
 def test_dilation_differing_between_h_and_w_falls_back_with_its_reason(compare):
@@ -90,8 +79,8 @@ def test_global_pool_beyond_the_window_runs_in_steps_bit_exact(compare, hw, batc
     assert rec.detail["steps"] == steps
     assert rec.max_lsb_error == 0.5 * (len(steps) - 1)  # half an input LSB per 8-bit step
     r.assert_bit_exact()
-    diff = np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max()
-    assert diff <= _output_lsb(m) + 1e-6
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= models.output_step(m) + 1e-6
 
 
 def test_global_pool_steps_beyond_the_error_limit_fall_back_unless_allowed():
@@ -150,7 +139,8 @@ def test_ceil_mode_average_pool_without_overhang_runs_on_the_dpu(compare, hw, k,
     r = compare(m)
     assert {o.layer: o.placement for o in r.report.offloads}["pool"] == "dpu"
     r.assert_bit_exact()
-    assert np.abs(_ort(m, r.inputs[0]) - r.outputs[0]).max() <= _output_lsb(m) + 1e-6
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= models.output_step(m) + 1e-6
 
 
 def test_ceil_mode_average_pool_with_overhanging_windows_stays_float(compare):

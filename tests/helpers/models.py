@@ -265,3 +265,18 @@ def quantized(name: str, activation_type: str = "int8", per_channel: bool | None
         raise ValueError(f"unknown model {name!r} ({', '.join([*MODELS, *zoo.MODELS])})")
     return ort_quantize(builder(**kwargs), activation_type, per_channel,
                         power_of_two=power_of_two)
+
+
+def ort_run(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    """The first output of ``m`` run by onnxruntime (default session options) on input ``x``."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {m.graph.input[0].name: x})[0]
+
+
+def output_step(m: onnx.ModelProto) -> float:
+    """Scale of the model output's last QuantizeLinear (one output LSB)."""
+    q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"][-1]
+    init = {t.name: t for t in m.graph.initializer}
+    return float(onnx.numpy_helper.to_array(init[q.input[1]]))
