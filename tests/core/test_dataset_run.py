@@ -84,6 +84,29 @@ def test_cli_prints_accuracy_and_writes_stacked_outputs(ws, capsys):
     assert "accuracy: top-1" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_samples_spread_over_processes_give_the_same_outputs_in_order(ws, batch):
+    one = evaluate(ws / f"m{batch}.tar", ws / "data.npz", jobs=1)
+    three = evaluate(ws / f"m{batch}.tar", ws / "data.npz", jobs=3)
+    assert three.jobs == 3 and one.jobs == 1  # 6 samples: 6 or 3 batches
+    assert np.array_equal(one.outputs[0], three.outputs[0])
+    assert "on 3 processes" in three.format()
+
+
+def test_cli_jobs_runs_the_dataset_on_processes_and_keeps_user_errors_one_line(ws, capsys):
+    capsys.readouterr()
+    assert tvmc("run", ws / "m1.tar", "--inputs", ws / "data.npz", "--jobs", "2",
+                "--outputs", ws / "yj.npz") == 0
+    assert "6 samples in" in capsys.readouterr().out
+    assert np.array_equal(np.load(ws / "yj.npz")["fc_out"],
+                          evaluate(ws / "m1.tar", ws / "data.npz").outputs[0])
+    for argv, needle in ((["--jobs", "0"], "--jobs 0: give at least 1"),
+                         (["--jobs", "2", "--max-cycles", "1"], "raise --max-cycles")):
+        assert tvmc("run", ws / "m1.tar", "--inputs", ws / "data.npz", *argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+
+
 def test_progress_bar_draws_on_a_terminal_only():
     class Tty(io.StringIO):
         def isatty(self):

@@ -106,7 +106,7 @@ def cmd_run(args) -> int:
     from tvm_accel import simlib
     from tvm_accel.package import load_package
 
-    for flag in ("number", "repeat", "print_top"):
+    for flag in ("number", "repeat", "print_top", "jobs"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise AccelError(f"--{flag.replace('_', '-')} {value}: give at least 1")
@@ -169,15 +169,17 @@ def _dataset_mode(meta, args) -> bool:
 def _run_dataset(args, meta) -> int:
     """``tvmc run`` on N stacked samples (:func:`tvm_accel.evaluate.evaluate`): a progress bar
     on stderr, top-1 / top-5 with labels, disagreement with onnxruntime with a reference."""
-    from tvm_accel.evaluate import ProgressBar, evaluate
+    from tvm_accel.evaluate import ProgressBar, default_jobs, evaluate
 
     for flag in ("profile", "profile_csv", "trace", "print_time", "number", "repeat"):
         if getattr(args, flag):
             verb = "times" if flag in ("print_time", "number", "repeat") else "profiles"
             raise AccelError(f"--{flag.replace('_', '-')} {verb} one run; give --inputs with a "
                              "single sample (and no --labels / --reference)")
+    jobs = default_jobs() if args.jobs is None else args.jobs
     res = _guarded(args, lambda: evaluate(
-        args.package, args.inputs, args.labels, args.reference, progress=ProgressBar()))
+        args.package, args.inputs, args.labels, args.reference, progress=ProgressBar(),
+        jobs=jobs))
     names = [o.name for o in meta.outputs]
     names += [f"output_{i}" for i in range(len(names), len(res.outputs))]
     if args.outputs:
@@ -360,6 +362,10 @@ def add_parsers(sub) -> None:
     r.add_argument("--max-cycles", type=int, metavar="N",
                    help="cycle budget of each simulator run (one per accelerator layer, "
                    "default 2^34); a run that exceeds it stops with an error")
+    r.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="processes the samples of a dataset run are spread over (default: "
+                   "this machine's cores; 1 runs them in this process); results are the same "
+                   "and in input order")
     r.set_defaults(func=cmd_run)
     tl = sub.add_parser("timeline", help="run a package once, traced, and draw its timeline "
                         "(PNG: one lane per unit, one bar per instruction)")
