@@ -47,12 +47,15 @@ class EvalResult:
     outputs: list[np.ndarray]
     seconds: float = 0.0
     ref_top5: float | None = None
-    #: worker processes the samples ran on
+    #: worker processes (or farm servers) the samples ran on
     jobs: int = 1
+    #: whether they ran on a farm (``--rpc-tracker``)
+    farm: bool = False
 
     def format(self, reference: str = "onnxruntime") -> str:
         """Summary lines for the CLI."""
-        on = f" on {self.jobs} processes" if self.jobs > 1 else ""
+        on = f" on {self.jobs} farm servers" if self.farm else \
+            f" on {self.jobs} processes" if self.jobs > 1 else ""
         lines = [f"{self.n} samples in {self.seconds:.1f} s{on}"]
         if self.top1 is not None:
             top5 = "" if self.top5 is None else f", top-5 {100 * self.top5:.2f}%"
@@ -183,7 +186,7 @@ def _reference_outputs(sess, specs: list, arrays: dict[str, np.ndarray], n: int,
 
 def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any = None, *,
              progress: Callable[[int, int], None] | None = None,
-             jobs: int = 1) -> EvalResult:
+             jobs: int = 1, farm: Any = None) -> EvalResult:
     """Run the package at ``package_path`` on every sample of ``inputs`` (a ``.npz`` path or a
     mapping input name -> ``[N, ...]`` array; a ``labels`` array in it serves as ``labels``)
     and score the first output against ``labels`` (a ``.npy`` path or an array of N class
@@ -191,7 +194,9 @@ def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any 
     ``progress(done, total)`` is called after each batch (total -1: the reference's).
 
     ``jobs`` > 1 spreads the batches over that many worker processes (see
-    :func:`_run_batches`); the outputs are identical to a one-process run, in input order."""
+    :func:`_run_batches`); with ``farm`` (a :class:`tvm_accel.farm.Farm`) they run on its
+    servers instead, ``jobs`` of them at once. Either way the outputs are identical to a
+    one-process run, in input order."""
     from tvm_accel.frontend import read_npz
     from tvm_accel.package import load_package
 
@@ -211,11 +216,20 @@ def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any 
     ref_sess = None if reference is None else _reference_session(reference, specs)[0]
     t0 = time.perf_counter()
     batches = list(_batches(arrays, specs, n))
-    per_batch = _run_batches(pkg, os.fspath(package_path), batches, jobs, progress)
+    if farm is not None:
+        from tvm_accel import farm as _farm
+        from tvm_accel import simlib
+
+        per_batch = _farm.run_batches(farm, os.fspath(package_path), batches,
+                                      simlib.current_cycle_budget(), jobs, progress)
+        jobs = min(jobs, farm.servers)
+    else:
+        per_batch = _run_batches(pkg, os.fspath(package_path), batches, jobs, progress)
     seconds = time.perf_counter() - t0
     outputs = [np.concatenate(parts) for parts in zip(*per_batch, strict=True)]
     scores = _scores(outputs[0], n)
-    result = EvalResult(n, None, None, None, None, outputs, seconds, jobs=min(jobs, len(batches)))
+    result = EvalResult(n, None, None, None, None, outputs, seconds,
+                        jobs=min(jobs, len(batches)), farm=farm is not None)
     if label_arr is not None:
         result.top1, result.top5 = top_k(scores, label_arr, 1), top_k(scores, label_arr, 5)
     if ref_sess is not None:

@@ -307,3 +307,27 @@ def pass_context(args: argparse.Namespace) -> AbstractContextManager:
     return tvm.transform.PassContext(
         opt_level=tvm.transform.PassContext.current().opt_level if level is None else level,
         config=configs)
+
+
+def add_rpc_options(p, what: str) -> None:
+    """Upstream tvmc's ``--rpc-tracker`` / ``--rpc-key``: work goes to a farm of servers
+    (:mod:`tvm_accel.farm`)."""
+    from tvm_accel.farm import DEFAULT_KEY
+
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                   help=f"a TVM RPC tracker (python -m tvm.exec.rpc_tracker): {what} "
+                   "registered with it (python -m tvm_accel.rpc_server)")
+    p.add_argument("--rpc-key", metavar="KEY",
+                   help=f"the servers' key at --rpc-tracker (default {DEFAULT_KEY})")
+
+
+def open_farm(args):
+    """The :class:`tvm_accel.farm.Farm` the flags name, or None without ``--rpc-tracker``."""
+    from tvm_accel.farm import DEFAULT_KEY, Farm, parse_tracker
+
+    if args.rpc_tracker is None:
+        if args.rpc_key is not None:
+            raise AccelError("--rpc-key names servers at a tracker; give --rpc-tracker "
+                             "HOST:PORT too")
+        return None
+    return Farm(parse_tracker(args.rpc_tracker), args.rpc_key or DEFAULT_KEY)

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from tvm_accel.cli.common import check_output_path, one_line
+from tvm_accel.cli.common import add_rpc_options, check_output_path, one_line, open_farm
 from tvm_accel.errors import AccelError, BlobError
 
 _T = TypeVar("_T")
@@ -125,6 +125,9 @@ def cmd_run(args) -> int:
         _check_names(args.inputs, read_npz(args.inputs, args.inputs, "inputs"), pkg.meta)
     if _dataset_mode(pkg.meta, args):
         return _run_dataset(args, pkg.meta)
+    if args.rpc_tracker or args.rpc_key:
+        raise AccelError("--rpc-tracker runs the samples of a dataset on a farm; give --inputs "
+                         "with more samples than one batch of the model")
     if args.number is not None or args.repeat is not None:
         args.print_time = True
     inputs = [tvm.runtime.tensor(a) for a in _make_inputs(pkg.meta, args)]
@@ -176,10 +179,11 @@ def _run_dataset(args, meta) -> int:
             verb = "times" if flag in ("print_time", "number", "repeat") else "profiles"
             raise AccelError(f"--{flag.replace('_', '-')} {verb} one run; give --inputs with a "
                              "single sample (and no --labels / --reference)")
-    jobs = default_jobs() if args.jobs is None else args.jobs
+    farm = open_farm(args)
+    jobs = args.jobs or (farm.servers if farm else default_jobs())
     res = _guarded(args, lambda: evaluate(
         args.package, args.inputs, args.labels, args.reference, progress=ProgressBar(),
-        jobs=jobs))
+        jobs=jobs, farm=farm))
     names = [o.name for o in meta.outputs]
     names += [f"output_{i}" for i in range(len(names), len(res.outputs))]
     if args.outputs:
@@ -364,8 +368,10 @@ def add_parsers(sub) -> None:
                    "default 2^34); a run that exceeds it stops with an error")
     r.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="processes the samples of a dataset run are spread over (default: "
-                   "this machine's cores; 1 runs them in this process); results are the same "
-                   "and in input order")
+                   "this machine's cores; 1 runs them in this process; with --rpc-tracker: "
+                   "servers used at once, default all); results are the same and in input "
+                   "order")
+    add_rpc_options(r, "run a dataset's samples on the servers")
     r.set_defaults(func=cmd_run)
     tl = sub.add_parser("timeline", help="run a package once, traced, and draw its timeline "
                         "(PNG: one lane per unit, one bar per instruction)")

@@ -12,8 +12,10 @@ import argparse
 
 from tvm_accel.cli.common import (
     add_input_shapes_option,
+    add_rpc_options,
     add_target_options,
     check_output_path,
+    open_farm,
     parse_input_shapes,
     parse_target,
     target_knobs,
@@ -44,6 +46,7 @@ def add_parser(sub) -> None:
                    help="earlier records: their points are not measured again")
     t.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     t.add_argument("--precision-config", metavar="FILE", help="as for tvmc compile")
+    add_rpc_options(t, "measure on the servers")
     t.set_defaults(func=cmd_tune)
 
 
@@ -54,7 +57,7 @@ def tune_from_args(args: argparse.Namespace) -> list[TaskOutcome]:
     from tvm_accel.target import get_target
 
     options = TuneOptions(args.tuner, args.trials, args.early_stopping, args.parallel,
-                          args.timeout, args.seed)
+                          args.timeout, args.seed, open_farm(args))
     accel, host = parse_target(args.target)
     if accel is None:
         raise AccelError('--target: tune needs an accelerator before the host, e.g. '

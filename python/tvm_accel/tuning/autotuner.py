@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from tvm_accel.errors import AccelError
 from tvm_accel.tuning.task import MeasureInput, MeasureResult, Task
@@ -129,6 +130,8 @@ class TuneOptions:
     parallel: int | None = None
     timeout: float = 30.0
     seed: int = 0
+    #: a :class:`tvm_accel.farm.Farm` to measure on instead of local worker processes
+    farm: Any = None
 
 
 def tune_model(mod, target, cfg, knobs: dict | None, host: str, output: str,
@@ -151,12 +154,20 @@ def tune_model(mod, target, cfg, knobs: dict | None, host: str, output: str,
     if not tasks:
         print(f"no tunable layers for {target.name} in {model_name}")
         return []
+    where = "" if options.farm is None else \
+        f" on {options.parallel or options.farm.servers} farm server(s)"
     print(f"tuning {len(tasks)} task(s) for {target.name} ({cfg.name}) with {options.tuner}, "
-          f"{options.trials} trials each -> {output}")
+          f"{options.trials} trials each{where} -> {output}")
     outcomes: list[TaskOutcome] = []
     earlier: list[tuple[MeasureInput, MeasureResult]] = []
     option = measure_option(timeout=options.timeout, n_parallel=options.parallel)
-    with Measurer(option) as measurer:
+    if options.farm is not None:
+        from tvm_accel.farm import RPCMeasurer
+
+        measurer_cm: Any = RPCMeasurer(options.farm, options.timeout, options.parallel)
+    else:
+        measurer_cm = Measurer(option)
+    with measurer_cm as measurer:
         for i, task in enumerate(tasks, 1):
             n_trial = min(options.trials, task.space.size)
             progress = Progress(i, len(tasks), task, n_trial)

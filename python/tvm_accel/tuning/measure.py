@@ -130,18 +130,22 @@ def _worker_main(conn: Connection) -> None:
                 continue
             loaded_token = token
             conn.send(("loaded", job))
-        try:
-            cycles, seconds, energy = measure(context, config)
-            cycles, seconds = int(cycles), float(seconds)
-            energy = None if energy is None else float(energy)
-            if not (math.isfinite(seconds) and seconds > 0):
-                raise ArithmeticError(f"measure returned a non-positive time {seconds!r}")
-            reply = ("result", job, loaded_token, int(MeasureError.NO_ERROR), cycles, seconds,
-                     energy, "")
-        except Exception as exc:  # every failure becomes an error class
-            reply = ("result", job, loaded_token, int(_classify(exc)), 0, FAILED_COST, None,
-                     _describe(exc))
-        conn.send(reply)
+        conn.send(("result", job, loaded_token, *measure_once(measure, context, config)))
+
+
+def measure_once(measure: Any, context: Any, config: dict
+                 ) -> tuple[int, int, float, float | None, str]:
+    """One measurement, as a worker (or a farm server) runs it: ``(error, cycles, seconds,
+    energy, message)``, every failure an error class."""
+    try:
+        cycles, seconds, energy = measure(context, config)
+        cycles, seconds = int(cycles), float(seconds)
+        energy = None if energy is None else float(energy)
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ArithmeticError(f"measure returned a non-positive time {seconds!r}")
+        return int(MeasureError.NO_ERROR), cycles, seconds, energy, ""
+    except Exception as exc:  # every failure becomes an error class
+        return int(_classify(exc)), 0, FAILED_COST, None, _describe(exc)
 
 
 # --- parent side ---------------------------------------------------------------------------------
