@@ -2,7 +2,8 @@
 
 Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding <= 15, groups 1 or
 depthwise, the same dilation <= 15 in H and W), dense (as a 1x1 conv) and the residual add
-(MISC ELTADD); on the MISC unit as separate layers: max pool (same quantization in and out),
+(MISC ELTADD) and the squeeze-excitation product (MISC ELTMUL); on the MISC unit as separate
+layers: max pool (same quantization in and out),
 average / global average pool, nearest upsample by integer factors, and channel concat of
 identically quantized inputs (by placement); transpose conv as stride-1 sub-convolutions whose
 SAVEs scatter into the output. The DPU is int8-only with
@@ -25,6 +26,7 @@ from tvm_accel.partition import (
     qdeconv_pattern,
     qlinear_lut_pattern,
     qlinear_pattern,
+    qmul_pattern,
     qpool_pattern,
     qupsample_pattern,
     static_shape,
@@ -221,6 +223,24 @@ def add_recipe_is_shift(m: dict) -> bool:
     return sh.size == 1 and 0 <= int(sh) <= 31
 
 
+def mul_is_gate(m: dict) -> bool:
+    """product is not an int8 4-D feature map times an int8 (N, C, 1, 1) vector or a map of
+    its shape (ELTMUL repeats one pixel of B by zero strides, nothing else broadcasts)"""
+    a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
+    if a is None or b is None or len(a) != 4 or len(b) != 4:
+        return False
+    if a[2:] == (1, 1) and b[2:] != (1, 1):
+        a, b = b, a
+    return (b in (a, (a[0], a[1], 1, 1)) and a[1] <= MAX_CHANNELS
+            and dtype_of(m["lhs"]) == dtype_of(m["rhs"]) == "int8")
+
+
+def mul_zero_points_zero(m: dict) -> bool:
+    """product with a non-zero zero point (ELTMUL multiplies symmetric int8 only)"""
+    return all(int(const_value(m[k])) == 0
+               for k in ("lhs_zero_point", "rhs_zero_point", "zero_point"))
+
+
 def pool_input_int8(m: dict) -> bool:
     """input is not int8 (the DPU is int8-only)"""
     return dtype_of(m["data"]) == "int8"
@@ -336,6 +356,8 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.upsample", "upsample", *qupsample_pattern(),
                        [upsample_is_nearest, pool_input_int8, pool_channels_fit,
                         upsample_is_nearest_integer]),
+        OffloadPattern("dpu.mul", "multiply", *qmul_pattern(),
+                       [mul_is_gate, output_is_int8, mul_zero_points_zero, requant_is_shift]),
         *[OffloadPattern(f"dpu.concat{n}", "concat", *qconcat_pattern(n),
                          [concat_on_channels, concat_inputs_placeable]) for n in (2, 3, 4)],
     ]
