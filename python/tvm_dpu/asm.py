@@ -28,12 +28,12 @@ from dataclasses import fields
 from tvm_accel.errors import AsmError, EncodeError
 from tvm_dpu.codegen import (
     CLASS_OF,
+    ELEMENTWISE,
     INSN_BYTES,
     LAYOUTS,
     MISC_AVGPOOL,
     MISC_MAXPOOL,
     Conv,
-    ELEMENTWISE,
     EltAdd,
     EltMul,
     End,
