@@ -224,8 +224,10 @@ def add_recipe_is_shift(m: dict) -> bool:
 
 
 def mul_is_gate(m: dict) -> bool:
-    """product is not an int8 4-D feature map times an int8 (N, C, 1, 1) vector or a map of
-    its shape (ELTMUL repeats one pixel of B by zero strides, nothing else broadcasts)"""
+    """product is not an int8 map times an int8 map of its shape or (N, C, 1, 1) vector
+
+    (ELTMUL repeats one pixel of its operand B by zero strides; nothing else broadcasts)
+    """
     a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
     if a is None or b is None or len(a) != 4 or len(b) != 4:
         return False
