@@ -14,6 +14,7 @@ Each check is named; its docstring is the reason a layer stays on the CPU.
 from __future__ import annotations
 
 import numpy as np
+from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from tvm_accel.partition import (
     OffloadPattern,
@@ -282,6 +283,25 @@ def global_pool_fits(m: dict) -> bool:
     return s is not None and len(s) == 4 and s[2] <= 15 and s[3] <= 15
 
 
+def qglobal_pool_flat_pattern() -> tuple[DFPattern, dict]:
+    """A global average pool whose output is flattened to (N, C) (SqueezeNet's head ends in
+    GlobalAveragePool -> Flatten): the reshape is annotated ``flatten``."""
+    out, ann = qpool_pattern("global_avg")
+    flat = is_op("relax.reshape")(out, wildcard())
+    ann["flatten"] = flat
+    return flat, ann
+
+
+def pool_flatten_is_a_view(m: dict) -> bool:
+    """the Flatten after the global pool does not turn its (N, C, 1, 1) output into (N, C)
+
+    (in the DPU's HWC layout those are the same bytes: the pool SAVEs the (N, C) tensor)
+    """
+    pooled, flat = static_shape(m["root"]), static_shape(m["flatten"])
+    return (pooled is not None and flat is not None and len(pooled) == 4
+            and tuple(pooled[2:]) == (1, 1) and tuple(flat) == tuple(pooled[:2]))
+
+
 def upsample_is_nearest_integer(m: dict) -> bool:
     """resize is not a nearest upsample by integer factors up to 15 (UPSAMPLE factors)"""
     from tvm_accel.canonicalize import nearest_upsample_scale
@@ -352,6 +372,9 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.avgpool", "avg_pool2d", *qpool_pattern("avg"),
                        [pool_is_plain, pool_input_int8, output_is_int8, pool_channels_fit,
                         pool_window_fits, avg_recipe_fits]),
+        OffloadPattern("dpu.globalavgpool_flat", "global_avg_pool2d", *qglobal_pool_flat_pattern(),
+                       [pool_flatten_is_a_view, pool_is_plain, pool_input_int8, output_is_int8,
+                        pool_channels_fit, global_pool_fits, avg_recipe_fits]),
         OffloadPattern("dpu.globalavgpool", "global_avg_pool2d", *qpool_pattern("global_avg"),
                        [pool_is_plain, pool_input_int8, output_is_int8, pool_channels_fit,
                         global_pool_fits, avg_recipe_fits]),
