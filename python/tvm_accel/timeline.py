@@ -28,6 +28,7 @@ KIND_COLORS = {
     "MAXPOOL": "#2ca02c",
     "AVGPOOL": "#7fbf3f",
     "ELTADD": "#f2c500",
+    "ELTMUL": "#e8e000",
     "UPSAMPLE": "#e08a00",
     "COPY": "#c9a227",
     "SAVE": "#d7a6e8",

@@ -56,11 +56,15 @@ class DPUTarget(AccelTarget):
         return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
 
     def recipe_for(self, op: str):
-        """Average pools divide on AVGPOOL (16-bit multiplier + shift), not by shifting only."""
+        """Average pools divide on AVGPOOL (16-bit multiplier + shift), not by shifting only;
+        the product of two tensors (a squeeze-excitation gate) requantizes on ELTMUL by a
+        shift, like a conv."""
         if op in ("avg_pool2d", "global_avg_pool2d"):
             from tvm_dpu.numerics import avgpool_recipe
 
             return avgpool_recipe
+        if op == "multiply":
+            return self.requant_recipe
         return None
 
     def global_pool_steps(self, h: int, w: int, dtype: str, zero_points: tuple[int, int]):

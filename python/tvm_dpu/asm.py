@@ -28,12 +28,14 @@ from dataclasses import fields
 from tvm_accel.errors import AsmError, EncodeError
 from tvm_dpu.codegen import (
     CLASS_OF,
+    ELEMENTWISE,
     INSN_BYTES,
     LAYOUTS,
     MISC_AVGPOOL,
     MISC_MAXPOOL,
     Conv,
     EltAdd,
+    EltMul,
     End,
     Insn,
     Load,
@@ -122,13 +124,13 @@ class ISA:
 
     def _compute_operands(self, i: Insn, put) -> None:
         """CONV / MISC: the FM operands and the output size."""
-        a = "a" if isinstance(i, EltAdd) else "in"
+        a = "a" if isinstance(i, ELEMENTWISE) else "in"
         put(a, self.fm(i.in_mem, i.in_addr), "in_mem", "in_addr")
         put(f"{a}_stride", f"{i.in_pix_stride},{i.in_row_stride}", "in_pix_stride",
             "in_row_stride")
         if isinstance(i, Conv):
             put("ic", str(i.ic), "ic")
-        if isinstance(i, EltAdd):
+        if isinstance(i, ELEMENTWISE):
             put("b", self.fm(i.b_mem, i.b_addr), "b_mem", "b_addr")
             put("b_stride", f"{i.b_pix_stride},{i.b_row_stride}", "b_pix_stride",
                 "b_row_stride")
@@ -157,9 +159,11 @@ class ISA:
             put("shift_a", str(i.shift_a), "shift_a")
             put("shift_b", str(i.shift_b), "shift_b")
             put("shift", str(i.shift), "shift")
+        if isinstance(i, EltMul):
+            put("shift", str(i.shift), "shift")
         if isinstance(i, Upsample):
             put("factor", f"{i.factor_h}x{i.factor_w}", "factor_h", "factor_w")
-        if isinstance(i, (Conv, Pool, EltAdd)):
+        if isinstance(i, (Conv, Pool, *ELEMENTWISE)):
             put("clip", f"{i.clip_lo},{i.clip_hi}", "clip_lo", "clip_hi")
 
     @staticmethod
@@ -275,11 +279,11 @@ class ISA:
 
     def _compute_operand(self, cls, k: str, val: str, kw: dict, ints) -> bool:
         """A CONV / MISC FM operand into ``kw``; False when ``k`` is not one."""
-        a = "a" if cls is EltAdd else "in"
+        a = "a" if cls in ELEMENTWISE else "in"
         fm = {a: ("in_mem", "in_addr"), "out": ("out_mem", "out_addr")}
         strides = {f"{a}_stride": ("in_pix_stride", "in_row_stride"),
                    "out_stride": ("out_pix_stride", "out_row_stride")}
-        if cls is EltAdd:
+        if cls in ELEMENTWISE:
             fm["b"] = ("b_mem", "b_addr")
             strides["b_stride"] = ("b_pix_stride", "b_row_stride")
         if k in fm:
@@ -343,7 +347,7 @@ _ATTRIBUTES = {
     "kernel": ((Conv, Pool), ("kernel_h", "kernel_w"), "x"),
     "stride": ((Conv, Pool), ("stride_h", "stride_w"), "x"),
     "pad": ((Conv, Pool), ("pad_top", "pad_bottom", "pad_left", "pad_right"), ","),
-    "clip": ((Conv, Pool, EltAdd), ("clip_lo", "clip_hi"), ","),
+    "clip": ((Conv, Pool, *ELEMENTWISE), ("clip_lo", "clip_hi"), ","),
     "factor": ((Upsample,), ("factor_h", "factor_w"), "x"),
 }
 

@@ -34,7 +34,7 @@ CONV (256 bits)::
     clip_lo[235:243]s clip_hi[243:251]s depthwise[251:252] dilation[252:256]
 
 MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3 UPSAMPLE,
-4 COPY)::
+4 COPY, 5 ELTMUL)::
 
     op[12:16] in_mem[16:18] in_addr[18:38] in_pix_stride[38:50] in_row_stride[50:70]
     out_mem[70:72] out_addr[72:92] out_pix_stride[92:104] out_row_stride[104:124]
@@ -46,6 +46,8 @@ MISC, common part (160 bits), then per ``op`` (0 MAXPOOL, 1 AVGPOOL, 2 ELTADD, 3
         shift_a[214:220]s shift_b[220:226]s shift[226:231] clip_lo[231:239]s clip_hi[239:247]s
     UPSAMPLE: factor_h[160:164] factor_w[164:168]
     COPY: nothing more
+    ELTMUL: b_mem[160:162] b_addr[162:182] b_pix_stride[182:194] b_row_stride[194:214]
+        shift[214:219] clip_lo[219:227]s clip_hi[227:235]s
 
 END: the header only, with empty DPON/DPBY; it must be the last instruction of the stream.
 
@@ -71,9 +73,9 @@ UNIT_LOAD, UNIT_SAVE, UNIT_CONV, UNIT_MISC = range(4)
 OP_LOAD, OP_SAVE, OP_CONV, OP_MISC, OP_END = 1, 2, 3, 4, 15
 OPCODE_NAMES = {OP_LOAD: "LOAD", OP_SAVE: "SAVE", OP_CONV: "CONV", OP_MISC: "MISC", OP_END: "END"}
 
-MISC_MAXPOOL, MISC_AVGPOOL, MISC_ELTADD, MISC_UPSAMPLE, MISC_COPY = range(5)
+MISC_MAXPOOL, MISC_AVGPOOL, MISC_ELTADD, MISC_UPSAMPLE, MISC_COPY, MISC_ELTMUL = range(6)
 MISC_NAMES = {MISC_MAXPOOL: "MAXPOOL", MISC_AVGPOOL: "AVGPOOL", MISC_ELTADD: "ELTADD",
-              MISC_UPSAMPLE: "UPSAMPLE", MISC_COPY: "COPY"}
+              MISC_UPSAMPLE: "UPSAMPLE", MISC_COPY: "COPY", MISC_ELTMUL: "ELTMUL"}
 
 REGION_INPUT, REGION_OUTPUT, REGION_PARAM, REGION_INSN, REGION_SWAP = range(5)
 
@@ -272,6 +274,27 @@ class EltAdd(_MiscBase):
 
 
 @dataclass
+class EltMul(_MiscBase):
+    """Element-wise multiply of A (``in_*``) and B (``b_*``): ``clip((A * B + round) >> shift)``
+    (DPUCZDX8G's Elementwise-Multiply); B strides of 0 repeat one pixel (a per-channel vector,
+    the squeeze-excitation gate)."""
+
+    b_mem: int = 0
+    b_addr: int = 0
+    b_pix_stride: int = 0
+    b_row_stride: int = 0
+    shift: int = 0
+    clip_lo: int = -128
+    clip_hi: int = 127
+    dpon: frozenset = _deps_field()
+    dpby: frozenset = _deps_field()
+
+
+#: the MISC instructions with a second FM operand B (``b_mem``, ``b_addr``, strides)
+ELEMENTWISE = (EltAdd, EltMul)
+
+
+@dataclass
 class Upsample(_MiscBase):
     """Nearest up-sampling by integer factors: out(y, x) = in(y // factor_h, x // factor_w)."""
 
@@ -294,7 +317,7 @@ class End:
     """End of the stream: the last instruction; carries no dependencies."""
 
 
-Insn = Load | Save | Conv | Pool | EltAdd | Upsample | Copy | End
+Insn = Load | Save | Conv | Pool | EltAdd | EltMul | Upsample | Copy | End
 
 
 def unit_of(insn: Insn) -> int | None:
@@ -315,6 +338,8 @@ def mnemonic(insn: Insn) -> str:
         return MISC_NAMES.get(insn.op, f"MISC?{insn.op}")
     if isinstance(insn, EltAdd):
         return "ELTADD"
+    if isinstance(insn, EltMul):
+        return "ELTMUL"
     if isinstance(insn, Upsample):
         return "UPSAMPLE"
     if isinstance(insn, Copy):
@@ -376,6 +401,10 @@ LAYOUTS.update({
         ("shift", 5, False), ("clip_lo", 8, True), ("clip_hi", 8, True)),
     "UPSAMPLE": MISC_COMMON + (("factor_h", 4, False), ("factor_w", 4, False)),
     "COPY": MISC_COMMON,
+    "ELTMUL": MISC_COMMON + (
+        ("b_mem", 2, False), ("b_addr", 20, False), ("b_pix_stride", 12, False),
+        ("b_row_stride", 20, False), ("shift", 5, False), ("clip_lo", 8, True),
+        ("clip_hi", 8, True)),
     "END": (),
 })
 for _name, _lay in LAYOUTS.items():
@@ -438,7 +467,7 @@ def encode_stream(insns: list[Insn]) -> bytes:
 
 
 CLASS_OF = {"LOAD": Load, "SAVE": Save, "CONV": Conv, "MAXPOOL": Pool, "AVGPOOL": Pool,
-             "ELTADD": EltAdd, "UPSAMPLE": Upsample, "COPY": Copy, "END": End}
+             "ELTADD": EltAdd, "UPSAMPLE": Upsample, "COPY": Copy, "ELTMUL": EltMul, "END": End}
 
 
 def decode(data: bytes) -> Insn:

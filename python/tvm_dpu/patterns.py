@@ -2,7 +2,8 @@
 
 Offloaded: quantized conv2d (kernel <= 15, stride <= 7, padding <= 15, groups 1 or
 depthwise, the same dilation <= 15 in H and W), dense (as a 1x1 conv) and the residual add
-(MISC ELTADD); on the MISC unit as separate layers: max pool (same quantization in and out),
+(MISC ELTADD) and the squeeze-excitation product (MISC ELTMUL); on the MISC unit as separate
+layers: max pool (same quantization in and out),
 average / global average pool, nearest upsample by integer factors, and channel concat of
 identically quantized inputs (by placement); transpose conv as stride-1 sub-convolutions whose
 SAVEs scatter into the output. The DPU is int8-only with
@@ -13,6 +14,7 @@ Each check is named; its docstring is the reason a layer stays on the CPU.
 from __future__ import annotations
 
 import numpy as np
+from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from tvm_accel.partition import (
     OffloadPattern,
@@ -25,6 +27,7 @@ from tvm_accel.partition import (
     qdeconv_pattern,
     qlinear_lut_pattern,
     qlinear_pattern,
+    qmul_pattern,
     qpool_pattern,
     qupsample_pattern,
     static_shape,
@@ -221,6 +224,26 @@ def add_recipe_is_shift(m: dict) -> bool:
     return sh.size == 1 and 0 <= int(sh) <= 31
 
 
+def mul_is_gate(m: dict) -> bool:
+    """product is not an int8 map times an int8 map of its shape or (N, C, 1, 1) vector
+
+    (ELTMUL repeats one pixel of its operand B by zero strides; nothing else broadcasts)
+    """
+    a, b = static_shape(m["lhs"]), static_shape(m["rhs"])
+    if a is None or b is None or len(a) != 4 or len(b) != 4:
+        return False
+    if a[2:] == (1, 1) and b[2:] != (1, 1):
+        a, b = b, a
+    return (b in (a, (a[0], a[1], 1, 1)) and a[1] <= MAX_CHANNELS
+            and dtype_of(m["lhs"]) == dtype_of(m["rhs"]) == "int8")
+
+
+def mul_zero_points_zero(m: dict) -> bool:
+    """product with a non-zero zero point (ELTMUL multiplies symmetric int8 only)"""
+    return all(int(const_value(m[k])) == 0
+               for k in ("lhs_zero_point", "rhs_zero_point", "zero_point"))
+
+
 def pool_input_int8(m: dict) -> bool:
     """input is not int8 (the DPU is int8-only)"""
     return dtype_of(m["data"]) == "int8"
@@ -258,6 +281,25 @@ def global_pool_fits(m: dict) -> bool:
     --max-requant-error output LSBs)"""
     s = static_shape(m["data"])
     return s is not None and len(s) == 4 and s[2] <= 15 and s[3] <= 15
+
+
+def qglobal_pool_flat_pattern() -> tuple[DFPattern, dict]:
+    """A global average pool whose output is flattened to (N, C) (SqueezeNet's head ends in
+    GlobalAveragePool -> Flatten): the reshape is annotated ``flatten``."""
+    out, ann = qpool_pattern("global_avg")
+    flat = is_op("relax.reshape")(out, wildcard())
+    ann["flatten"] = flat
+    return flat, ann
+
+
+def pool_flatten_is_a_view(m: dict) -> bool:
+    """the Flatten after the global pool does not turn its (N, C, 1, 1) output into (N, C)
+
+    (in the DPU's HWC layout those are the same bytes: the pool SAVEs the (N, C) tensor)
+    """
+    pooled, flat = static_shape(m["root"]), static_shape(m["flatten"])
+    return (pooled is not None and flat is not None and len(pooled) == 4
+            and tuple(pooled[2:]) == (1, 1) and tuple(flat) == tuple(pooled[:2]))
 
 
 def upsample_is_nearest_integer(m: dict) -> bool:
@@ -330,12 +372,17 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("dpu.avgpool", "avg_pool2d", *qpool_pattern("avg"),
                        [pool_is_plain, pool_input_int8, output_is_int8, pool_channels_fit,
                         pool_window_fits, avg_recipe_fits]),
+        OffloadPattern("dpu.globalavgpool_flat", "global_avg_pool2d", *qglobal_pool_flat_pattern(),
+                       [pool_flatten_is_a_view, pool_is_plain, pool_input_int8, output_is_int8,
+                        pool_channels_fit, global_pool_fits, avg_recipe_fits]),
         OffloadPattern("dpu.globalavgpool", "global_avg_pool2d", *qpool_pattern("global_avg"),
                        [pool_is_plain, pool_input_int8, output_is_int8, pool_channels_fit,
                         global_pool_fits, avg_recipe_fits]),
         OffloadPattern("dpu.upsample", "upsample", *qupsample_pattern(),
                        [upsample_is_nearest, pool_input_int8, pool_channels_fit,
                         upsample_is_nearest_integer]),
+        OffloadPattern("dpu.mul", "multiply", *qmul_pattern(),
+                       [mul_is_gate, output_is_int8, mul_zero_points_zero, requant_is_shift]),
         *[OffloadPattern(f"dpu.concat{n}", "concat", *qconcat_pattern(n),
                          [concat_on_channels, concat_inputs_placeable]) for n in (2, 3, 4)],
     ]

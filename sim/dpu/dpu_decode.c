@@ -14,7 +14,7 @@ typedef long long ll;
 const char *const DPU_UNIT_NAMES[DPU_NUM_UNITS] = {"LOAD", "SAVE", "CONV", "MISC"};
 static const char *const REGION_NAMES[DPU_NUM_REGIONS] = {"INPUT", "OUTPUT", "PARAM", "INSN", "SWAP"};
 static const char *const KIND_NAMES[NUM_KINDS] = {"LOAD", "SAVE", "CONV", "MAXPOOL", "AVGPOOL",
-                                                  "ELTADD", "UPSAMPLE", "COPY", "END"};
+                                                  "ELTADD", "UPSAMPLE", "COPY", "ELTMUL", "END"};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Bit layouts (must match LAYOUTS in python/tvm_dpu/codegen.py)                              */
@@ -54,16 +54,18 @@ static const dpu_field ELT_F[] = {MISC_COMMON,       F(b_mem, 2, 0),   F(b_addr,
                                   F(b_pix_stride, 12, 0), F(b_row_stride, 20, 0), F(shift_a, 6, 1),
                                   F(shift_b, 6, 1),  F(shift, 5, 0),   F(clip_lo, 8, 1),
                                   F(clip_hi, 8, 1)};
+static const dpu_field MUL_F[] = {MISC_COMMON,       F(b_mem, 2, 0),    F(b_addr, 20, 0), F(b_pix_stride, 12, 0),
+                                  F(b_row_stride, 20, 0), F(shift, 5, 0), F(clip_lo, 8, 1), F(clip_hi, 8, 1)};
 static const dpu_field UP_F[] = {MISC_COMMON, F(factor_h, 4, 0), F(factor_w, 4, 0)};
 static const dpu_field COPY_F[] = {MISC_COMMON};
 #undef F
 
 #define NFIELDS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 static const dpu_field *const LAYOUT[NUM_KINDS] = {LOAD_F, SAVE_F, CONV_F, POOL_F, POOL_F,
-                                                   ELT_F,  UP_F,   COPY_F, NULL};
+                                                   ELT_F,  UP_F,   COPY_F, MUL_F,  NULL};
 static const int LAYOUT_N[NUM_KINDS] = {NFIELDS(LOAD_F), NFIELDS(SAVE_F), NFIELDS(CONV_F),
                                         NFIELDS(POOL_F), NFIELDS(POOL_F), NFIELDS(ELT_F),
-                                        NFIELDS(UP_F),   NFIELDS(COPY_F), 0};
+                                        NFIELDS(UP_F),   NFIELDS(COPY_F), NFIELDS(MUL_F), 0};
 
 /* Bits [lo, lo + width) of a 256-bit little-endian word, width in 1..63. */
 static uint64_t get_bits(const uint64_t w[4], unsigned lo, unsigned width)
@@ -106,7 +108,7 @@ static int decode(const uint8_t *p, uint32_t index, dpu_insn *in, accel_err *err
     case OP_END: kind = K_END; break;
     case OP_MISC: {
         uint64_t op = get_bits(w, 12, 4);
-        if (op > MISC_COPY)
+        if (op > MISC_ELTMUL)
             return accel_fail(err, ACCEL_ERR_DECODE, "insn %u (MISC): unknown MISC op %llu", index, (ull)op);
         kind = K_MAXPOOL + (int)op;
         break;
@@ -514,6 +516,18 @@ static int check_misc(const dpu_geom *g, dpu_insn *in, accel_err *err)
             return rc;
         if ((rc = check_fm(g, in, "b_mem", in->b_mem, "b_addr", in->b_addr, "b_pix_stride", in->b_pix_stride,
                            "b_row_stride", in->b_row_stride, oh, ow, c, err)) != ACCEL_OK)
+            return rc;
+        in->in_rows = oh;
+        in->in_cols = ow;
+        reads = 2;
+        break;
+    case K_ELTMUL:
+        /* B is only read: a stride of 0 repeats a pixel / row (a per-channel vector) */
+        if ((rc = check_clip(in, err)) != ACCEL_OK)
+            return rc;
+        if ((rc = check_fm(g, in, "b_mem", in->b_mem, "b_addr", in->b_addr, "b_pix_stride", in->b_pix_stride,
+                           "b_row_stride", in->b_row_stride, in->b_row_stride ? oh : 1, in->b_pix_stride ? ow : 1,
+                           c, err)) != ACCEL_OK)
             return rc;
         in->in_rows = oh;
         in->in_cols = ow;

@@ -439,6 +439,22 @@ static int exec_misc(dpu_state *s, const dpu_insn *in, accel_err *err)
             }
             break;
         }
+        case K_ELTMUL: {
+            uint8_t *A = (uint8_t *)scratch(s, S_X, n_out), *B = (uint8_t *)scratch(s, S_B, n_out);
+            const unsigned shift = (unsigned)in->shift;
+            const int64_t rnd = shift ? ((int64_t)1 << (shift - 1)) : 0;
+            if (!A || !B)
+                return accel_fail(err, ACCEL_ERR_NOMEM, "insn %u (%s): out of host memory", in->index, in->name);
+            fm_gather(mem_in, M, (uint64_t)in->in_addr, (uint64_t)in->in_pix_stride, (uint64_t)in->in_row_stride, oh, ow,
+                      c, A);
+            fm_gather(fm_of(s, (uint32_t)p, in->b_mem), M, (uint64_t)in->b_addr, (uint64_t)in->b_pix_stride,
+                      (uint64_t)in->b_row_stride, oh, ow, c, B);
+            for (i = 0; i < n_out; i++) {
+                const int64_t t = (int64_t)(int8_t)A[i] * (int8_t)B[i];
+                out[i] = clip8(asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
+            }
+            break;
+        }
         case K_UPSAMPLE: {
             const uint64_t ih = in->in_rows, iw = in->in_cols, fh = (uint64_t)in->factor_h, fw = (uint64_t)in->factor_w;
             uint8_t *A = (uint8_t *)scratch(s, S_X, ih * iw * c);

@@ -12,9 +12,10 @@ typedef unsigned long long ull;
 #define INSN_BYTES 32
 
 enum { OP_LOAD = 1, OP_SAVE = 2, OP_CONV = 3, OP_MISC = 4, OP_END = 15 };
-enum { MISC_MAXPOOL = 0, MISC_AVGPOOL = 1, MISC_ELTADD = 2, MISC_UPSAMPLE = 3, MISC_COPY = 4 };
+enum { MISC_MAXPOOL = 0, MISC_AVGPOOL = 1, MISC_ELTADD = 2, MISC_UPSAMPLE = 3, MISC_COPY = 4, MISC_ELTMUL = 5 };
 /* instruction kinds (one bit layout each) */
-enum { K_LOAD, K_SAVE, K_CONV, K_MAXPOOL, K_AVGPOOL, K_ELTADD, K_UPSAMPLE, K_COPY, K_END, NUM_KINDS };
+/* K_MAXPOOL + op for every MISC op, in MISC op order */
+enum { K_LOAD, K_SAVE, K_CONV, K_MAXPOOL, K_AVGPOOL, K_ELTADD, K_UPSAMPLE, K_COPY, K_ELTMUL, K_END, NUM_KINDS };
 
 typedef struct {
     uint32_t n_pe, n_mem;

@@ -89,7 +89,7 @@ uint64_t dpu_sim_stats_size(void);
  *
  * Trace: when trace_path is not NULL, one Chrome-trace "X" event per executed instruction is
  * written (pid 0 "DPU", tid = unit with thread_name metadata "LOAD"/"SAVE"/"CONV"/"MISC", name =
- * kind: "LOAD FM", "LOAD PM", "SAVE", "CONV", "CONV DW", "MAXPOOL", "AVGPOOL", "ELTADD",
+ * kind: "LOAD FM", "LOAD PM", "SAVE", "CONV", "CONV DW", "MAXPOOL", "AVGPOOL", "ELTADD", "ELTMUL",
  * "UPSAMPLE", "COPY" or "NOP"; ts/dur in microseconds at clock_mhz, shifted by trace_offset_us;
  * args {"insn", "cycles", "dpon", "dpby"} and "macs" for CONV). trace_append = 0 overwrites the
  * file; 1 continues a trace written by a previous run. Events of instructions executed before an

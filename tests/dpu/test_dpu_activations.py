@@ -57,7 +57,23 @@ def test_leaky_relu_with_the_dpu_slope_runs_in_the_conv_bit_exact(compare, batch
     assert diff <= 2 * models.output_step(m) + 1e-6
 
 
-@pytest.mark.parametrize("alpha", [0.01, 0.1, 0.2])
+def test_the_power_of_two_quantizer_sets_a_slope_of_0_1_to_26_256_which_runs_in_the_conv(
+        compare):
+    """Vitis AI's quantizer sets a LeakyReLU of 0.1 to the DPU's 26/256; so does the
+    power-of-two scheme, and onnxruntime runs the QDQ model's 26/256 slope too."""
+    m = ort_quantize(models.conv_unary("LeakyRelu", hw=16, batch=2, alpha=0.1),
+                     power_of_two=True)
+    alpha = next(a.f for n in m.graph.node if n.op_type == "LeakyRelu" for a in n.attribute)
+    assert alpha == LEAKY_SLOPE
+    r = compare(m)
+    rows = {o.layer: o for o in r.report.nodes if o.kind in ("layer", "fused")}
+    assert (rows["leakyrelu"].placement, rows["leakyrelu"].reason) == ("dpu", "fused into conv1")
+    r.assert_bit_exact()
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= 2 * models.output_step(m) + 1e-6
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.2, 0.11])
 def test_leaky_relu_with_another_slope_stays_on_the_cpu_naming_the_dpu_slope(compare, alpha):
     m = ort_quantize(models.conv_unary("LeakyRelu", hw=16, alpha=alpha), power_of_two=True)
     r = compare(m)

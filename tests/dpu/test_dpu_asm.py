@@ -48,8 +48,8 @@ def _random_insn(rng, kind):
     word = sum((v & ((1 << w) - 1)) << lo for (_, lo, w, _), v in
                zip(field_offsets(kind)[3:], vals.values(), strict=True))
     opcode = {"LOAD": 1, "SAVE": 2, "CONV": 3}.get(kind, 4)
-    if kind in ("MAXPOOL", "AVGPOOL", "ELTADD", "UPSAMPLE", "COPY"):
-        op = ["MAXPOOL", "AVGPOOL", "ELTADD", "UPSAMPLE", "COPY"].index(kind)
+    if kind in ("MAXPOOL", "AVGPOOL", "ELTADD", "UPSAMPLE", "COPY", "ELTMUL"):
+        op = ["MAXPOOL", "AVGPOOL", "ELTADD", "UPSAMPLE", "COPY", "ELTMUL"].index(kind)
         word &= ~(0xF << 12)
         word |= op << 12
     word |= opcode | int(rng.integers(0, 16)) << 4 | int(rng.integers(0, 16)) << 8
@@ -57,7 +57,7 @@ def _random_insn(rng, kind):
 
 
 @pytest.mark.parametrize("kind", ["LOAD", "SAVE", "CONV", "MAXPOOL", "AVGPOOL", "ELTADD",
-                                  "UPSAMPLE", "COPY"])
+                                  "UPSAMPLE", "COPY", "ELTMUL"])
 def test_random_words_round_trip_through_decode_format_parse_encode(isa, kind):
     rng = np.random.default_rng(len(kind))
     for _ in range(50):

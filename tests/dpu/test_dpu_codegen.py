@@ -112,6 +112,7 @@ def test_module_docstring_lists_every_field_at_its_bit_range():
     expect = [(n, str(lo), str(lo + w)) for n, lo, w, _ in field_offsets("MAXPOOL")[3:]]
     expect += [(n, str(lo), str(lo + w)) for n, lo, w, _ in field_offsets("ELTADD")[15:]]
     expect += [(n, str(lo), str(lo + w)) for n, lo, w, _ in field_offsets("UPSAMPLE")[15:]]
+    expect += [(n, str(lo), str(lo + w)) for n, lo, w, _ in field_offsets("ELTMUL")[15:]]
     assert documented == expect
     assert [n for n, _, _ in HEADER] == ["opcode", "dpon", "dpby"]
 

@@ -158,6 +158,23 @@ def test_deepbench_speech_kernel_wider_than_the_conv_fields_runs_on_the_dpu(comp
     r.assert_bit_exact()
 
 
+@pytest.mark.parametrize("batch", [1, 6])
+def test_global_pool_flattened_as_the_output_writes_the_flat_tensor(compare, batch):
+    """SqueezeNet's head ends in GlobalAveragePool -> Flatten: in HWC DDR the (N, C, 1, 1)
+    pool output is the (N, C) tensor, so the pool (pattern ``dpu.globalavgpool_flat``) SAVEs
+    the model output and the Flatten is a view, on the DPU."""
+    m = models.quantized("conv_pool_flatten", power_of_two=True, batch=batch, c=12)
+    r = compare(m)
+    rows = {n.layer: n for n in r.report.nodes}
+    assert (rows["avgpool"].placement, rows["avgpool"].reason) == (
+        "dpu", "matched dpu.globalavgpool_flat")
+    assert (rows["flatten"].placement, rows["flatten"].kind) == ("dpu", "fused")
+    assert r.outputs[0].shape == (batch, 12)
+    r.assert_bit_exact()
+    diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
+    assert diff <= 2 * models.output_step(m) + 1e-6
+
+
 def test_global_pool_flatten_and_classifier_share_one_stream(compare):
     """The Flatten between a global pool and the classifier is a view in HWC DDR: the dense
     reads the (N, C, 1, 1) pool output directly, so the head joins the network's function

@@ -31,6 +31,7 @@ from tvm_dpu.codegen import (
     Conv,
     Copy,
     EltAdd,
+    EltMul,
     End,
     Load,
     Pool,
@@ -434,6 +435,32 @@ def test_eltadd_aligns_each_input_then_shifts_and_clips(cfg, sa, sb, shift, clip
     np.testing.assert_array_equal(out(), ref)
 
 
+@pytest.mark.parametrize("gate, shift, clip", [(True, 7, (-128, 127)), (True, 0, (-128, 127)),
+                                               (False, 4, (0, 127)), (True, 31, (-128, 127)),
+                                               (False, 9, (-20, 30))])
+def test_eltmul_multiplies_then_shifts_and_clips_b_repeating_with_zero_strides(cfg, gate, shift,
+                                                                               clip):
+    rng = np.random.default_rng(shift)
+    H, W, C = 5, 6, 19
+    a = i8(rng, cfg.NUM_PE, H, W, C)
+    b = i8(rng, cfg.NUM_PE, 1, 1, C) if gate else i8(rng, cfg.NUM_PE, H, W, C)
+    prog = Prog(cfg)
+    prog.load_images(a, mem=0, addr=0x40)
+    prog.load_images(b, mem=2, addr=0x1000, dpby="MISC")
+    bps, brs = (0, 0) if gate else (C, W * C)
+    prog.insns.append(EltMul(dpon="LOAD", dpby="SAVE", in_mem=0, in_addr=0x40, in_pix_stride=C,
+                             in_row_stride=W * C, b_mem=2, b_addr=0x1000, b_pix_stride=bps,
+                             b_row_stride=brs, out_mem=1, out_addr=0, out_pix_stride=C,
+                             out_row_stride=W * C, out_h=H, out_w=W, chans=C, shift=shift,
+                             clip_lo=clip[0], clip_hi=clip[1]))
+    out = prog.save_images(1, 0, H, W, C, dpon="MISC")
+    st = prog.run()
+    ref = np.clip((a.astype(np.int64) * b + rnd(shift)) >> shift, *clip)
+    np.testing.assert_array_equal(out(), ref)
+    steps = -(-H // cfg.MISC_ROW_PAR) * W * -(-C // cfg.MISC_CH_PAR)
+    assert st.misc_busy == steps + cfg.MISC_LATENCY_CYCLES
+
+
 def test_upsample_nearest_with_integer_factors(cfg):
     rng = np.random.default_rng(5)
     for fh, fw, oh, ow in [(2, 2, 6, 8), (3, 1, 7, 4), (1, 4, 3, 10)]:
@@ -793,6 +820,13 @@ BAD = [
      r"insn 0 \(AVGPOOL\): field stride_w = 0", "decode"),
     (EltAdd(chans=4, out_h=1, out_w=1, b_mem=3), r"field b_mem = 3 names a missing FM memory",
      "bounds"),
+    (EltMul(chans=4, out_h=1, out_w=1, clip_lo=1, clip_hi=0),
+     r"insn 0 \(ELTMUL\): field clip_lo = 1 is greater than clip_hi = 0", "decode"),
+    (EltMul(chans=4, out_h=2, out_w=2, in_pix_stride=4, in_row_stride=8, out_pix_stride=4,
+            out_row_stride=8, b_pix_stride=2, b_row_stride=8),
+     r"insn 0 \(ELTMUL\): field b_pix_stride = 2 is smaller than a pixel", "bounds"),
+    (EltMul(chans=4, out_h=1, out_w=1, b_addr=(1 << 20) - 1),
+     r"field b_addr = 0xfffff exceeds the FM memory size", "bounds"),
     (Upsample(chans=4, out_h=2, out_w=2, factor_h=0), r"field factor_h = 0", "decode"),
     (Copy(chans=4, out_h=1, out_w=1, out_addr=(1 << 20) - 1),
      r"insn 0 \(COPY\): field out_addr = 0xfffff exceeds the FM memory size", "bounds"),
@@ -833,7 +867,7 @@ def test_decode_errors_for_unknown_opcode_op_and_reserved_bits(cfg):
         simulate(cfg, word.to_bytes(INSN_BYTES, "little") + end, dram)
 
 
-MISC_OPS = ["MAXPOOL", "AVGPOOL", "ELTADD", "UPSAMPLE", "COPY"]
+MISC_OPS = ["MAXPOOL", "AVGPOOL", "ELTADD", "UPSAMPLE", "COPY", "ELTMUL"]
 
 
 def random_word(rng, kind):
@@ -962,6 +996,9 @@ def _base_programs(cfg):
                              b_pix_stride=8, b_row_stride=32, out_mem=1, out_addr=512,
                              out_pix_stride=8, out_row_stride=32, out_h=4, out_w=4, chans=8,
                              shift_a=1, shift=1))
+    prog.insns.append(EltMul(in_mem=2, in_pix_stride=8, in_row_stride=32, b_mem=2,
+                             b_addr=40, out_mem=1, out_addr=512, out_pix_stride=8,
+                             out_row_stride=32, out_h=4, out_w=4, chans=8, shift=3))
     prog.insns.append(Upsample(in_mem=1, in_pix_stride=8, in_row_stride=16, out_mem=0,
                                out_addr=4096, out_pix_stride=8, out_row_stride=32, out_h=4,
                                out_w=4, chans=8, factor_h=2, factor_w=2, dpby="SAVE"))

@@ -248,12 +248,34 @@ def conv_batchnorm(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0) -> on
     return b.model("conv_batchnorm", x, (batch, c, hw, hw), [y])
 
 
+def conv_product(c: int = 8, hw: int = 8, other: str = "map", batch: int = 1,
+                 seed: int = 0) -> onnx.ModelProto:
+    """Two convs of the input multiplied, then a 1x1 conv: ``other`` is the second factor's
+    shape, ``"map"`` (N, C, H, W) like the first or ``"spatial"`` (N, 1, H, W), a one-channel
+    attention map broadcast over the channels."""
+    b = Builder(seed)
+    x = INPUT_NAME
+    y = b.conv(x, c, c, 3, name="conv_a")
+    g = b.conv(x, c, c if other == "map" else 1, 3, name="conv_b")
+    y = b.conv(b.node("Mul", [y, g], "product"), c, c, 1, name="project")
+    return b.model("conv_product", x, (batch, c, hw, hw), [y])
+
+
+def conv_pool_flatten(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0
+                      ) -> onnx.ModelProto:
+    """conv-relu, GlobalAveragePool, Flatten as the model output (SqueezeNet's head)."""
+    b = Builder(seed)
+    y = b.relu(b.conv(INPUT_NAME, c, c, 3, name="conv"), "relu")
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y], "avgpool")], "flatten", axis=1)
+    return b.model("conv_pool_flatten", INPUT_NAME, (batch, c, hw, hw), [y])
+
+
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
     "single_dense", "conv_residual", "conv_chain_residual", "conv_pool", "conv_concat",
     "conv_flatten_dense", "conv_unary", "aspp_head", "squeeze_excitation", "relu_batchnorm",
-    "conv_batchnorm")}
+    "conv_batchnorm", "conv_product", "conv_pool_flatten")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,

@@ -1,6 +1,7 @@
 """Power-of-two (fix-point) QDQ models for hardware that requantizes by shifting (the DPU):
 every scale rounded up to a power of two, weights and biases re-quantized for it, ReLU/Clip
-fused into the layer before it, concat inputs sharing one scale (what Vitis AI's quantizer makes).
+fused into the layer before it, concat inputs sharing one scale, a LeakyRelu slope of 0.1 set
+to the fix-point 26/256 (what Vitis AI's quantizer makes).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from onnx import numpy_helper
 
 # --- power-of-two (fix-point) scales -----------------------------------------------------------
 #: bump when make_power_of_two changes (part of the cache key)
-_POW2_VERSION = 2
+_POW2_VERSION = 3
+
+#: the fix-point LeakyReLU slope: Vitis AI's quantizer sets a model's 0.1 to 26/256 = 0.1015625
+#: (the slope the DPUCZDX8G computes; its product guide, PG338, "ReLU Type")
+LEAKY_FIXED_SLOPE = 26 / 256
 
 
 #: ops whose output a following ReLU/Clip is fused into (their canonical form folds it)
@@ -24,6 +29,23 @@ def pow2_ceil(scale) -> np.ndarray:
     pos = a > 0
     out = np.where(pos, 2.0 ** np.ceil(np.log2(np.where(pos, a, 1.0))), a)
     return out.astype(np.float32)
+
+
+def _fix_leaky_slopes(g: onnx.GraphProto) -> int:
+    """Set the slope of every LeakyRelu whose alpha is nearest to 26/256 on a 1/256 grid (a
+    model's 0.1) to :data:`LEAKY_FIXED_SLOPE`, as Vitis AI's quantizer does; the QDQ model then
+    says what the fix-point hardware computes (onnxruntime runs the 26/256 slope too). Other
+    slopes are kept. Returns the number of slopes set."""
+    fixed = 0
+    for n in g.node:
+        if n.op_type != "LeakyRelu":
+            continue
+        attr = next((a for a in n.attribute if a.name == "alpha"), None)
+        alpha = attr.f if attr is not None else 0.01  # the ONNX default
+        if attr is not None and round(alpha * 256) == 26 and alpha != LEAKY_FIXED_SLOPE:
+            attr.f = LEAKY_FIXED_SLOPE
+            fixed += 1
+    return fixed
 
 
 def _fuse_activations(g: onnx.GraphProto) -> int:
@@ -106,7 +128,7 @@ def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | No
     """Rewrite a symmetric QDQ model so that every scale is a power of two (a copy).
 
     - ReLU/Clip after a conv/dense/add are fused (:func:`_fuse_activations`) when
-      ``fuse_activations``;
+      ``fuse_activations``; a LeakyRelu slope of 0.1 becomes 26/256 (:func:`_fix_leaky_slopes`);
     - every activation scale becomes the power of two at or above it (:func:`pow2_ceil`): the
       calibrated range still fits, at up to 2x coarser steps; zero points are kept (0); the
       inputs of a Concat take the concat's scale (:func:`_unify_concat_scales`);
@@ -125,6 +147,7 @@ def make_power_of_two(qmodel: onnx.ModelProto, float_model: onnx.ModelProto | No
     g = q.graph
     if fuse_activations:
         _fuse_activations(g)
+    _fix_leaky_slopes(g)
     inits = {t.name: t for t in g.initializer}
     floats = ({t.name: numpy_helper.to_array(t) for t in float_model.graph.initializer}
               if float_model is not None else {})

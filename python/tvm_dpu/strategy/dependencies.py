@@ -73,7 +73,7 @@ def _buffers(insn, pm_keys: dict[int, list], fm_keys: dict[int, tuple[list, list
     reads = [("FM", insn.in_mem, insn.in_addr)]
     if isinstance(insn, cg.Conv):
         reads += pm_keys.get(insn.param_addr, [("PM", insn.param_addr)])
-    elif isinstance(insn, cg.EltAdd):
+    elif isinstance(insn, cg.ELEMENTWISE):
         reads.append(("FM", insn.b_mem, insn.b_addr))
     return reads, [("FM", insn.out_mem, insn.out_addr)]
 

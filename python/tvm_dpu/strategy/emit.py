@@ -58,7 +58,7 @@ def _relocate(insn, fm_off: int, pm_off: int) -> None:
         insn.out_addr += fm_off
         if isinstance(insn, cg.Conv):
             insn.param_addr += pm_off
-        elif isinstance(insn, cg.EltAdd):
+        elif isinstance(insn, cg.ELEMENTWISE):
             insn.b_addr += fm_off
 
 

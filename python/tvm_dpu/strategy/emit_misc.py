@@ -1,4 +1,5 @@
-"""MISC streams: element-wise add, max/average pool, nearest upsample and concat by placement."""
+"""MISC streams: element-wise add and multiply, max/average pool, nearest upsample and concat by
+placement."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from tvm_accel.knobs import validate_knobs
 from tvm_accel.layers import (
     AddLayer,
     ConcatLayer,
+    MulLayer,
     PoolLayer,
     UpsampleLayer,
 )
@@ -51,6 +53,41 @@ class MiscEmitter(Emitter):
             tiles.append(_Tile([la, lb], [op], [sv]))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
+                            f"{list(in_shape)}", kn)
+
+    def mul(self, layer: MulLayer, user: dict | None) -> LayerProgram:
+        """ELTMUL tile by tile; a per-channel vector B (N, C, 1, 1), the squeeze-excitation gate,
+        is LOADed once per tile as one pixel and read with zero strides."""
+        names = list(layer.inputs)
+        if self.tensors[names[0]].hwc[:2] == (1, 1) and self.tensors[names[1]].hwc[:2] != (1, 1):
+            names.reverse()
+        ta, tb = (self.tensors[x] for x in names)
+        tout = self.tensors[layer.output]
+        gate = tb.hwc != ta.hwc
+        if ta.hwc != tout.hwc or (gate and tb.hwc != (1, 1, ta.hwc[2])):
+            raise MappingError(f"layer {layer.name}: operands are not a map and a map or "
+                               "per-channel vector of its shape")
+        if layer.a_zero_point or layer.b_zero_point or layer.requant.zero_point:
+            raise MappingError(f"layer {layer.name}: ELTMUL needs zero points 0")
+        rq = layer.requant
+        h, w, c = ta.hwc
+        in_shape = (ta.shape[0], c, h, w)
+        kn = validate_knobs(knob_space(layer, in_shape, self.cfg), user, layer.name)
+        tiles = []
+        for buf, g, y0, nh, x0, nw in self._grid(ta, (0, h), (0, w), kn["tile_h"], kn["tile_w"]):
+            la = self._load(ta, 0, buf, g, y0, nh, x0, nw, 0, c)
+            lb = (self._load(tb, 2, buf, g, 0, 1, 0, 1, 0, c) if gate
+                  else self._load(tb, 2, buf, g, y0, nh, x0, nw, 0, c))
+            bps, brs = (0, 0) if gate else (c, nw * c)
+            op = cg.EltMul(in_mem=0, in_addr=buf, in_pix_stride=c, in_row_stride=nw * c,
+                           out_mem=1, out_addr=buf, out_pix_stride=c,
+                           out_row_stride=nw * c, out_h=nh, out_w=nw, chans=c,
+                           b_mem=2, b_addr=buf, b_pix_stride=bps, b_row_stride=brs,
+                           shift=int(rq.shift), clip_lo=int(rq.qmin), clip_hi=int(rq.qmax))
+            sv = self._save(tout, buf, g, y0, nh, x0, nw, 0, c)
+            tiles.append(_Tile([la, lb], [op], [sv]))
+        insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
+        return LayerProgram(layer.name, "multiply", cg.encode_stream(insns), len(insns), 0,
                             f"{list(in_shape)}", kn)
 
     def _misc_tiles(self, tin: TensorPlacement, tout: TensorPlacement, layer, kn, make,

@@ -142,7 +142,7 @@ def _footprint(insn, cfg: DPUConfig) -> list[tuple[tuple, int, int, bool]]:
         rows, cols = insn.out_h, insn.out_w
     out.append((("FM", insn.in_mem), insn.in_addr, insn.in_addr
                 + _ext(rows, cols, insn.in_pix_stride, insn.in_row_stride, chans_in), False))
-    if isinstance(insn, cg.EltAdd):
+    if isinstance(insn, cg.ELEMENTWISE):
         out.append((("FM", insn.b_mem), insn.b_addr, insn.b_addr
                     + _ext(rows, cols, insn.b_pix_stride, insn.b_row_stride, chans_in), False))
     if isinstance(insn, cg.Conv):
@@ -173,7 +173,7 @@ def _shift(insn, fm: int, pm: int, cfg: DPUConfig, mems: tuple[int, ...] | None 
         insn.in_mem, insn.out_mem = mems[insn.in_mem], mems[insn.out_mem]
         if isinstance(insn, cg.Conv):
             insn.param_addr = (insn.param_addr + pm) % p
-        elif isinstance(insn, cg.EltAdd):
+        elif isinstance(insn, cg.ELEMENTWISE):
             insn.b_addr = (insn.b_addr + fm) % m
             insn.b_mem = mems[insn.b_mem]
 

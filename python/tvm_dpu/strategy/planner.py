@@ -12,6 +12,7 @@ from tvm_accel.layers import (
     ConvLayer,
     DeconvLayer,
     LayerGraph,
+    MulLayer,
     PoolLayer,
     UpsampleLayer,
 )
@@ -33,7 +34,7 @@ class Planner(FusedEmitter, MiscEmitter):
         """The stream of one layer on its own."""
         for kind, fn in ((ConvLayer, self.conv), (AddLayer, self.add), (PoolLayer, self.pool),
                          (DeconvLayer, self.deconv), (UpsampleLayer, self.upsample),
-                         (ConcatLayer, self.concat)):
+                         (ConcatLayer, self.concat), (MulLayer, self.mul)):
             if isinstance(layer, kind):
                 return fn(layer, user)
         raise MappingError(f"layer {layer.name}: {type(layer).__name__} is not supported on the "
