@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,7 @@ class Farm:
         self.tracker, self.key = tracker, key
         where = f"{tracker[0]}:{tracker[1]}"
         try:
+            socket.create_connection(tracker, timeout=5).close()  # TVM retries for 60 s
             summary = rpc.connect_tracker(*tracker).summary()
         except Exception as e:
             raise FarmError(f"--rpc-tracker {where}: cannot reach the tracker "
@@ -169,7 +171,8 @@ class RPCMeasurer:
 
         t0 = time.monotonic()
         try:
-            reply = self.farm.call(MEASURE_FUNC, [bytearray(blob), bytearray(pickle.dumps(config))],
+            reply = self.farm.call(MEASURE_FUNC, [bytearray(blob), bytearray(pickle.dumps(config)),
+                                                  self.timeout],
                                    self.timeout + self.load_allowance)
         except _SessionLost as e:
             error = MeasureError.RUN_TIMEOUT if _timed_out(e) else MeasureError.UNKNOWN_ERROR

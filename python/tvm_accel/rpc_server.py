@@ -4,8 +4,10 @@
 ``vta.exec.rpc_server``) starts TVM's RPC server with two remote functions
 (:data:`tvm_accel.farm.MEASURE_FUNC`, :data:`tvm_accel.farm.RUN_FUNC`) and every installed
 target imported, so each session (TVM forks one process per session) starts warm. Every answer
-is a pickled reply: a failure of the work itself comes back as its error, never as a broken
-session, so the client retries only what the server could not answer.
+is a pickled reply: a failure of the work itself (an exception, a crash or a timeout of the
+forked process that does it) comes back as its error, never as a broken session, so the server
+keeps serving and the client retries only what a server could not answer (it died, the
+network broke).
 """
 
 from __future__ import annotations
@@ -16,32 +18,79 @@ import os
 import pickle
 import sys
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 from tvm_accel.farm import DEFAULT_KEY, MEASURE_FUNC, RUN_FUNC, parse_tracker
 
 
-def _measure(blob: bytes, config: bytes) -> bytes:
-    """One tuning measurement: the task's pickled (measure, context) and the config."""
-    from tvm_accel.tuning.measure import _describe, measure_once
+def _isolated(fn: Callable[[], Any], timeout: float | None) -> tuple[str, Any]:
+    """``fn()`` in a forked child of the session: ``("ok", value)``, ``("died", reason)`` or
+    ``("timeout", None)``. A session process that exits abnormally stops TVM's server loop
+    for good, so whatever the work does (a segfault, ``os._exit``), the session returns."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send(("ok", fn()))
+        except BaseException as exc:  # an answer, not a crash
+            try:
+                send.send(("raised", exc))
+            except Exception:  # an exception that does not pickle
+                send.send(("raised", RuntimeError(str(exc))))
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+    if not recv.poll(timeout):
+        proc.kill()
+        proc.join()
+        return "timeout", None
+    try:
+        status, value = recv.recv()
+    except (EOFError, OSError):
+        proc.join()
+        return "died", f"exit code {proc.exitcode}"
+    proc.join()
+    if status == "raised":
+        raise value
+    return status, value
+
+
+def _measure(blob: bytes, config: bytes, timeout: float) -> bytes:
+    """One tuning measurement of the task's pickled (measure, context) at ``config``:
+    ``(error, cycles, seconds, energy, message)`` pickled."""
+    from tvm_accel.tuning.measure import FAILED_COST, _describe, measure_once
     from tvm_accel.tuning.task import MeasureError
 
     try:
         measure, context = pickle.loads(bytes(blob))
         cfg = pickle.loads(bytes(config))
     except Exception as exc:
-        return pickle.dumps((int(MeasureError.UNKNOWN_ERROR), 0, 1e9, None,
+        return pickle.dumps((int(MeasureError.UNKNOWN_ERROR), 0, FAILED_COST, None,
                              f"server cannot load the task: {_describe(exc)}"))
-    return pickle.dumps(measure_once(measure, context, cfg))
+    status, value = _isolated(lambda: measure_once(measure, context, cfg), timeout)
+    if status == "timeout":
+        value = (int(MeasureError.RUN_TIMEOUT), 0, FAILED_COST, None,
+                 f"measurement exceeded the timeout of {timeout:g} s")
+    elif status == "died":
+        value = (int(MeasureError.UNKNOWN_ERROR), 0, FAILED_COST, None,
+                 f"measurement process died ({value})")
+    return pickle.dumps(value)
 
 
 def _run_batches(package: bytes, group: bytes, max_cycles: int) -> bytes:
     """A package run on pickled batches: ``(True, outputs per batch)`` or ``(False, error)``."""
-    import tvm
 
-    from tvm_accel import simlib
-    from tvm_accel.package import load_package, outputs_to_numpy
+    def run() -> list:
+        import tvm
 
-    try:
+        from tvm_accel import simlib
+        from tvm_accel.package import load_package, outputs_to_numpy
+
         batches = pickle.load(io.BytesIO(bytes(group)))
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "model.tar")
@@ -49,9 +98,14 @@ def _run_batches(package: bytes, group: bytes, max_cycles: int) -> bytes:
                 f.write(bytes(package))
             vm = load_package(path).vm()
             with simlib.cycle_budget(None if max_cycles < 0 else max_cycles):
-                outs = [outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batch]))
+                return [outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batch]))
                         for batch in batches]
-        return pickle.dumps((True, outs))
+
+    try:
+        status, value = _isolated(run, None)
+        if status == "died":
+            raise RuntimeError(f"the simulator process on the farm server died ({value})")
+        return pickle.dumps((True, value))
     except Exception as exc:
         try:
             return pickle.dumps((False, exc))

@@ -4,19 +4,23 @@
 One tracker and two servers run on localhost for the module (the servers import the repository
 root, so the synthetic tasks of ``test_tuners`` unpickle there)."""
 
+import contextlib
 import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-
 from core.test_tuners import faulty_task, synthetic_task
+
 from helpers import models
 from helpers.cli import tvmc
 from tvm_accel.evaluate import evaluate
 from tvm_accel.farm import Farm, RPCMeasurer
-from tvm_accel.tuning import MeasureError, MeasureInput
+from tvm_accel.knobs import Knob, KnobSpace
+from tvm_accel.tuning import MeasureError, MeasureInput, Task
 from tvm_accel.tuning.records import load_records
 
 pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado")
@@ -24,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "accel-test"
 
 
-@pytest.fixture(scope="module")
-def farm():
+@contextlib.contextmanager
+def local_farm(servers: int = 2):
+    """A tracker and ``servers`` farm servers on localhost; yields the tracker's HOST:PORT."""
     from tvm import rpc
     from tvm.rpc.tracker import Tracker
 
@@ -35,25 +40,43 @@ def farm():
         path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
         tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
-        servers = [rpc.Server(host="127.0.0.1", port=9300, port_end=9400, key=KEY,
-                              tracker_addr=("127.0.0.1", tracker.port), silent=True,
-                              server_init_callback=register) for _ in range(2)]
-    address = f"127.0.0.1:{tracker.port}"
+        procs = [rpc.Server(host="127.0.0.1", port=9300, port_end=9400, key=KEY,
+                            tracker_addr=("127.0.0.1", tracker.port), silent=True,
+                            server_init_callback=register) for _ in range(servers)]
     try:
-        import time
-
-        for _ in range(100):  # the servers register within a second or two
-            try:
-                if Farm(("127.0.0.1", tracker.port), KEY).servers == 2:
+        for _ in range(200):  # the servers register within a second or two
+            with contextlib.suppress(Exception):
+                if Farm(("127.0.0.1", tracker.port), KEY).servers == servers:
                     break
-            except Exception:
-                pass
             time.sleep(0.1)
-        yield address
+        yield f"127.0.0.1:{tracker.port}"
     finally:
-        for s in servers:
+        for s in procs:
             s.terminate()
         tracker.terminate()
+
+
+@pytest.fixture(scope="module")
+def farm():
+    with local_farm() as address:
+        yield address
+
+
+def kill_server_once(context, config):
+    """Kills the farm server running it (the session process above the measurement's) the
+    first time, as a machine that dies mid-measurement; measures normally afterwards."""
+    marker = Path(context["marker"])
+    if not marker.exists():
+        marker.write_text("killed")
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)
+    return 7, 7e-8, None
+
+
+def dying_task(marker: Path) -> Task:
+    space = KnobSpace([Knob("k", (1,), 1)], name="dying")
+    return Task("dying", "synthetic", ("dying",), space, kill_server_once,
+                context={"marker": str(marker)})
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +120,8 @@ def test_tuning_on_the_farm_measures_what_local_workers_measure(farm, ws, tmp_pa
     assert len(cycles(tmp_path / "farm.json")) >= 3
 
 
-def test_a_server_dying_mid_measurement_is_retried_then_recorded_as_an_error(farm):
+@pytest.mark.slow
+def test_a_measurement_that_crashes_or_hangs_is_an_error_and_the_servers_stay_up(farm):
     task, synth = faulty_task(), synthetic_task()
     inputs = [MeasureInput(task, {"mode": m, "k": 1})
               for m in ("ok", "exit", "segv", "simulator", "sleep")]
@@ -110,7 +134,19 @@ def test_a_server_dying_mid_measurement_is_retried_then_recorded_as_an_error(far
                       MeasureError.UNKNOWN_ERROR, MeasureError.RUNTIME_DEVICE,
                       MeasureError.RUN_TIMEOUT, MeasureError.NO_ERROR], [r.message for r in res]
     assert res[0].cycles == 10 and res[5].cycles == 980
-    assert "failed twice" in res[1].message
+    assert "measurement process died (exit code 3)" in res[1].message
+    assert Farm((host, int(port)), KEY).servers == 2
+
+
+@pytest.mark.slow
+def test_a_server_dying_mid_measurement_is_retried_on_another(tmp_path):
+    with local_farm(2) as address:
+        host, port = address.rsplit(":", 1)
+        farm = Farm((host, int(port)), KEY)
+        with RPCMeasurer(farm, timeout=5.0, load_allowance=5.0) as m:
+            res = m.run([MeasureInput(dying_task(tmp_path / "marker"), {"k": 1})])
+        assert (tmp_path / "marker").exists()  # the first server did die
+        assert res[0].error == MeasureError.NO_ERROR and res[0].cycles == 7, res[0].message
 
 
 @pytest.mark.parametrize("argv, needle", [
