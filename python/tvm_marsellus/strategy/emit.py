@@ -395,7 +395,9 @@ class Emit:
                 fetch.append(replace(window, src_mem="L3", dst_mem="L2", dst=b))
                 window = cg.Dma(src_mem="L2", dst_mem="L1", src=b, dst=d, length=size)
                 b += _al(size)
-            if lay.packed:  # the operand's bytes of every bit-plane word
+            if lay.pair:  # the odd pixels' channels into the upper half of the even ones'
+                out += [window, _pair_overlay(window, t, (hi - lo) * (chi - clo) // 2, d)]
+            elif lay.packed:  # the operand's bytes of every bit-plane word
                 out += self._packed(window, t, chi - clo, dst + i * t.c // 8)
             elif lay.stacked:  # the operand's tiles into its half of every stacked tile pair
                 out += self._stacked(window, t, chi - clo, dst + i * t.bits * 4)
@@ -438,6 +440,14 @@ class Emit:
                 kk: int, src: int, bounce: int | None) -> tuple[list, list]:
         """DMA_OUT copies of one output tile from L1 to its place in L2 or, for an L3 tensor,
         to the L2 bounce slot at ``bounce``, and the I/O DMA copies from there to L3."""
+        if lay.pair:
+            stores = _pair_stores(lay, n, ho0, hh, src)
+            if bounce is None:
+                return stores, []
+            size = hh * ww * lay.tout.bits * 2  # the L1 tile of pair words, as it is
+            drain = [replace(c, src_mem="L2", dst_mem="L3", src=bounce + c.src - src)
+                     for c in stores]
+            return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=bounce, length=size)], drain
         stores = self._placed_stores(lay, n, ho0, hh, wo0, ww, k0, kk, src)
         if bounce is None:
             return stores, []
@@ -506,3 +516,28 @@ def _pixel_runs(window: cg.Dma, cols: int, src_pix: int, dst_pix: int, dst: int
         return [(window.src, window.length // src_pix, dst)]
     return [(window.src + r * window.src_row_stride, cols, dst + r * cols * dst_pix)
             for r in range(window.rows)]
+
+
+def _pair_overlay(window: cg.Dma, t: TensorInfo, pairs: int, dst: int) -> cg.Dma:
+    """The second copy of a column-pair conv's input window (``window``: whole rows, one
+    block): bytes 0..1 of every bit-plane word of each odd pixel (its channels 0..15) into
+    bytes 2..3 of the even pixel before it (channels 16..31, idle in a 16-channel tensor),
+    a 2-byte burst per plane and pair; the job then reads the even pixels only."""
+    pix = int(t.pix_bytes())
+    return cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=window.src + pix, dst=dst + 2,
+                  length=2, rows=t.bits, planes=pairs, src_row_stride=4, dst_row_stride=4,
+                  src_plane_stride=2 * pix, dst_plane_stride=2 * pix)
+
+
+def _pair_stores(lay, n: int, ho0: int, hh: int, src: int) -> list[cg.Dma]:
+    """DMA_OUT of a column-pair conv's output tile (whole rows; pair words dense at ``src``,
+    the even pixel's 16 channels in bytes 0..1 of each plane word, the odd one's in 2..3) to
+    the 16-channel bit-plane tensor: two 3-D copies (2 bytes x planes x pairs), the even and
+    the odd pixels, each into bytes 0..1 of its pixel's words."""
+    g, t = lay.geo, lay.tout
+    pix, wb = int(t.pix_bytes()), t.bits * 4
+    dst = t.offset + (n * g.ho + ho0) * g.wo * pix
+    pairs = hh * g.wo // 2
+    return [cg.Dma(src_mem="L1", dst_mem="L2", src=src + half * 2, dst=dst + half * pix,
+                   length=2, rows=t.bits, planes=pairs, src_row_stride=4, dst_row_stride=4,
+                   src_plane_stride=wb, dst_plane_stride=2 * pix) for half in (0, 1)]

@@ -10,7 +10,7 @@ import numpy as np
 
 from tvm_accel.errors import MappingError
 from tvm_marsellus.hw_config import RBE_CHANNELS
-from tvm_marsellus.layout import pack_hwc, pack_normquant, pack_weights
+from tvm_marsellus.layout import pack_hwc, pack_normquant, pack_weights, pair_columns_weights
 from tvm_marsellus.numerics import add_factors, normquant_params
 from tvm_marsellus.program import LayerProgram
 from tvm_marsellus.strategy.layers import TensorInfo, _al, cluster_bits
@@ -131,17 +131,18 @@ class Memory:
         the group, bytes) then the NormQuant offset; else it is empty."""
         ly, g = lay.layer, lay.geo
         w = ly.weight[k0:k0 + kt].astype(np.int64)
+        bias = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt]
+        rq = _sub_requant(ly.requant, k0, kt)
+        if lay.pair:  # the conv over column pairs: both pixels' output channels, one record each
+            w, bias, rq = pair_columns_weights(w), np.tile(bias, 2), _tile_requant(rq)
         sumw = w.reshape(w.shape[0], -1).sum(axis=1)
         # the RBE reads signed activations with the unsigned offset 2^(I-1) (docs/marsellus.md)
         in_off = lay.tin.offset_value or (
             (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0)
-        folded = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt] - (
-            ly.input_zero_point + in_off) * sumw
+        folded = bias - (ly.input_zero_point + in_off) * sumw
         out_off = lay.tout.offset_value
-        rq = ly.requant
-        sub = _sub_requant(rq, k0, kt)
         try:
-            kappa, lam, _ = normquant_params(sub, folded, out_off)
+            kappa, lam, _ = normquant_params(rq, folded, out_off)
         except ValueError as e:
             raise MappingError(f"layer {ly.name}: {e}") from None
         if lay.engine == "rbe":
@@ -218,3 +219,12 @@ def _sub_requant(rq, k0: int, kt: int):
     r = np.asarray(rq.round_add)
     return replace(rq, multiplier=m[k0:k0 + kt] if m.size > 1 else m,
                    round_add=r[k0:k0 + kt] if r.size > 1 else r)
+
+
+def _tile_requant(rq):
+    """A requantization over twice the channels, the per-channel arrays repeated (the column-pair
+    conv's even and odd pixels)."""
+    m = np.asarray(rq.multiplier)
+    r = np.asarray(rq.round_add)
+    return replace(rq, multiplier=np.tile(m, 2) if m.size > 1 else m,
+                   round_add=np.tile(r, 2) if r.size > 1 else r)

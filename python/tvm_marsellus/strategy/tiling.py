@@ -68,6 +68,7 @@ class _Layer:
         self.tw = geo.wo  # output columns per tile (W tiling; the full width by default)
         self.tc = geo.c  # input channels per L1 chunk (Kin tiling; all of them by default)
         self.w_l3 = False  # the weights are staged from L3 (the planner's second pass)
+        self.pair = False  # runs over column pairs (:meth:`pairable`)
 
     @property
     def w_bits(self) -> int:
@@ -83,6 +84,22 @@ class _Layer:
         if self.kind != "add":
             return self.geo.c
         return 2 * self.geo.c if self.packed else 2 * RBE_CHANNELS
+
+    def pairable(self) -> bool:
+        """A 3x3 stride-1 RBE conv over at most 16 input and exactly 16 output channels, one
+        column of padding each side, an even width and bit planes on both sides: it can run
+        over *column pairs* (``layout.pair_columns_weights``): DMA_IN lays the odd pixel's
+        16 channels into the idle upper half of the even pixel's bit-plane words, the job reads
+        every second pixel (its pixel stride) as 32 input channels and computes 32 output
+        channels (both pixels of a pair), and DMA_OUT writes the two halves back to their
+        pixels. The RBE is unchanged (paper Sec. II-B: 32 channels per BinConv, one Kout
+        channel per COMPUTE cycle): per output pixel COMPUTE and NORMQUANT stay, LOAD and
+        STREAMOUT (a 5x5 / 3x3 patch of 32-channel words, Fig. 4) are shared by two pixels."""
+        g, ti, to = self.geo, self.tin, self.tout
+        return (self.engine == "rbe" and self.kind == "conv" and g.kh == g.kw == 3
+                and g.sh == g.sw == 1 and g.pads[1] == g.pads[3] == 1 and g.w % 2 == 0
+                and g.wo == g.w and g.c <= 16 and g.k == 16 and ti.layout == to.layout == "rbe"
+                and getattr(self.layer, "groups", 1) == 1)
 
     @property
     def chunked(self) -> bool:
@@ -162,13 +179,17 @@ class _Layer:
         out_rbe = self.engine == "rbe"
         if out_rbe:
             wk = min(kt, RBE_CHANNELS) if self.kind == "add" else kt  # one block, every job
-            b["w"] = _al(weight_bytes(wk, self.k_in, g.kh, self.w_bits)) + _al(6 * wk)
+            if self.pair:
+                wk = RBE_CHANNELS
+            b["w"] = _al(weight_bytes(wk, RBE_CHANNELS if self.pair else self.k_in, g.kh,
+                                      self.w_bits)) + _al(6 * wk)
             rows, cols = self.rows_in(th), self.cols_in()
             if t.layout == "hwc" and self.kind != "add":
                 if t.stored_signed:
                     b["t1"] = _al(rows * cols * g.c * t.cbits / 8)
                 b["t2"] = _al(activation_bytes(rows, cols, g.c, t.bits))
-            b["out"] = _al(activation_bytes(th, self.tw, kt, self.tout.bits)) \
+            b["out"] = _al(activation_bytes(th, self.tw // (2 if self.pair else 1),
+                                            RBE_CHANNELS if self.pair else kt, self.tout.bits)) \
                 if self.tout.layout == "rbe" else _al(th * self.tw * kt * self.tout.cbits / 8)
             if self.tout.layout == "hwc":
                 b["t3"] = _al(activation_bytes(th, self.tw, kt, self.tout.bits))
@@ -232,10 +253,13 @@ class _Layer:
             lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
         else:
             kts = [kt]
+        cols, ocols, k_in = chi - clo, self.tw, self.k_in
+        if self.pair:  # the job over column pairs: half the columns, 32 channels each side
+            cols, ocols, k_in, kts = cols // 2, ocols // 2, RBE_CHANNELS, [RBE_CHANNELS]
         c = 0
         for k in kts:
-            job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
-                            k_in=self.k_in, k_out=k, in_bits=self.tin.bits,
+            job = cg.RbeJob(h_in=hi - lo, w_in=cols, h_out=th, w_out=ocols,
+                            k_in=k_in, k_out=k, in_bits=self.tin.bits,
                             w_bits=self.w_bits, out_bits=self.tout.bits, kernel=g.kh,
                             stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
                             pad_right=pr)
@@ -300,9 +324,16 @@ class _Layer:
         if self.stacked:  # a burst per 32-channel tile (packed: bit plane), pixel and operand
             bursts = len(self.tins) * th * self.tw * (
                 self.tin.bits if self.packed else -(-g.k // RBE_CHANNELS))
-        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
-            bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
+        extra_in = 0.0
         out_rows = th * self.tw if kt < g.k else th if strided else 0
+        if self.pair:  # the odd pixels' halves: a 2-byte burst per bit plane and pair
+            pairs = self.rows_in(th) * self.cols_in() // 2
+            bursts += pairs * self.tin.bits
+            extra_in = cfg.DMA_LATENCY_CYCLES + pairs * self.tin.bits * 2 / \
+                cfg.DMA_BYTES_PER_CYCLE
+            out_rows = th * self.tw * self.tout.bits  # both halves, 2 bytes per burst
+        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
+            bursts * cfg.DMA_ROW_OVERHEAD_CYCLES + extra_in
         dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + \
             out_rows * cfg.DMA_ROW_OVERHEAD_CYCLES
         w_step = bufs.get("w", 0) / cfg.DMA_BYTES_PER_CYCLE + cfg.DMA_LATENCY_CYCLES
@@ -382,7 +413,7 @@ class _Layer:
         tensors when the weights move to L3) where some ``tile_k`` allows it."""
         g = self.geo
         ths = range(1, g.ho + 1)
-        kts = self.k_options()
+        kts = [g.k] if self.pair else self.k_options()
         kts = [kt for kt in kts if self.group_bytes(kt) <= self.cfg.L2_BYTES // 4] or kts[:1]
         return [(th, kt) for kt in kts for th in ths
                 if self.byte_ok(th, kt) and self.fits(th, kt)]
@@ -414,7 +445,7 @@ class _Layer:
             self.tw = min(self.w_options())
             if not self.fits(1, kmin):  # the smallest tile does not fit: fewer channels
                 continue
-            for tw in self.w_options():
+            for tw in [g.wo] if self.pair else self.w_options():
                 self.tw = tw
                 try:
                     r = self.solve()
@@ -430,6 +461,22 @@ class _Layer:
             return self.solve()  # raises with the full-width reason
         self.tc, self.tw = best[0], best[1]
         return best[2]
+
+
+def _pairs_win(lay: _Layer) -> bool:
+    """Whether the layer's best tile over column pairs is estimated faster than its best
+    plain tile (``tw`` / ``tc`` left at the full layer)."""
+    g = lay.geo
+    costs = []
+    for pair in (True, False):
+        lay.pair = pair
+        try:
+            costs.append(lay.solve_width()[2])
+        except MappingError:
+            costs.append(float("inf"))
+        lay.tw, lay.tc = g.wo, g.c
+    lay.pair = False
+    return costs[0] < costs[1]
 
 
 def knob_space(lay: _Layer, rbe_ok: bool) -> KnobSpace:
@@ -478,18 +525,20 @@ class Tiling:
         self.layers[ly.name] = lay
         rbe_ok = (kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)) or (
             kind == "add" and not self.add_reasons.get(ly.name))
+        lay.pair = self.user.get("pair_columns", True) and lay.pairable() and _pairs_win(lay)
         space = knob_space(lay, rbe_ok)
         user = {k: v for k, v in self.user.get(ly.name, {}).items()}
         kn = validate_knobs(space, user, ly.name)
         th, kt = kn["tile_h"], kn["tile_k"]
         lay.tw, lay.tc = kn["tile_w"], kn["tile_c"]
+        lay.pair = lay.pair and kt == geo.k and lay.tw == geo.wo
         macs = 0
         if isinstance(ly, ConvLayer):
             macs = tout.n * geo.ho * geo.wo * geo.k * geo.kh * geo.kw * (
                 geo.c if kind in ("conv", "fc") else 1)
         meta = {"tile_h": th, "tile_k": kt, "tile_w": lay.tw, "tile_c": lay.tc,
                 "shape": f"{list(tins[0].placement().shape)}",
-                "cost": round(lay.cost(th, kt), 1)}
+                "cost": round(lay.cost(th, kt), 1), "pair_columns": lay.pair}
         lp = LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
                              meta=meta)
         lay.plan = _Plan(eng, th, kt)
