@@ -92,13 +92,17 @@ def test_residual_block_keeps_the_rbe_layout_and_is_bit_exact(c, bits, signed, a
     assert {j.w_unsigned for j in jobs} == {1} and len(jobs) % tiles == 0
     assert [j.k_out for j in jobs[:tiles]] == [min(32, c - 32 * t) for t in range(tiles)]
     # the DMA places both operand tiles in one L1 buffer, a 32-channel tile of each per pixel,
-    # or (packed) the C / 8 bytes of each operand in every bit-plane word
+    # or (packed) the first operand's words whole, then the second's C / 8 bytes of each
+    # bit-plane word over their upper bytes
     # (3-D copies: the weight block, possibly prefetched by c2's stream, is one 1-D copy)
-    first = [d for d in eng["add"].commands
-             if isinstance(d, cg.Dma) and d.dst_mem == "L1" and d.planes > 1][:2]
+    cmds = eng["add"].commands
+    first = [d for d in cmds if isinstance(d, cg.Dma) and d.dst_mem == "L1" and d.planes > 1][:2]
     if packed:
-        assert [d.length for d in first] == [c // 8] * 2 and first[1].dst - first[0].dst == c // 8
-        assert first[0].rows == bits and first[0].dst_plane_stride == bits * 4
+        b_copy = first[0]
+        a_copy = cmds[cmds.index(b_copy) - 1]
+        assert isinstance(a_copy, cg.Dma) and a_copy.planes == 1 and a_copy.src_mem == "L2"
+        assert b_copy.length == c // 8 and b_copy.dst - a_copy.dst == c // 8
+        assert b_copy.rows == bits and b_copy.dst_plane_stride == bits * 4
     else:
         assert [d.length for d in first] == [bits * 4] * 2
         assert first[1].dst - first[0].dst == bits * 4 and first[0].dst_row_stride == bits * 8

@@ -69,6 +69,7 @@ class _Layer:
         self.tc = geo.c  # input channels per L1 chunk (Kin tiling; all of them by default)
         self.w_l3 = False  # the weights are staged from L3 (the planner's second pass)
         self.pair = False  # runs over column pairs (:meth:`pairable`)
+        self.pair_pp = 0  # output pairs of the pair job (:meth:`pair_jobs`)
 
     @property
     def w_bits(self) -> int:
@@ -100,6 +101,55 @@ class _Layer:
                 and g.sh == g.sw == 1 and g.pads[1] == g.pads[3] == 1 and g.w % 2 == 0
                 and g.wo == g.w and g.c <= 16 and g.k == 16 and ti.layout == to.layout == "rbe"
                 and getattr(self.layer, "groups", 1) == 1)
+
+    def pair_wparts(self) -> tuple[int, int, int]:
+        """Offsets in a column-pair layer's weight group of the pair job's NormQuant records
+        (after its 32 x 32 weights), the plain job's weights and their NormQuant records."""
+        g = self.geo
+        nq = _al(weight_bytes(RBE_CHANNELS, RBE_CHANNELS, 3, self.w_bits))
+        w2 = nq + _al(6 * RBE_CHANNELS)
+        return nq, w2, w2 + _al(weight_bytes(g.k, g.c, 3, self.w_bits))
+
+    def pair_jobs(self, x: int, w: int, y: int, rows: int, hh: int, ptop: int, pbot: int,
+                  **common) -> list:
+        """The RBE jobs of one full-width tile over column pairs (input window at ``x``, whole
+        rows, the odd pixels laid into the even ones' upper lanes; weight group at ``w``; output
+        at ``y``): the pair job over the first ``pair_pp`` output pairs (every second input
+        pixel, 32 channels in and out, output rows of ``W / 2`` pair words) and, when the pairs
+        leave a patch column mostly empty (``pair_pp < W / 2``), a plain job over the remaining
+        columns, reading their own pixels' lower 16 lanes, after the pair rows."""
+        g = self.geo
+        pix, wbo = int(self.tin.pix_bytes()), self.tout.bits * 4
+        full, pp = g.wo // 2, self.pair_pp
+        rest = g.wo - 2 * pp
+        nq, w2, nq2 = self.pair_wparts()
+        jobs = [cg.RbeJob(x_ptr=x, w_ptr=w, nq_ptr=w + nq, y_ptr=y, h_in=rows,
+                          w_in=pp + (rest > 0), h_out=hh, w_out=pp, k_in=RBE_CHANNELS,
+                          k_out=RBE_CHANNELS, pad_top=ptop, pad_bottom=pbot, pad_left=1,
+                          pad_right=0 if rest else 1, x_pix_stride=2 * pix,
+                          x_row_stride=g.w * pix, y_pix_stride=wbo, y_row_stride=full * wbo,
+                          **common)]
+        if rest:
+            jobs.append(cg.RbeJob(x_ptr=x + (2 * pp - 1) * pix, w_ptr=w + w2, nq_ptr=w + nq2,
+                                  y_ptr=y + hh * full * wbo, h_in=rows, w_in=rest + 1,
+                                  h_out=hh, w_out=rest, k_in=g.c, k_out=g.k, pad_top=ptop,
+                                  pad_bottom=pbot, pad_left=0, pad_right=1,
+                                  x_row_stride=g.w * pix, **common))
+        return jobs
+
+    def choose_pairs(self) -> None:
+        """``pair_pp``: all ``W / 2`` pairs, or the largest multiple of 3 below (whole 3 x 3
+        patches of pairs) with a plain job over the rest, whichever the cycle model finds
+        faster for a 3-row tile (W = 32: 16 pairs fill 6 patch columns of 18, 15 pairs fill 5
+        and the last 2 columns take one plain patch)."""
+        g = self.geo
+        best = None
+        for pp in sorted({g.wo // 2, 3 * (g.wo // 6)} - {0}, reverse=True):
+            self.pair_pp = pp
+            c = self.rbe_cycles(min(3, g.ho), g.k)
+            if best is None or c < best[0]:
+                best = (c, pp)
+        self.pair_pp = best[1]
 
     @property
     def chunked(self) -> bool:
@@ -179,20 +229,22 @@ class _Layer:
         out_rbe = self.engine == "rbe"
         if out_rbe:
             wk = min(kt, RBE_CHANNELS) if self.kind == "add" else kt  # one block, every job
-            if self.pair:
-                wk = RBE_CHANNELS
-            b["w"] = _al(weight_bytes(wk, RBE_CHANNELS if self.pair else self.k_in, g.kh,
-                                      self.w_bits)) + _al(6 * wk)
+            b["w"] = _al(weight_bytes(wk, self.k_in, g.kh, self.w_bits)) + _al(6 * wk)
+            if self.pair:  # the pair job's weights, then the plain job's if it has one
+                nq, _, nq2 = self.pair_wparts()
+                b["w"] = nq2 + _al(6 * kt) if 2 * self.pair_pp < g.wo else nq + _al(
+                    6 * RBE_CHANNELS)
             rows, cols = self.rows_in(th), self.cols_in()
             if t.layout == "hwc" and self.kind != "add":
                 if t.stored_signed:
                     b["t1"] = _al(rows * cols * g.c * t.cbits / 8)
                 b["t2"] = _al(activation_bytes(rows, cols, g.c, t.bits))
-            b["out"] = _al(activation_bytes(th, self.tw // (2 if self.pair else 1),
-                                            RBE_CHANNELS if self.pair else kt, self.tout.bits)) \
+            b["out"] = _al(activation_bytes(th, self.tw, kt, self.tout.bits)) \
                 if self.tout.layout == "rbe" else _al(th * self.tw * kt * self.tout.cbits / 8)
             if self.tout.layout == "hwc":
                 b["t3"] = _al(activation_bytes(th, self.tw, kt, self.tout.bits))
+            if self.pair:  # W / 2 pair words per row, then the plain job's columns
+                b["out"] = _al(th * (g.wo // 2 + g.wo - 2 * self.pair_pp) * self.tout.bits * 4)
         else:
             wb = cluster_bits(getattr(self.layer, "weight_bits", 8))
             if self.kind in ("conv", "fc"):
@@ -253,18 +305,15 @@ class _Layer:
             lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
         else:
             kts = [kt]
-        cols, ocols, k_in = chi - clo, self.tw, self.k_in
-        if self.pair:  # the job over column pairs: half the columns, 32 channels each side
-            cols, ocols, k_in, kts = cols // 2, ocols // 2, RBE_CHANNELS, [RBE_CHANNELS]
-        c = 0
-        for k in kts:
-            job = cg.RbeJob(h_in=hi - lo, w_in=cols, h_out=th, w_out=ocols,
-                            k_in=k_in, k_out=k, in_bits=self.tin.bits,
-                            w_bits=self.w_bits, out_bits=self.tout.bits, kernel=g.kh,
-                            stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
-                            pad_right=pr)
-            c += sum(rbe_job_phases(self.cfg, job).values())
-        return c
+        common = dict(in_bits=self.tin.bits, w_bits=self.w_bits, out_bits=self.tout.bits,
+                      kernel=g.kh, stride=g.sh)
+        if self.pair:
+            jobs = self.pair_jobs(0, 0, 0, hi - lo, th, pt, pb, **common)
+        else:
+            jobs = [cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
+                              k_in=self.k_in, k_out=k, pad_top=pt, pad_bottom=pb, pad_left=pl,
+                              pad_right=pr, **common) for k in kts]
+        return sum(sum(rbe_job_phases(self.cfg, job).values()) for job in jobs)
 
     def compute_cycles(self, th: int, kt: int) -> float:
         g, cfg = self.geo, self.cfg
@@ -321,9 +370,10 @@ class _Layer:
         strided = self.tw < g.wo
         bursts = self.rows_in(th) * (self.cols_in() if self.chunked else 1) \
             if strided or self.chunked else 0
-        if self.stacked:  # a burst per 32-channel tile (packed: bit plane), pixel and operand
-            bursts = len(self.tins) * th * self.tw * (
-                self.tin.bits if self.packed else -(-g.k // RBE_CHANNELS))
+        if self.packed:  # the first operand whole, the second a burst per bit plane and pixel
+            bursts = th * self.tw * self.tin.bits + (th if strided else 0)
+        elif self.stacked:  # a burst per 32-channel tile, pixel and operand
+            bursts = len(self.tins) * th * self.tw * -(-g.k // RBE_CHANNELS)
         extra_in = 0.0
         out_rows = th * self.tw if kt < g.k else th if strided else 0
         if self.pair:  # the odd pixels' halves: a 2-byte burst per bit plane and pair
@@ -331,7 +381,7 @@ class _Layer:
             bursts += pairs * self.tin.bits
             extra_in = cfg.DMA_LATENCY_CYCLES + pairs * self.tin.bits * 2 / \
                 cfg.DMA_BYTES_PER_CYCLE
-            out_rows = th * self.tw * self.tout.bits  # both halves, 2 bytes per burst
+            out_rows = th * self.tw * self.tout.bits + th  # both halves, 2 bytes per burst
         dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
             bursts * cfg.DMA_ROW_OVERHEAD_CYCLES + extra_in
         dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + \
@@ -389,6 +439,10 @@ class _Layer:
             coef["cluster"] * self.steps(th, kt) * self.cluster_cycles(th, kt)
         if self.engine == "rbe":
             macs = self.tin.n * g.ho * g.wo * g.k * self.k_in * g.kh * g.kw
+            if self.pair:  # the jobs' products: the pair job's 32 x 32, zero taps included
+                rest = g.wo - 2 * self.pair_pp
+                macs = self.tin.n * g.ho * g.kh * g.kw * (
+                    self.pair_pp * RBE_CHANNELS * RBE_CHANNELS + rest * g.k * g.c)
             e += coef["rbe"] * self.steps(th, kt) * self.rbe_cycles(th, kt) + \
                 2 * macs * self.w_bits * self.tin.bits * coef["rbe_binop"]
         return e
@@ -463,6 +517,12 @@ class _Layer:
         return best[2]
 
 
+def use_pairs(lay: _Layer, knobs: dict) -> bool:
+    """Whether a layer runs over column pairs (``pair_pp`` chosen): the global knob
+    ``pair_columns`` (default on), :meth:`_Layer.pairable` and an estimated gain."""
+    return bool(knobs.get("pair_columns", True)) and lay.pairable() and _pairs_win(lay)
+
+
 def _pairs_win(lay: _Layer) -> bool:
     """Whether the layer's best tile over column pairs is estimated faster than its best
     plain tile (``tw`` / ``tc`` left at the full layer)."""
@@ -470,6 +530,8 @@ def _pairs_win(lay: _Layer) -> bool:
     costs = []
     for pair in (True, False):
         lay.pair = pair
+        if pair:
+            lay.choose_pairs()
         try:
             costs.append(lay.solve_width()[2])
         except MappingError:
@@ -525,7 +587,7 @@ class Tiling:
         self.layers[ly.name] = lay
         rbe_ok = (kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)) or (
             kind == "add" and not self.add_reasons.get(ly.name))
-        lay.pair = self.user.get("pair_columns", True) and lay.pairable() and _pairs_win(lay)
+        lay.pair = use_pairs(lay, self.user)
         space = knob_space(lay, rbe_ok)
         user = {k: v for k, v in self.user.get(ly.name, {}).items()}
         kn = validate_knobs(space, user, ly.name)
