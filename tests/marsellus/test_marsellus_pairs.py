@@ -72,3 +72,19 @@ def test_pair_weights_give_the_plain_conv_on_both_pixels_of_a_pair():
                     np.lib.stride_tricks.sliding_window_view(pp, (3, 3), axis=(1, 2)))
     np.testing.assert_array_equal(out[:16], plain[:, :, 0::2])
     np.testing.assert_array_equal(out[16:], plain[:, :, 1::2])
+
+
+def test_32_wide_conv_runs_15_pairs_and_a_plain_job_over_the_last_columns():
+    """16 pairs would fill 6 patch columns of 3 (two pairs wasted): 15 pairs (5 patch columns)
+    and a plain job over columns 30..31 are faster; bit-exact, output rows written back whole."""
+    prog, stats = _chain(np.random.default_rng(3), 16, 32, 4, True)
+    c1 = next(ly for ly in prog.layers if ly.name == "c1")
+    jobs = _jobs(c1)
+    pair, plain = jobs[0], jobs[1]
+    assert (pair.k_in, pair.w_out, pair.pad_right) == (32, 15, 0)
+    assert (plain.k_in, plain.k_out, plain.w_in, plain.w_out, plain.pad_left) == (16, 16, 3, 2, 0)
+    assert plain.x_ptr - pair.x_ptr == 29 * 4 * 4  # input column 29, 4-bit pixels of 16 bytes
+    assert len(jobs) == 2 * c1.meta["tiles"]
+    _, plain_stats = _chain(np.random.default_rng(3), 16, 32, 4, True,
+                            knobs={"pair_columns": False})
+    assert stats.rbe_busy < plain_stats.rbe_busy
