@@ -3,16 +3,21 @@ pixel's channels in the idle upper 16 lanes of the even pixel's bit-plane words,
 32 output channels per job), bit-exact against the CPU reference and faster than the plain
 job, which leaves half of every BinConv idle."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from tvm_accel.layers import LayerGraph, reference_execute
 from tvm_marsellus import codegen as cg
+from tvm_marsellus import strategy
 from tvm_marsellus.layout import pair_columns_weights
+from tvm_marsellus.runtime import execute_program
 
-from .test_marsellus_strategy import T, check, conv
+from .test_marsellus_strategy import CFG, T, check, conv
 
 
-def _chain(rng, cin, hw, bits, signed, knobs=None, n=1):
+def _chain(rng, cin, hw, bits, signed, knobs=None, n=1, cfg=None):
     """x -> c0 (3x3, cin -> 16) -> y0 -> c1 (3x3) -> y1 -> c2 (3x3, cin -> 16) -> y2 -> c3 (1x1)
     -> z, the convs pinned to the RBE; y0..y2 in bit planes."""
     dt = "int8" if signed else "uint8"
@@ -26,7 +31,14 @@ def _chain(rng, cin, hw, bits, signed, knobs=None, n=1):
               conv(rng, "c3", "y2", "z", 16, 24, 1, obits=8, osigned=True, izp=zp)]
     ts = {"x": T("x", (n, cin, hw, hw), bits, dt), "z": T("z", (n, 24, hw, hw))}
     ts.update({y: T(y, (n, 16, hw, hw), bits, dt) for y in ("y0", "y1", "y2")})
-    return check(rng, layers, ts, ["x"], ["z"], knobs)
+    if cfg is None:
+        return check(rng, layers, ts, ["x"], ["z"], knobs)
+    g = LayerGraph(ts, layers, ["x"], ["z"])
+    xs = {"x": rng.integers(-8, 8, ts["x"].shape).astype(dt)}
+    prog = strategy.plan(g, cfg, knobs)
+    outs, _ = execute_program(prog, xs, cfg, whole_stream=True)
+    np.testing.assert_array_equal(outs["z"], reference_execute(g, xs)["z"])
+    return prog, None
 
 
 def _jobs(layer):
@@ -88,3 +100,12 @@ def test_32_wide_conv_runs_15_pairs_and_a_plain_job_over_the_last_columns():
     _, plain_stats = _chain(np.random.default_rng(3), 16, 32, 4, True,
                             knobs={"pair_columns": False})
     assert stats.rbe_busy < plain_stats.rbe_busy
+
+
+def test_pair_convs_read_and_write_l3_tensors_bit_exact():
+    """With L2 too small for the tensors, the pair convs' windows come through the L2 bounce
+    slot (the odd halves copied from there) and their tiles drain to L3 as laid out in L1."""
+    prog, _ = _chain(np.random.default_rng(3), 16, 32, 4, True,
+                     cfg=replace(CFG, L2_BYTES=24 * 1024))
+    assert {prog.tensors[n].mem for n in ("y0", "y1", "y2")} == {"L3"}
+    assert [ly.meta["pair_columns"] for ly in prog.layers] == [False, True, True, False]
