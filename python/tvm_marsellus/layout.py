@@ -178,3 +178,28 @@ def unpack_tensor(t: Placement, data: np.ndarray) -> np.ndarray:
     if t.layout == "rbe":
         return unpack_activations(data, *t.shape, t.bits, signed=t.signed)
     return unpack_hwc(data, t.shape, t.bits, t.signed)
+
+
+#: lane of the odd pixel's channels in a column-pair word (the even pixel's start at lane 0)
+PAIR_LANE = 16
+
+
+def pair_columns_weights(w: np.ndarray) -> np.ndarray:
+    """(K, C, 3, 3) weights of a 3x3 stride-1 conv with one column of padding each side over
+    K, C <= 16 channels -> the (32, 32, 3, 3) weights of the same conv over *column pairs*:
+    pixel pair q holds pixel 2q in lanes 0..15 and pixel 2q + 1 in lanes 16..31 of every
+    bit-plane word, input and output alike. The even output 2q reads pixels 2q - 1 (pair q - 1,
+    odd half), 2q and 2q + 1 (pair q); the odd output 2q + 1 reads 2q and 2q + 1 (pair q) and
+    2q + 2 (pair q + 1, even half); every other tap is zero. The accumulators are those of the
+    plain conv, so NormQuant (per channel, duplicated) gives the same outputs."""
+    w = np.asarray(w).astype(np.int64)
+    k, c = w.shape[:2]
+    p = np.zeros((2 * PAIR_LANE, 2 * PAIR_LANE, 3, 3), np.int64)
+    ev, od = slice(0, c), slice(PAIR_LANE, PAIR_LANE + c)
+    p[:k, od, :, 0] = w[:, :, :, 0]
+    p[:k, ev, :, 1] = w[:, :, :, 1]
+    p[:k, od, :, 1] = w[:, :, :, 2]
+    p[PAIR_LANE:PAIR_LANE + k, ev, :, 1] = w[:, :, :, 0]
+    p[PAIR_LANE:PAIR_LANE + k, od, :, 1] = w[:, :, :, 1]
+    p[PAIR_LANE:PAIR_LANE + k, ev, :, 2] = w[:, :, :, 2]
+    return p

@@ -395,7 +395,11 @@ class Emit:
                 fetch.append(replace(window, src_mem="L3", dst_mem="L2", dst=b))
                 window = cg.Dma(src_mem="L2", dst_mem="L1", src=b, dst=d, length=size)
                 b += _al(size)
-            if lay.packed:  # the operand's bytes of every bit-plane word
+            if lay.pair:  # the odd pixels' channels into the upper half of the even ones'
+                out += [window, _pair_overlay(window, t, (hi - lo) * (chi - clo) // 2, d)]
+            elif lay.packed and i == 0:  # whole words: b's copy then overwrites its bytes
+                out.append(window)
+            elif lay.packed:  # the operand's bytes of every bit-plane word
                 out += self._packed(window, t, chi - clo, dst + i * t.c // 8)
             elif lay.stacked:  # the operand's tiles into its half of every stacked tile pair
                 out += self._stacked(window, t, chi - clo, dst + i * t.bits * 4)
@@ -421,10 +425,12 @@ class Emit:
 
     @staticmethod
     def _packed(window: cg.Dma, t: TensorInfo, cols: int, dst: int) -> list[cg.Dma]:
-        """A packed add (:attr:`_Layer.packed`): the copy of one operand's tile (``window``, as
-        in :meth:`_stacked`) rewritten as 3-D copies of its ``C / 8`` bytes of each bit-plane
-        word (bytes x planes x pixels) to ``dst`` in the L1 words; with ``dst`` at byte 0 for
-        the first operand and ``C / 8`` for the second, each word holds ``[a, b]``."""
+        """A packed add (:attr:`_Layer.packed`): the copy of the second operand's tile
+        (``window``, as in :meth:`_stacked`) rewritten as 3-D copies of its ``C / 8`` bytes of
+        each bit-plane word (bytes x planes x pixels) to byte ``C / 8`` of the L1 words, after
+        the first operand's tile was copied whole (its words with their idle upper lanes, the
+        copy's usual one or a burst per row): each word then holds ``[a, b]``, and the bytes
+        above ``2C / 8`` hold channels the job does not read (Kin = 2C)."""
         pix = t.bits * 4
         return [cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=src, dst=d, length=t.c // 8,
                        rows=t.bits, planes=n, src_row_stride=4, src_plane_stride=pix,
@@ -438,6 +444,15 @@ class Emit:
                 kk: int, src: int, bounce: int | None) -> tuple[list, list]:
         """DMA_OUT copies of one output tile from L1 to its place in L2 or, for an L3 tensor,
         to the L2 bounce slot at ``bounce``, and the I/O DMA copies from there to L3."""
+        if lay.pair:
+            stores = _pair_stores(lay, n, ho0, hh, src)
+            if bounce is None:
+                return stores, []
+            # the L1 tile as it is: W / 2 pair words per row, then the plain job's columns
+            size = hh * (ww // 2 + ww - 2 * lay.pair_pp) * lay.tout.bits * 4
+            drain = [replace(c, src_mem="L2", dst_mem="L3", src=bounce + c.src - src)
+                     for c in stores]
+            return [cg.Dma(src_mem="L1", dst_mem="L2", src=src, dst=bounce, length=size)], drain
         stores = self._placed_stores(lay, n, ho0, hh, wo0, ww, k0, kk, src)
         if bounce is None:
             return stores, []
@@ -506,3 +521,35 @@ def _pixel_runs(window: cg.Dma, cols: int, src_pix: int, dst_pix: int, dst: int
         return [(window.src, window.length // src_pix, dst)]
     return [(window.src + r * window.src_row_stride, cols, dst + r * cols * dst_pix)
             for r in range(window.rows)]
+
+
+def _pair_overlay(window: cg.Dma, t: TensorInfo, pairs: int, dst: int) -> cg.Dma:
+    """The second copy of a column-pair conv's input window (``window``: whole rows, one
+    block): bytes 0..1 of every bit-plane word of each odd pixel (its channels 0..15) into
+    bytes 2..3 of the even pixel before it (channels 16..31, idle in a 16-channel tensor),
+    a 2-byte burst per plane and pair; the job then reads the even pixels only."""
+    pix = int(t.pix_bytes())
+    return cg.Dma(src_mem=window.src_mem, dst_mem="L1", src=window.src + pix, dst=dst + 2,
+                  length=2, rows=t.bits, planes=pairs, src_row_stride=4, dst_row_stride=4,
+                  src_plane_stride=2 * pix, dst_plane_stride=2 * pix)
+
+
+def _pair_stores(lay, n: int, ho0: int, hh: int, src: int) -> list[cg.Dma]:
+    """DMA_OUT of a column-pair conv's output tile (whole rows; ``W / 2`` pair words per row
+    at ``src``, the even pixel's 16 channels in bytes 0..1 of each plane word, the odd one's
+    in 2..3) to the 16-channel bit-plane tensor: two 3-D copies (2 bytes x planes x pairs),
+    the even and the odd pixels, each into bytes 0..1 of its pixel's words; then the plain
+    job's columns (:meth:`_Layer.pair_jobs`), whole words, one row of them per output row."""
+    g, t = lay.geo, lay.tout
+    pix, wb = int(t.pix_bytes()), t.bits * 4
+    dst = t.offset + (n * g.ho + ho0) * g.wo * pix
+    pairs = hh * g.wo // 2
+    stores = [cg.Dma(src_mem="L1", dst_mem="L2", src=src + half * 2, dst=dst + half * pix,
+                     length=2, rows=t.bits, planes=pairs, src_row_stride=4, dst_row_stride=4,
+                     src_plane_stride=wb, dst_plane_stride=2 * pix) for half in (0, 1)]
+    rest = g.wo - 2 * lay.pair_pp
+    if rest:  # the plain job's columns, over what the pair slots it skipped wrote there
+        stores.append(cg.Dma(src_mem="L1", dst_mem="L2", src=src + pairs * wb,
+                             dst=dst + 2 * lay.pair_pp * pix, length=rest * pix, rows=hh,
+                             src_row_stride=rest * pix, dst_row_stride=g.wo * pix))
+    return stores

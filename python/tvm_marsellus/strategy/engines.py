@@ -15,7 +15,7 @@ from tvm_marsellus.strategy.layers import (
     layer_reads,
     rbe_reasons,
 )
-from tvm_marsellus.strategy.tiling import _Layer
+from tvm_marsellus.strategy.tiling import _Layer, use_pairs
 
 #: the cores take an RBE-capable conv only when their estimated time is below this share of
 #: the RBE's (the RBE is the engine the design is built around; similar power, Sec. III)
@@ -223,6 +223,7 @@ class EngineChoice:
                          _geometry(ly, tins[0], self.t[ly.output]), tins, self.t[ly.output],
                          self.cfg)
             try:
+                lay.pair = use_pairs(lay, self.user)
                 th, kt, cycles = lay.solve_width()
                 total += cycles if self.objective == "latency" else lay.energy(th, kt,
                                                                                self.coef)

@@ -102,13 +102,17 @@ class Kernels:
             x = buf("t2")
         off_in = (1 << (tin.bits - 1)) if tin.signed else 0
         y = buf("out") if tout.layout == "rbe" else buf("t3")
-        cmds.append(cg.RbeJob(
-            x_ptr=x, w_ptr=wslot, nq_ptr=nq, y_ptr=y, h_in=rows, w_in=cols, h_out=hh,
-            w_out=ww, k_in=g.c, k_out=kk, in_bits=tin.bits, w_bits=ly.weight_bits,
-            out_bits=tout.bits, kernel=g.kh, stride=g.sh, relu=int(relu),
-            out_signed=int(tout.stored_signed), shift=shift,
-            pad_value=int(ly.input_zero_point) + off_in, pad_top=ptop, pad_bottom=pbot,
-            pad_left=pleft, pad_right=pright))
+        common = dict(in_bits=tin.bits, w_bits=ly.weight_bits, out_bits=tout.bits,
+                      kernel=g.kh, stride=g.sh, relu=int(relu),
+                      out_signed=int(tout.stored_signed), shift=shift,
+                      pad_value=int(ly.input_zero_point) + off_in)
+        if lay.pair:  # column pairs (and a plain job over the last columns)
+            cmds += lay.pair_jobs(x, wslot, y, rows, hh, ptop, pbot, **common)
+        else:
+            cmds.append(cg.RbeJob(
+                x_ptr=x, w_ptr=wslot, nq_ptr=nq, y_ptr=y, h_in=rows, w_in=cols, h_out=hh,
+                w_out=ww, k_in=g.c, k_out=kk, pad_top=ptop, pad_bottom=pbot, pad_left=pleft,
+                pad_right=pright, **common))
         free_at = len(cmds) - 1
         if tout.layout == "hwc":
             cmds.append(_rbe2hwc(tout, y, buf("out"), hh, ww, kk))

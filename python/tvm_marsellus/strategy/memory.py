@@ -10,7 +10,7 @@ import numpy as np
 
 from tvm_accel.errors import MappingError
 from tvm_marsellus.hw_config import RBE_CHANNELS
-from tvm_marsellus.layout import pack_hwc, pack_normquant, pack_weights
+from tvm_marsellus.layout import pack_hwc, pack_normquant, pack_weights, pair_columns_weights
 from tvm_marsellus.numerics import add_factors, normquant_params
 from tvm_marsellus.program import LayerProgram
 from tvm_marsellus.strategy.layers import TensorInfo, _al, cluster_bits
@@ -131,19 +131,11 @@ class Memory:
         the group, bytes) then the NormQuant offset; else it is empty."""
         ly, g = lay.layer, lay.geo
         w = ly.weight[k0:k0 + kt].astype(np.int64)
-        sumw = w.reshape(w.shape[0], -1).sum(axis=1)
-        # the RBE reads signed activations with the unsigned offset 2^(I-1) (docs/marsellus.md)
-        in_off = lay.tin.offset_value or (
-            (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0)
-        folded = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt] - (
-            ly.input_zero_point + in_off) * sumw
-        out_off = lay.tout.offset_value
-        rq = ly.requant
-        sub = _sub_requant(rq, k0, kt)
-        try:
-            kappa, lam, _ = normquant_params(sub, folded, out_off)
-        except ValueError as e:
-            raise MappingError(f"layer {ly.name}: {e}") from None
+        bias = ly.bias.astype(np.int64).reshape(-1)[k0:k0 + kt]
+        rq = _sub_requant(ly.requant, k0, kt)
+        if lay.pair:
+            return self._pair_weights(lay, w, bias, rq)
+        kappa, lam = self._folded(lay, w, bias, rq)
         if lay.engine == "rbe":
             wb = pack_weights(w, ly.weight_bits).tobytes()
         else:
@@ -164,6 +156,41 @@ class Memory:
                 wb = pack_hwc(w.transpose(0, 2, 3, 1), wbits).tobytes()
         nq = pack_normquant(kappa, lam).tobytes()
         data = wb + bytes(_al(len(wb)) - len(wb)) + nq
+        return self._blob(data), len(data), []
+
+    @staticmethod
+    def _folded(lay: _Layer, w: np.ndarray, bias: np.ndarray, rq) -> tuple:
+        """NormQuant ``(kappa, lambda)`` of weights ``w`` (K, C, kh, kw) with the bias, the
+        input zero point and the storage offsets folded into lambda."""
+        ly = lay.layer
+        sumw = w.reshape(w.shape[0], -1).sum(axis=1)
+        # the RBE reads signed activations with the unsigned offset 2^(I-1) (docs/marsellus.md)
+        in_off = lay.tin.offset_value or (
+            (1 << (lay.tin.bits - 1)) if lay.engine == "rbe" and lay.tin.signed else 0)
+        folded = bias - (ly.input_zero_point + in_off) * sumw
+        try:
+            kappa, lam, _ = normquant_params(rq, folded, lay.tout.offset_value)
+        except ValueError as e:
+            raise MappingError(f"layer {ly.name}: {e}") from None
+        return kappa, lam
+
+    def _pair_weights(self, lay: _Layer, w: np.ndarray, bias: np.ndarray, rq
+                      ) -> tuple[int, int, list]:
+        """The weight group of a column-pair layer (:meth:`_Layer.pair_jobs`): the pair
+        job's 32 x 32 weights (``layout.pair_columns_weights``) and NormQuant records (each
+        channel's twice), then, when it has a plain job, the layer's own weights and records,
+        at the offsets of :meth:`_Layer.pair_wparts`."""
+        nq, w2, nq2 = lay.pair_wparts()
+        bits = lay.layer.weight_bits
+        wp = pair_columns_weights(w)
+        kappa, lam = self._folded(lay, wp, np.tile(bias, 2), _tile_requant(rq))
+        wb = pack_weights(wp, bits).tobytes()
+        data = wb + bytes(nq - len(wb)) + pack_normquant(kappa, lam).tobytes()
+        if 2 * lay.pair_pp < lay.geo.wo:
+            kappa, lam = self._folded(lay, w, bias, rq)
+            wb = pack_weights(w, bits).tobytes()
+            data += bytes(w2 - len(data)) + wb
+            data += bytes(nq2 - len(data)) + pack_normquant(kappa, lam).tobytes()
         return self._blob(data), len(data), []
 
     def _lut_table(self, lay: _Layer) -> tuple[int, int, list]:
@@ -218,3 +245,12 @@ def _sub_requant(rq, k0: int, kt: int):
     r = np.asarray(rq.round_add)
     return replace(rq, multiplier=m[k0:k0 + kt] if m.size > 1 else m,
                    round_add=r[k0:k0 + kt] if r.size > 1 else r)
+
+
+def _tile_requant(rq):
+    """A requantization over twice the channels, the per-channel arrays repeated (the column-pair
+    conv's even and odd pixels)."""
+    m = np.asarray(rq.multiplier)
+    r = np.asarray(rq.round_add)
+    return replace(rq, multiplier=np.tile(m, 2) if m.size > 1 else m,
+                   round_add=np.tile(r, 2) if r.size > 1 else r)

@@ -68,6 +68,8 @@ class _Layer:
         self.tw = geo.wo  # output columns per tile (W tiling; the full width by default)
         self.tc = geo.c  # input channels per L1 chunk (Kin tiling; all of them by default)
         self.w_l3 = False  # the weights are staged from L3 (the planner's second pass)
+        self.pair = False  # runs over column pairs (:meth:`pairable`)
+        self.pair_pp = 0  # output pairs of the pair job (:meth:`pair_jobs`)
 
     @property
     def w_bits(self) -> int:
@@ -83,6 +85,71 @@ class _Layer:
         if self.kind != "add":
             return self.geo.c
         return 2 * self.geo.c if self.packed else 2 * RBE_CHANNELS
+
+    def pairable(self) -> bool:
+        """A 3x3 stride-1 RBE conv over at most 16 input and exactly 16 output channels, one
+        column of padding each side, an even width and bit planes on both sides: it can run
+        over *column pairs* (``layout.pair_columns_weights``): DMA_IN lays the odd pixel's
+        16 channels into the idle upper half of the even pixel's bit-plane words, the job reads
+        every second pixel (its pixel stride) as 32 input channels and computes 32 output
+        channels (both pixels of a pair), and DMA_OUT writes the two halves back to their
+        pixels. The RBE is unchanged (paper Sec. II-B: 32 channels per BinConv, one Kout
+        channel per COMPUTE cycle): per output pixel COMPUTE and NORMQUANT stay, LOAD and
+        STREAMOUT (a 5x5 / 3x3 patch of 32-channel words, Fig. 4) are shared by two pixels."""
+        g, ti, to = self.geo, self.tin, self.tout
+        return (self.engine == "rbe" and self.kind == "conv" and g.kh == g.kw == 3
+                and g.sh == g.sw == 1 and g.pads[1] == g.pads[3] == 1 and g.w % 2 == 0
+                and g.wo == g.w and g.c <= 16 and g.k == 16 and ti.layout == to.layout == "rbe"
+                and getattr(self.layer, "groups", 1) == 1)
+
+    def pair_wparts(self) -> tuple[int, int, int]:
+        """Offsets in a column-pair layer's weight group of the pair job's NormQuant records
+        (after its 32 x 32 weights), the plain job's weights and their NormQuant records."""
+        g = self.geo
+        nq = _al(weight_bytes(RBE_CHANNELS, RBE_CHANNELS, 3, self.w_bits))
+        w2 = nq + _al(6 * RBE_CHANNELS)
+        return nq, w2, w2 + _al(weight_bytes(g.k, g.c, 3, self.w_bits))
+
+    def pair_jobs(self, x: int, w: int, y: int, rows: int, hh: int, ptop: int, pbot: int,
+                  **common) -> list:
+        """The RBE jobs of one full-width tile over column pairs (input window at ``x``, whole
+        rows, the odd pixels laid into the even ones' upper lanes; weight group at ``w``; output
+        at ``y``): the pair job over the first ``pair_pp`` output pairs (every second input
+        pixel, 32 channels in and out, output rows of ``W / 2`` pair words) and, when the pairs
+        leave a patch column mostly empty (``pair_pp < W / 2``), a plain job over the remaining
+        columns, reading their own pixels' lower 16 lanes, after the pair rows."""
+        g = self.geo
+        pix, wbo = int(self.tin.pix_bytes()), self.tout.bits * 4
+        full, pp = g.wo // 2, self.pair_pp
+        rest = g.wo - 2 * pp
+        nq, w2, nq2 = self.pair_wparts()
+        jobs = [cg.RbeJob(x_ptr=x, w_ptr=w, nq_ptr=w + nq, y_ptr=y, h_in=rows,
+                          w_in=pp + (rest > 0), h_out=hh, w_out=pp, k_in=RBE_CHANNELS,
+                          k_out=RBE_CHANNELS, pad_top=ptop, pad_bottom=pbot, pad_left=1,
+                          pad_right=0 if rest else 1, x_pix_stride=2 * pix,
+                          x_row_stride=g.w * pix, y_pix_stride=wbo, y_row_stride=full * wbo,
+                          **common)]
+        if rest:
+            jobs.append(cg.RbeJob(x_ptr=x + (2 * pp - 1) * pix, w_ptr=w + w2, nq_ptr=w + nq2,
+                                  y_ptr=y + hh * full * wbo, h_in=rows, w_in=rest + 1,
+                                  h_out=hh, w_out=rest, k_in=g.c, k_out=g.k, pad_top=ptop,
+                                  pad_bottom=pbot, pad_left=0, pad_right=1,
+                                  x_row_stride=g.w * pix, **common))
+        return jobs
+
+    def choose_pairs(self) -> None:
+        """``pair_pp``: all ``W / 2`` pairs, or the largest multiple of 3 below (whole 3 x 3
+        patches of pairs) with a plain job over the rest, whichever the cycle model finds
+        faster for a 3-row tile (W = 32: 16 pairs fill 6 patch columns of 18, 15 pairs fill 5
+        and the last 2 columns take one plain patch)."""
+        g = self.geo
+        best = None
+        for pp in sorted({g.wo // 2, 3 * (g.wo // 6)} - {0}, reverse=True):
+            self.pair_pp = pp
+            c = self.rbe_cycles(min(3, g.ho), g.k)
+            if best is None or c < best[0]:
+                best = (c, pp)
+        self.pair_pp = best[1]
 
     @property
     def chunked(self) -> bool:
@@ -163,6 +230,10 @@ class _Layer:
         if out_rbe:
             wk = min(kt, RBE_CHANNELS) if self.kind == "add" else kt  # one block, every job
             b["w"] = _al(weight_bytes(wk, self.k_in, g.kh, self.w_bits)) + _al(6 * wk)
+            if self.pair:  # the pair job's weights, then the plain job's if it has one
+                nq, _, nq2 = self.pair_wparts()
+                b["w"] = nq2 + _al(6 * kt) if 2 * self.pair_pp < g.wo else nq + _al(
+                    6 * RBE_CHANNELS)
             rows, cols = self.rows_in(th), self.cols_in()
             if t.layout == "hwc" and self.kind != "add":
                 if t.stored_signed:
@@ -172,6 +243,8 @@ class _Layer:
                 if self.tout.layout == "rbe" else _al(th * self.tw * kt * self.tout.cbits / 8)
             if self.tout.layout == "hwc":
                 b["t3"] = _al(activation_bytes(th, self.tw, kt, self.tout.bits))
+            if self.pair:  # W / 2 pair words per row, then the plain job's columns
+                b["out"] = _al(th * (g.wo // 2 + g.wo - 2 * self.pair_pp) * self.tout.bits * 4)
         else:
             wb = cluster_bits(getattr(self.layer, "weight_bits", 8))
             if self.kind in ("conv", "fc"):
@@ -232,15 +305,15 @@ class _Layer:
             lo, hi, pt, pb, clo, chi, pl, pr = 0, th, 0, 0, 0, self.tw, 0, 0
         else:
             kts = [kt]
-        c = 0
-        for k in kts:
-            job = cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
-                            k_in=self.k_in, k_out=k, in_bits=self.tin.bits,
-                            w_bits=self.w_bits, out_bits=self.tout.bits, kernel=g.kh,
-                            stride=g.sh, pad_top=pt, pad_bottom=pb, pad_left=pl,
-                            pad_right=pr)
-            c += sum(rbe_job_phases(self.cfg, job).values())
-        return c
+        common = dict(in_bits=self.tin.bits, w_bits=self.w_bits, out_bits=self.tout.bits,
+                      kernel=g.kh, stride=g.sh)
+        if self.pair:
+            jobs = self.pair_jobs(0, 0, 0, hi - lo, th, pt, pb, **common)
+        else:
+            jobs = [cg.RbeJob(h_in=hi - lo, w_in=chi - clo, h_out=th, w_out=self.tw,
+                              k_in=self.k_in, k_out=k, pad_top=pt, pad_bottom=pb, pad_left=pl,
+                              pad_right=pr, **common) for k in kts]
+        return sum(sum(rbe_job_phases(self.cfg, job).values()) for job in jobs)
 
     def compute_cycles(self, th: int, kt: int) -> float:
         g, cfg = self.geo, self.cfg
@@ -297,12 +370,20 @@ class _Layer:
         strided = self.tw < g.wo
         bursts = self.rows_in(th) * (self.cols_in() if self.chunked else 1) \
             if strided or self.chunked else 0
-        if self.stacked:  # a burst per 32-channel tile (packed: bit plane), pixel and operand
-            bursts = len(self.tins) * th * self.tw * (
-                self.tin.bits if self.packed else -(-g.k // RBE_CHANNELS))
-        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
-            bursts * cfg.DMA_ROW_OVERHEAD_CYCLES
+        if self.packed:  # the first operand whole, the second a burst per bit plane and pixel
+            bursts = th * self.tw * self.tin.bits + (th if strided else 0)
+        elif self.stacked:  # a burst per 32-channel tile, pixel and operand
+            bursts = len(self.tins) * th * self.tw * -(-g.k // RBE_CHANNELS)
+        extra_in = 0.0
         out_rows = th * self.tw if kt < g.k else th if strided else 0
+        if self.pair:  # the odd pixels' halves: a 2-byte burst per bit plane and pair
+            pairs = self.rows_in(th) * self.cols_in() // 2
+            bursts += pairs * self.tin.bits
+            extra_in = cfg.DMA_LATENCY_CYCLES + pairs * self.tin.bits * 2 / \
+                cfg.DMA_BYTES_PER_CYCLE
+            out_rows = th * self.tw * self.tout.bits + th  # both halves, 2 bytes per burst
+        dma_in = cfg.DMA_LATENCY_CYCLES + bufs["in"] / cfg.DMA_BYTES_PER_CYCLE + \
+            bursts * cfg.DMA_ROW_OVERHEAD_CYCLES + extra_in
         dma_out = cfg.DMA_LATENCY_CYCLES + bufs["out"] / cfg.DMA_BYTES_PER_CYCLE + \
             out_rows * cfg.DMA_ROW_OVERHEAD_CYCLES
         w_step = bufs.get("w", 0) / cfg.DMA_BYTES_PER_CYCLE + cfg.DMA_LATENCY_CYCLES
@@ -358,6 +439,10 @@ class _Layer:
             coef["cluster"] * self.steps(th, kt) * self.cluster_cycles(th, kt)
         if self.engine == "rbe":
             macs = self.tin.n * g.ho * g.wo * g.k * self.k_in * g.kh * g.kw
+            if self.pair:  # the jobs' products: the pair job's 32 x 32, zero taps included
+                rest = g.wo - 2 * self.pair_pp
+                macs = self.tin.n * g.ho * g.kh * g.kw * (
+                    self.pair_pp * RBE_CHANNELS * RBE_CHANNELS + rest * g.k * g.c)
             e += coef["rbe"] * self.steps(th, kt) * self.rbe_cycles(th, kt) + \
                 2 * macs * self.w_bits * self.tin.bits * coef["rbe_binop"]
         return e
@@ -382,7 +467,7 @@ class _Layer:
         tensors when the weights move to L3) where some ``tile_k`` allows it."""
         g = self.geo
         ths = range(1, g.ho + 1)
-        kts = self.k_options()
+        kts = [g.k] if self.pair else self.k_options()
         kts = [kt for kt in kts if self.group_bytes(kt) <= self.cfg.L2_BYTES // 4] or kts[:1]
         return [(th, kt) for kt in kts for th in ths
                 if self.byte_ok(th, kt) and self.fits(th, kt)]
@@ -414,7 +499,7 @@ class _Layer:
             self.tw = min(self.w_options())
             if not self.fits(1, kmin):  # the smallest tile does not fit: fewer channels
                 continue
-            for tw in self.w_options():
+            for tw in [g.wo] if self.pair else self.w_options():
                 self.tw = tw
                 try:
                     r = self.solve()
@@ -430,6 +515,30 @@ class _Layer:
             return self.solve()  # raises with the full-width reason
         self.tc, self.tw = best[0], best[1]
         return best[2]
+
+
+def use_pairs(lay: _Layer, knobs: dict) -> bool:
+    """Whether a layer runs over column pairs (``pair_pp`` chosen): the global knob
+    ``pair_columns`` (default on), :meth:`_Layer.pairable` and an estimated gain."""
+    return bool(knobs.get("pair_columns", True)) and lay.pairable() and _pairs_win(lay)
+
+
+def _pairs_win(lay: _Layer) -> bool:
+    """Whether the layer's best tile over column pairs is estimated faster than its best
+    plain tile (``tw`` / ``tc`` left at the full layer)."""
+    g = lay.geo
+    costs = []
+    for pair in (True, False):
+        lay.pair = pair
+        if pair:
+            lay.choose_pairs()
+        try:
+            costs.append(lay.solve_width()[2])
+        except MappingError:
+            costs.append(float("inf"))
+        lay.tw, lay.tc = g.wo, g.c
+    lay.pair = False
+    return costs[0] < costs[1]
 
 
 def knob_space(lay: _Layer, rbe_ok: bool) -> KnobSpace:
@@ -478,18 +587,20 @@ class Tiling:
         self.layers[ly.name] = lay
         rbe_ok = (kind == "conv" and not rbe_reasons(ly, tins[0], tout, self.cfg)) or (
             kind == "add" and not self.add_reasons.get(ly.name))
+        lay.pair = use_pairs(lay, self.user)
         space = knob_space(lay, rbe_ok)
         user = {k: v for k, v in self.user.get(ly.name, {}).items()}
         kn = validate_knobs(space, user, ly.name)
         th, kt = kn["tile_h"], kn["tile_k"]
         lay.tw, lay.tc = kn["tile_w"], kn["tile_c"]
+        lay.pair = lay.pair and kt == geo.k and lay.tw == geo.wo
         macs = 0
         if isinstance(ly, ConvLayer):
             macs = tout.n * geo.ho * geo.wo * geo.k * geo.kh * geo.kw * (
                 geo.c if kind in ("conv", "fc") else 1)
         meta = {"tile_h": th, "tile_k": kt, "tile_w": lay.tw, "tile_c": lay.tc,
                 "shape": f"{list(tins[0].placement().shape)}",
-                "cost": round(lay.cost(th, kt), 1)}
+                "cost": round(lay.cost(th, kt), 1), "pair_columns": lay.pair}
         lp = LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
                              meta=meta)
         lay.plan = _Plan(eng, th, kt)
