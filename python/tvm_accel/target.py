@@ -48,7 +48,7 @@ class AccelTarget(ABC):
     #: Python package; the runtime packed function is ``<package>.run``
     package: str = ""
     #: how a float model is quantized for this target (``tvmc quantize --scheme`` and
-    #: ``--activation-type``; :func:`tvm_accel.explore.models.model_for`)
+    #: ``--activation-type``; :func:`tvm_accel.explore.measure.model_for`)
     quantize_scheme: str = "per-channel"
     activation_type: str = "int8"
 
