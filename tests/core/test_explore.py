@@ -74,13 +74,17 @@ def test_sweep_resume_measures_only_missing_points(vta_sweep, capsys):
     assert after[3]["cycles"] == before[3]["cycles"]
 
 
-def test_sweep_refuses_an_axis_the_target_does_not_know(tmp_path, capsys):
+@pytest.mark.parametrize("axes, msg", [
+    ({"BLOCK_SIZE": [8, 16]}, "axis 'BLOCK_SIZE' is neither a field of vta_1x16x16"),
+    ({"model": [{"LOG_BATCH": 0}]}, "axis 'model' has the name of a CSV column")])
+def test_sweep_refuses_an_axis_it_cannot_name(tmp_path, capsys, axes, msg):
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"target": "vta", "axes": {"BLOCK_SIZE": [8, 16]}}))
+    spec.write_text(json.dumps({"target": "vta", "axes": axes}))
     onnx.save(quantized("conv_residual"), tmp_path / "m.onnx")
     assert tvmc("sweep", spec, tmp_path / "m.onnx", "-o", tmp_path / "o.csv") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "axis 'BLOCK_SIZE' is neither a field of vta_1x16x16" in err[0]
+    assert len(err) == 1 and msg in err[0]
+    assert not (tmp_path / "o.csv").exists()
 
 
 def test_sweep_operating_points_trade_energy_for_latency(tmp_path, capsys):

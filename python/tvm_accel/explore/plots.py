@@ -65,7 +65,7 @@ def layers_png(names: list[str], series: dict[str, list[float]], path: str,
     plt = _pyplot()
     n = max(len(series), 1)
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(names) * n / 2 + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.1 * len(names) * n + 2), 4.5))
     for i, (label, values) in enumerate(series.items()):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(names))]
         ax.bar(xs, [v if v > 0 else 0 for v in values], width, label=label)

@@ -108,6 +108,9 @@ def load_spec(path: str) -> SweepSpec:
             isinstance(v, list) and v for v in axes.values()):
         raise AccelError(f"{path}: give \"axes\": an object of non-empty lists, e.g. "
                          "{\"LOG_BATCH\": [0, 1]}")
+    clash = [a for a in axes if a in ("point", "model", *COLUMNS)]
+    if clash:
+        raise AccelError(f"{path}: axis '{clash[0]}' has the name of a CSV column; rename it")
     fixed_options = data.get("options") or {}
     if not isinstance(fixed_options, dict):
         raise AccelError(f"{path}: \"options\" must be an object of option -> value")
