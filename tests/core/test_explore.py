@@ -72,6 +72,15 @@ def test_sweep_resume_measures_only_missing_points(vta_sweep, capsys):
     after = _rows(d / "out.csv")
     assert [r["point"] for r in after] == ["0", "1", "2", "3"]
     assert after[3]["cycles"] == before[3]["cycles"]
+    # an edited axis: points 1 and 3 now stand for other configs (both rejected, no compile)
+    (d / "spec.json").write_text(json.dumps({
+        "target": "vta", "base": "vta_8x8x8",
+        "axes": {"LOG_BLOCK_IN": [3, 4], "LOG_BLOCK_OUT": [3, 5]}}))
+    assert tvmc("sweep", d / "spec.json", d / "conv_residual.onnx", "-o", d / "out.csv",
+                "-q") == 0
+    assert "2 point(s) measured, 2 already in the CSV" in capsys.readouterr().out
+    assert [(r["LOG_BLOCK_OUT"], r["status"]) for r in _rows(d / "out.csv")] == [
+        ("3", "ok"), ("5", "invalid"), ("3", "invalid"), ("5", "invalid")]
 
 
 @pytest.mark.parametrize("axes, msg", [

@@ -82,9 +82,12 @@ def _read_spec_file(path: str) -> dict:
     return data
 
 
-def _label(value: Any) -> str:
+def _label(value: Any, prefix: str = "") -> str:
+    """An axis value as the CSV and the table show it: ``vdd=0.5 abb=true``, nested keys
+    joined by dots (``default.w=4``)."""
     if isinstance(value, dict):
-        return " ".join(f"{k}={_label(v)}" for k, v in value.items())
+        return " ".join(_label(v, f"{prefix}{k}.") if isinstance(v, dict)
+                        else f"{prefix}{k}={_label(v)}" for k, v in value.items())
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -243,7 +246,11 @@ def run_sweep(spec: SweepSpec, models: Sequence[str], out_csv: str, jobs: int = 
     if len(set(names)) != len(names):
         raise AccelError("sweep: two models share a file name; rename one")
     header = csv_header(spec.axes)
-    kept = _read_done(out_csv, header)
+    labels = {str(p.index): p.labels for p in spec.points}
+    earlier = _read_done(out_csv, header)
+    others = [r for r in earlier if r["model"] not in names]  # kept, after this sweep's rows
+    kept = [r for r in earlier  # a row of an edited axis is measured again
+            if r["model"] in names and labels.get(r["point"]) == {a: r[a] for a in spec.axes}]
     done = {_key(r) for r in kept}
     with tempfile.TemporaryDirectory(prefix="tvmc_sweep_") as work:
         todo, rows_of = [], []
@@ -277,11 +284,11 @@ def run_sweep(spec: SweepSpec, models: Sequence[str], out_csv: str, jobs: int = 
                     progress(full)
     order = {(str(p.index), n): i for i, (p, n) in
              enumerate(itertools.product(spec.points, names))}
-    rows = sorted([r for r in kept if _key(r) in order] + new, key=lambda r: order[_key(r)])
+    rows = sorted(kept + new, key=lambda r: order[_key(r)])
     with open(out_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=header)
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(rows + others)
     pareto, objective = pareto_front(rows)
     return SweepResult(rows, spec.axes, pareto, objective, len(new), len(kept))
 
