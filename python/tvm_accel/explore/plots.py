@@ -48,8 +48,8 @@ def sweep_png(result: Any, path: str, title: str = "") -> None:
             ax.legend(fontsize=8)
         ax.set_xlabel(unit)
         ax.set_ylabel("latency (us)")
-        ax.set_title(f"{model}" + (f" ({rejected} point(s) not measured)" if rejected else ""),
-                     fontsize=9)
+        ax.set_title(model + (f" ({rejected} point(s) rejected or failed)" if rejected
+                              else ""), fontsize=9)
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
