@@ -64,7 +64,7 @@ def _read_spec_file(path: str) -> dict:
         raise AccelError(f"{path}: not a text file; give a JSON or YAML sweep spec") from None
     if path.endswith((".yaml", ".yml")):
         try:
-            import yaml
+            import yaml  # type: ignore[import-untyped]
         except ImportError:
             raise AccelError(f"{path}: reading YAML needs PyYAML (pip install pyyaml); or "
                              "write the spec as JSON") from None

@@ -62,12 +62,13 @@ class TargetComparison:
         for name, op in names.items():
             row = [name, op]
             for by, energy in cols:
-                lc = by.get(name)
-                if lc is None or lc.placement == "cpu" or lc.counted_in:
-                    place = "-" if lc is None else (f"+{lc.counted_in}" if lc.counted_in
-                                                      else "cpu")
+                found = by.get(name)
+                if found is None or found.placement == "cpu" or found.counted_in:
+                    place = "-" if found is None else (f"+{found.counted_in}"
+                                                       if found.counted_in else "cpu")
                     row += [place, "", "", *([""] if energy else [])]
                     continue
+                lc = found
                 row += [lc.placement, f"{lc.cycles:,}", f"{100 * lc.utilization:.1f}%",
                         *([f"{lc.energy_uj:.3f}" if lc.energy_uj is not None else ""]
                           if energy else [])]
