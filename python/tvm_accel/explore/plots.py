@@ -22,8 +22,8 @@ def sweep_png(result: Any, path: str, title: str = "") -> None:
     crosses."""
     plt = _pyplot()
     models = list(dict.fromkeys(r["model"] for r in result.rows))
-    fig, axes = plt.subplots(1, max(len(models), 1), figsize=(5.5 * max(len(models), 1), 4.2),
-                             squeeze=False)
+    n = max(len(models), 1)
+    fig, axes = plt.subplots(1, n, figsize=(max(7.0, 5.5 * n), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=False):
         obj = result.objective.get(model, "on-chip bytes")
         col, unit = (("energy_uj", "energy (uJ)") if obj == "energy" else
@@ -52,7 +52,7 @@ def sweep_png(result: Any, path: str, title: str = "") -> None:
                               else ""), fontsize=9)
         ax.grid(alpha=0.3)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
