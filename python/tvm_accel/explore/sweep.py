@@ -253,27 +253,12 @@ def run_sweep(spec: SweepSpec, models: Sequence[str], out_csv: str, jobs: int = 
             if r["model"] in names and labels.get(r["point"]) == {a: r[a] for a in spec.axes}]
     done = {_key(r) for r in kept}
     with tempfile.TemporaryDirectory(prefix="tvmc_sweep_") as work:
-        todo, rows_of = [], []
-        paths = {}
-        for p in spec.points:
-            for path, name in zip(models, names, strict=True):
-                if (str(p.index), name) in done:
-                    continue
-                if name not in paths:
-                    paths[name] = os.path.join(work, f"{name}.onnx")
-                    import onnx
-
-                    onnx.save(model_for(path, spec.target, calibration), paths[name])
-                cfg = os.path.join(work, f"p{p.index}.json")
-                with open(cfg, "w") as f:
-                    json.dump({**spec.base.to_json(), **p.fields}, f)
-                todo.append((spec.target.name, paths[name], cfg, p.options, p.precision, seed))
-                rows_of.append({"point": str(p.index), **p.labels, "model": name})
+        todo, rows_of = _tasks(spec, models, names, done, work, calibration, seed)
         new = []
-        fresh = not kept and not os.path.exists(out_csv)
-        with open(out_csv, "a" if not fresh else "w", newline="") as f:
+        fresh = not os.path.exists(out_csv) or os.path.getsize(out_csv) == 0
+        with open(out_csv, "w" if fresh else "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=header)
-            if fresh or os.path.getsize(out_csv) == 0:
+            if fresh:
                 w.writeheader()
             for ident, row in zip(rows_of, _map(_measure_task, todo, jobs), strict=True):
                 full = {**ident, **row}
@@ -291,6 +276,30 @@ def run_sweep(spec: SweepSpec, models: Sequence[str], out_csv: str, jobs: int = 
         w.writerows(rows + others)
     pareto, objective = pareto_front(rows)
     return SweepResult(rows, spec.axes, pareto, objective, len(new), len(kept))
+
+
+def _tasks(spec: SweepSpec, models: Sequence[str], names: list[str], done: set, work: str,
+           calibration: Any, seed: int) -> tuple[list[tuple], list[dict[str, str]]]:
+    """The measurements still to do, in grid order, and the identifying columns of their rows;
+    each model is quantized once for the target and each point's config written, under
+    ``work``."""
+    import onnx
+
+    todo, rows_of = [], []
+    paths: dict[str, str] = {}
+    for p in spec.points:
+        for path, name in zip(models, names, strict=True):
+            if (str(p.index), name) in done:
+                continue
+            if name not in paths:
+                paths[name] = os.path.join(work, f"{name}.onnx")
+                onnx.save(model_for(path, spec.target, calibration), paths[name])
+            cfg = os.path.join(work, f"p{p.index}.json")
+            with open(cfg, "w") as f:
+                json.dump({**spec.base.to_json(), **p.fields}, f)
+            todo.append((spec.target.name, paths[name], cfg, p.options, p.precision, seed))
+            rows_of.append({"point": str(p.index), **p.labels, "model": name})
+    return todo, rows_of
 
 
 def _map(fn, tasks: list, jobs: int):
