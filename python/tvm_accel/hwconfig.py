@@ -89,6 +89,12 @@ class HardwareConfig:
         return d
 
     @property
+    def on_chip_bytes(self) -> int | None:
+        """Bytes of the accelerator's on-chip buffers (an area proxy for design-space sweeps,
+        :mod:`tvm_accel.explore`); None: the target does not say."""
+        return None
+
+    @property
     def fingerprint(self) -> bytes:
         """16-byte digest of every parameter; a blob built for another config is rejected by it."""
         text = json.dumps(self.to_json(), sort_keys=True).encode()

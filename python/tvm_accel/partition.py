@@ -403,6 +403,17 @@ class OffloadRecord:
     kind: str = "layer"
 
 
+def common_fallback(reasons: list[str]) -> list[str]:
+    """The largest group of CPU-fallback ``reasons`` that differ only in their numbers (shapes,
+    channel counts), in the given order; empty for no reasons."""
+    import re
+
+    groups: dict[str, list[str]] = {}
+    for r in reasons:
+        groups.setdefault(re.sub(r"\d[\w.+-]*", "#", r), []).append(r)
+    return max(groups.values(), key=len) if groups else []
+
+
 _ANCHORS = {"relax.nn.conv2d": "conv2d", "relax.matmul": "dense",
             "relax.nn.conv2d_transpose": "conv2d_transpose",
             "relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_pool2d",

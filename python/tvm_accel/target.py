@@ -47,6 +47,10 @@ class AccelTarget(ABC):
     name: str = ""
     #: Python package; the runtime packed function is ``<package>.run``
     package: str = ""
+    #: how a float model is quantized for this target (``tvmc quantize --scheme`` and
+    #: ``--activation-type``; :func:`tvm_accel.explore.measure.model_for`)
+    quantize_scheme: str = "per-channel"
+    activation_type: str = "int8"
 
     @property
     def runtime_func(self) -> str:

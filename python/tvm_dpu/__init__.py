@@ -38,6 +38,7 @@ from tvm_dpu.hw_config import DPUConfig, load_config
 class DPUTarget(AccelTarget):
     name = "dpu"
     package = "tvm_dpu"
+    quantize_scheme = "power-of-two"  # the DPU requantizes by shifting
     global_knobs = frozenset({"@fusion"})  # tvm_dpu.fusion.FUSION_KNOB
 
     def load_config(self, path_or_name=None) -> DPUConfig:

@@ -189,6 +189,12 @@ class DPUConfig(HardwareConfig):
         """Smallest DDR buffer holding every region of ``layout``."""
         return max((b + s for b, s in layout.values()), default=0)
 
+    @property
+    def on_chip_bytes(self) -> int:
+        """Every PE's feature-map memories plus the shared parameter memory, in bytes."""
+        return self.NUM_PE * self.FM_MEMORIES * self.FM_BANKS * self.FM_BANK_BYTES \
+            + self.PM_BYTES
+
     # --- validation ------------------------------------------------------------------------------
     def validate(self, where: str = "config") -> None:
         """Reject configs the ISA or the simulator cannot express, naming the field."""

@@ -40,6 +40,7 @@ OP_KNOB = "operating_point"
 class MarsellusTarget(AccelTarget):
     name = "marsellus"
     package = "tvm_marsellus"
+    activation_type = "uint8"  # unsigned activations, the PULP deployment flows' convention
     #: knobs for the whole function: the operating point, ``biased_hwc``,
     #: ``cluster_marshals_out``, ``objective`` (``energy`` / ``latency``, what the engine
     #: choice of residual adds minimises) and ``prefetch_weights`` (a layer loads the next

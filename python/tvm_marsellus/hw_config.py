@@ -181,6 +181,11 @@ class MarsellusConfig(HardwareConfig):
         gain = self.CL_4B_SPEEDUP if bits >= 4 else self.CL_2B_SPEEDUP
         return base * (gain if self.CL_MAC_LOAD else gain / ml)
 
+    @property
+    def on_chip_bytes(self) -> int:
+        """The CLUSTER's L1 TCDM plus the SoC's L2, in bytes (L3 is off chip)."""
+        return self.L1_BYTES + self.L2_BYTES
+
     # --- validation ------------------------------------------------------------------------------
     def validate(self, where: str = "config") -> None:
         """Reject configs the ISA or the simulator cannot express, naming the field."""

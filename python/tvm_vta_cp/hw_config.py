@@ -143,6 +143,12 @@ class VTAConfig(HardwareConfig):
     def acc_depth(self) -> int:
         return 1 << self.log_acc_depth
 
+    @property
+    def on_chip_bytes(self) -> int:
+        """The four SRAMs (micro-op, input, weight, accumulator buffers), in bytes."""
+        return sum(1 << b for b in (self.LOG_UOP_BUFF_SIZE, self.LOG_INP_BUFF_SIZE,
+                                    self.LOG_WGT_BUFF_SIZE, self.LOG_ACC_BUFF_SIZE))
+
     def validate(self, where: str = "config") -> None:
         """Reject configs the ISA or this compiler cannot express, naming the field."""
 

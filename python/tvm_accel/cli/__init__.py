@@ -8,7 +8,8 @@ Follows upstream tvmc's flags: ``--target "vta, llvm"`` (accelerators first, hos
 One module per verb: :mod:`~tvm_accel.cli.compiler` (compile), :mod:`~tvm_accel.cli.runner`
 (run, timeline), :mod:`~tvm_accel.cli.tuner` (tune), :mod:`~tvm_accel.cli.quantizer`
 (quantize), :mod:`~tvm_accel.cli.zoo` (zoo), :mod:`~tvm_accel.cli.disassembler`
-(disassemble), :mod:`~tvm_accel.cli.compare` (compare); :mod:`~tvm_accel.cli.common` holds
+(disassemble), :mod:`~tvm_accel.cli.compare` (compare), :mod:`~tvm_accel.cli.sweep` (sweep),
+:mod:`~tvm_accel.cli.compare_targets` (compare-targets); :mod:`~tvm_accel.cli.common` holds
 what they share.
 
 Errors: every error a user can cause (model, config, precision file, knobs, package, inputs,
@@ -25,7 +26,17 @@ import os
 import sys
 import traceback
 
-from tvm_accel.cli import compare, compiler, disassembler, quantizer, runner, tuner, zoo
+from tvm_accel.cli import (
+    compare,
+    compare_targets,
+    compiler,
+    disassembler,
+    quantizer,
+    runner,
+    sweep,
+    tuner,
+    zoo,
+)
 from tvm_accel.cli.common import Parser, one_line, parse_target, version_line
 from tvm_accel.errors import AccelError
 
@@ -43,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuner.add_parser(sub)
     runner.add_parsers(sub)
     compare.add_parser(sub)
+    compare_targets.add_parser(sub)
+    sweep.add_parser(sub)
     quantizer.add_parser(sub)
     zoo.add_parser(sub)
     disassembler.add_parser(sub)

@@ -5,7 +5,6 @@ embedding)."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -89,13 +88,12 @@ def placement_summary(rows: list[dict], accel: str | None) -> str:
 def fallback_note(rows: list[dict]) -> str | None:
     """``note: ...`` naming the most common reason (numbers aside) of the layers that fell back
     to the CPU, with that reason's fix, or None when every layer is offloaded."""
+    from tvm_accel.partition import common_fallback
+
     cpu = [r for r in rows if r["kind"] == "layer" and r["placement"] == "cpu" and r["reason"]]
     if not cpu:
         return None
-    groups: dict[str, list[str]] = {}
-    for r in cpu:
-        groups.setdefault(re.sub(r"\d[\w.+-]*", "#", r["reason"]), []).append(r["reason"])
-    top = max(groups.values(), key=len)
+    top = common_fallback([r["reason"] for r in cpu])
     return (f"note: {len(top)} of the {len(cpu)} layer(s) on the cpu: {top[0]}"
             + ("" if len(top) == len(cpu) else " (see --dump-offloads for the others)"))
 
