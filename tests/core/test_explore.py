@@ -96,6 +96,7 @@ def test_sweep_refuses_an_axis_it_cannot_name(tmp_path, capsys, axes, msg):
     assert not (tmp_path / "o.csv").exists()
 
 
+@pytest.mark.slow
 def test_sweep_operating_points_trade_energy_for_latency(tmp_path, capsys):
     """Two MARSELLUS operating points of a float model (quantized uint8 for the target): the
     lower voltage is slower and spends less energy, so both are on the front."""
@@ -121,6 +122,7 @@ def test_pareto_front_drops_dominated_points():
     assert front == {("0", "m"), ("2", "m")} and objective == {"m": "energy"}
 
 
+@pytest.mark.slow
 def test_compare_targets_on_the_bundled_model(tmp_path, capsys):
     png = tmp_path / "t.png"
     assert tvmc("compare-targets", MODELS / "tiny_cnn_int8.onnx", "--targets",
