@@ -3,8 +3,10 @@
 An average pool's canonical form sums each window exactly (int64 ``avg_pool2d`` of values
 pre-multiplied by the window) and requantizes the sum (:func:`emit_window_sum_pool`), so every
 window must have the same divisor: a ceil-mode pool qualifies when its last windows do not
-overhang the padded input (:func:`ceil_mode_is_floor`; otherwise onnxruntime divides those
-windows by their clipped size and the pool stays float). A target
+overhang the padded input (:func:`ceil_mode_is_floor`). Otherwise onnxruntime divides those
+windows by their clipped size (and padding left out of the count clips the first ones): the
+pool becomes one plain pool per region of equal divisor, concatenated back
+(:func:`clipped_window_pool`). A target
 whose pooling window is smaller than a global pool's input (``AccelTarget.global_pool_steps``)
 gets the global average pool in steps: average pools with stride = window down to a map its
 window holds, each step's average requantized to the input's quantization, then the global pool
