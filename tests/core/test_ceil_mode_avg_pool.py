@@ -64,3 +64,14 @@ def ort_run(m: onnx.ModelProto, x: np.ndarray, fused: bool) -> np.ndarray:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, {m.graph.input[0].name: x})[0]
+
+
+def test_overhanging_average_pool_without_a_target_pool_is_integer_on_the_cpu():
+    """VTA has no pool pattern: the regions run on the CPU, integer (no float round trip)."""
+    m = conv_avg_pool(9, 3, 2, 1, 0, ("int8", False, True))
+    r = Compared("vta", m)
+    rec = next(x for x in r.report.numerics if x.onnx_name == "pool")
+    assert rec.integer and rec.detail["divisors"] == [[4, 6, 4], [6, 9, 6], [4, 6, 4]]
+    r.assert_bit_exact()
+    expect = ort_run(m, r.inputs[0], fused=True)
+    assert np.abs(r.outputs[0] - expect).max() <= models.output_step(m) * 1.001
