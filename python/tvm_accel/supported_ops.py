@@ -30,7 +30,7 @@ ONNX_OPERATORS = {
     "add": "Add of two quantized tensors",
     "conv2d_transpose": "ConvTranspose",
     "max_pool2d": "MaxPool",
-    "avg_pool2d": "AveragePool (ceil mode when every window is whole)",
+    "avg_pool2d": "AveragePool (ceil mode, count_include_pad 0 or 1)",
     "global_avg_pool2d": "GlobalAveragePool",
     "upsample": "Resize / Upsample (nearest)",
     "concat": "Concat",
@@ -70,8 +70,10 @@ Beyond these checks:
   no buffer) moves to the CPU with the strategy's message as the reason (`MappingError`, see
   [architecture.md section 13](architecture.md#13-errors));
 - a knob value a user set that the layer does not allow fails the compile (`KnobError`);
-- a ceil-mode AveragePool whose last windows overhang the input stays float on every target
-  (onnxruntime divides those windows by their clipped size); a GlobalAveragePool larger than a
+- an AveragePool whose windows have different divisors (ceil mode with the last windows
+  overhanging the input, or padding with `count_include_pad=0`) runs as one plain pool per
+  region of equal divisor (`<layer>`, `<layer>_part1`, ...), concatenated back on the CPU
+  (`<layer>_cat`); a GlobalAveragePool larger than a
   target's pool window may run in steps (`AccelTarget.global_pool_steps`: average pools, then
   the global pool of the rest), each step a layer of its own (`<layer>_step1`, ...).
 """

@@ -143,10 +143,12 @@ def test_ceil_mode_average_pool_without_overhang_runs_on_the_dpu(compare, hw, k,
     assert diff <= models.output_step(m) + 1e-6
 
 
-def test_ceil_mode_average_pool_with_overhanging_windows_stays_float(compare):
+def test_ceil_mode_average_pool_with_overhanging_windows_runs_on_avgpool_by_region(compare):
     """3x3 stride 2 on 8x8: the last windows overhang and onnxruntime divides them by their
-    clipped size (6, 4 instead of 9), which one AVGPOOL recipe cannot: float, on the CPU."""
+    clipped size (6, 4 instead of 9): four AVGPOOL layers, one per divisor, each with its own
+    recipe, and the CPU reassembles them."""
     r = compare(_conv_ceil_avg_pool(8, 3, 2, 0))
-    pool = next(o for o in r.report.offloads if o.layer == "pool")
-    assert pool.placement == "cpu" and "last windows overhang the input" in pool.reason
+    placed = {o.layer: o.placement for o in r.report.offloads}
+    assert [placed[n] for n in ("pool", "pool_part1", "pool_part2", "pool_part3")] == ["dpu"] * 4
+    assert placed["pool_cat"] == "cpu"
     r.assert_bit_exact()

@@ -15,6 +15,7 @@ from tvm import relax
 from tvm_accel import numerics, precision
 from tvm_accel.canonicalize.avg_pools import (
     ceil_mode_is_floor,
+    clipped_window_pool,
     emit_window_sum_pool,
     stepped_global_pool,
 )
@@ -726,13 +727,11 @@ class _Canonicalizer:
         pad = _ints(a.padding)
         if (x is None or shape is None or a.layout != "NCHW"
                 or (a.out_layout or "NCHW") != "NCHW"
-                or any(d != 1 for d in _ints(a.dilation))
-                or (any(pad) and not bool(a.count_include_pad))):
-            return None  # border windows with a varying divisor: leave float
-        if bool(a.ceil_mode) and not ceil_mode_is_floor(c):
-            raise numerics.RecipeError(
-                "ceil-mode average pool whose last windows overhang the input: they are "
-                "divided by their clipped size, not by the window")
+                or any(d != 1 for d in _ints(a.dilation))):
+            return None
+        if ((any(pad) and not bool(a.count_include_pad))
+                or (bool(a.ceil_mode) and not ceil_mode_is_floor(c))):
+            return clipped_window_pool(self, core, out, x, c)  # divisors vary at the border
         kh, kw = _ints(a.pool_size)
         n = kh * kw
         name, onnx_name = self.g.layer_name([core], "avg_pool2d")
