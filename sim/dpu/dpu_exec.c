@@ -276,6 +276,10 @@ static void leaky_relu(uint8_t *out, uint64_t n, int64_t lo, int64_t hi)
 static int conv_dense_pe(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out,
                          int32_t *Wp, uint64_t pe)
 {
+#if ACCEL_HAVE_VNNI
+    if (Wp && accel_use_vnni())
+        return dpu_conv_dense_vnni(in, X, W, bias, out, Wp, Wp + dpu_conv_pairs_len(in), pe == 0);
+#endif
 #if ACCEL_HAVE_AVX2
     if (Wp)
         return dpu_conv_dense_avx2(in, X, W, bias, out, Wp, Wp + dpu_conv_pairs_len(in), pe == 0);

@@ -86,6 +86,9 @@ uint64_t dpu_conv_pairs_len(const dpu_insn *in);
 uint64_t dpu_conv_sums_len(const dpu_insn *in);
 int dpu_conv_dense_avx2(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out,
                         int32_t *Wp, int32_t *A, int prepare);
+/* the same on AVX-512 VNNI (when accel_use_vnni()) */
+int dpu_conv_dense_vnni(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out,
+                        int32_t *Wp, int32_t *A, int prepare);
 
 extern const char *const DPU_UNIT_NAMES[DPU_NUM_UNITS];
 
