@@ -112,14 +112,24 @@ static void unpack_pixel(const uint8_t *pix, int64_t k_count, int bits, uint8_t 
     }
 }
 
+/* The low bits of eight bytes gathered into one byte (byte k -> bit k), spread8's inverse: the
+ * multiply sums byte k's bit into bit 56 + k with no carries (exact for all 256 patterns). */
+static inline uint32_t gather8(uint64_t x)
+{
+    return (uint32_t)((x * UINT64_C(0x0102040810204080)) >> 56);
+}
+
 static void pack_pixel(uint8_t *pix, int64_t k_count, int bits, const int64_t *vals)
 {
     for (int64_t t = 0; t * 32 < k_count; t++) {
         int64_t kt = k_count - t * 32 < 32 ? k_count - t * 32 : 32;
+        uint64_t q[4] = {0, 0, 0, 0};
+        for (int64_t j = 0; j < kt; j++)
+            q[j / 8] |= ((uint64_t)vals[t * 32 + j] & 0xffu) << (8 * (j % 8));
         for (int b = 0; b < bits; b++) {
             uint32_t word = 0;
-            for (int64_t j = 0; j < kt; j++)
-                word |= (uint32_t)(((uint64_t)vals[t * 32 + j] >> b) & 1u) << j;
+            for (int i = 0; i < 4; i++)
+                word |= gather8((q[i] >> b) & UINT64_C(0x0101010101010101)) << (8 * i);
             accel_st_u32le(pix + 4 * ((uint64_t)t * (uint64_t)bits + (uint64_t)b), word);
         }
     }
