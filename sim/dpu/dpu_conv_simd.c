@@ -84,7 +84,8 @@ static void requant_all(const dpu_insn *in, const conv_geom *c, const int32_t *A
  * sums are independent dependency chains. */
 #define DPU_PIX_BLOCK 4
 
-/* The loop nest shared by the kernels; CHUNK(xs, a, n, wr, q0, q1) adds pair rows [q0, q1) (at wr)
+/* The loop nest shared by the kernels (a stop request is polled once per chunk of pair rows,
+ * which passes over every output pixel); CHUNK(xs, a, n, wr, q0, q1) adds pair rows [q0, q1) (at wr)
  * times the input pairs at xs[i] to the 32 sums at a[i] of n (1..DPU_PIX_BLOCK) output pixels. */
 #define DPU_CONV_LOOPS(CHUNK) \
     do { \
@@ -100,10 +101,10 @@ static void requant_all(const dpu_insn *in, const conv_geom *c, const int32_t *A
                 for (j = 0; j < c.nseg; j++) { \
                     const uint64_t seg_off = ky * c.d * c.xrow + j * c.xstep; \
                     const int32_t *wseg = Wp + ((g * c.kh + ky) * c.nseg + j) * c.nq * 32; \
-                    if (accel_should_stop()) \
-                        return 1; \
                     for (q0 = 0; q0 < c.nq; q0 = q1) { \
                         q1 = c.nq - q0 > DPU_PAIR_CHUNK ? q0 + DPU_PAIR_CHUNK : c.nq; \
+                        if (accel_should_stop()) \
+                            return 1; \
                         for (p = 0; p < npix; p += n) { \
                             n = npix - p < DPU_PIX_BLOCK ? npix - p : DPU_PIX_BLOCK; \
                             for (i = 0; i < n; i++) { \

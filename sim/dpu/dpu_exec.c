@@ -6,8 +6,8 @@
  * compute, then scatter the result, so an instruction reads everything before it writes.
  *
  * A stop request (accelsim_request_stop) is polled once per output row of CONV and pools (a
- * check per pixel made the CONV loops 13 % slower), per PE of the other MISC kinds and per row of
- * LOAD / SAVE; the executors then return
+ * check per pixel made the CONV loops 13 % slower; the SIMD CONV once per chunk of weights), per
+ * PE of the other MISC kinds and per row of LOAD / SAVE; the executors then return
  * ACCEL_ERR_INTERRUPTED without a message (dpu_sim_run words it with the cycle). */
 #include <stdlib.h>
 #include <string.h>
