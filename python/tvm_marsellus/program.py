@@ -56,6 +56,13 @@ class LayerProgram:
     commands: list[Command]
     macs: int = 0
     meta: dict = field(default_factory=dict)
+    #: ``encode_stream(commands)`` computed once by :func:`load_blob` (a blob's programs are
+    #: cached and never changed), so a run does not encode the commands again; None otherwise
+    encoded: bytes | None = field(default=None, repr=False, compare=False)
+
+    def stream(self) -> bytes:
+        """The layer's commands with an END, as one simulator run takes them."""
+        return self.encoded if self.encoded is not None else encode_stream(self.commands)
 
 
 @dataclass
@@ -148,7 +155,8 @@ def load_blob(data: bytes, expect_config: MarsellusConfig | None = None
                                 f"lie outside the CMDS section ({len(cmds) - 1} commands)")
             layers.append(LayerProgram(name=str(ly["name"]), op=str(ly["op"]),
                                        engine=str(ly["engine"]), commands=cmds[lo:lo + n],
-                                       macs=int(ly["macs"]), meta=dict(ly["meta"])))
+                                       macs=int(ly["macs"]), meta=dict(ly["meta"]),
+                                       encoded=encode_stream(cmds[lo:lo + n])))
         tensors = {str(k): TensorPlacement(name=str(k), shape=tuple(int(s) for s in t["shape"]),
                                            mem=str(t["mem"]), offset=int(t["offset"]),
                                            layout=str(t["layout"]), bits=int(t["bits"]),

@@ -15,7 +15,6 @@ import numpy as np
 from tvm_accel import profiler
 from tvm_accel.errors import BlobError, SimulatorError
 from tvm_accel.runtime import BlobCache, register_run
-from tvm_marsellus.codegen import encode_stream
 from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_uj
 from tvm_marsellus.hw_config import MarsellusConfig
 from tvm_marsellus.layout import pack_tensor, unpack_tensor
@@ -104,7 +103,7 @@ def _execute_pass(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: Mars
         stats = []
         l1 = np.zeros(cfg.L1_BYTES, np.uint8)  # carries a prefetched weight group over
         for i, ly in enumerate(program.layers):
-            st = simulate(cfg, encode_stream(ly.commands), l1=l1, l2=mems["L2"], l3=mems["L3"],
+            st = simulate(cfg, ly.stream(), l1=l1, l2=mems["L2"], l3=mems["L3"],
                           trace_path=trace_path, trace_offset_us=offset_us,
                           trace_append=append or i > 0, max_cycles=max_cycles)
             offset_us += st.cycles / cfg.CLOCK_MHZ

@@ -6,13 +6,14 @@
  * compute, then scatter the result, so an instruction reads everything before it writes.
  *
  * A stop request (accelsim_request_stop) is polled once per output row of CONV and pools (a
- * check per pixel made the CONV loops 13 % slower), per PE of the other MISC kinds and per row of
- * LOAD / SAVE; the executors then return
+ * check per pixel made the CONV loops 13 % slower; the SIMD CONV once per chunk of weights), per
+ * PE of the other MISC kinds and per row of LOAD / SAVE; the executors then return
  * ACCEL_ERR_INTERRUPTED without a message (dpu_sim_run words it with the cycle). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/mem.h"
+#include "common/simd.h"
 #include "dpu/dpu_internal.h"
 
 #if defined(__GNUC__)
@@ -151,21 +152,6 @@ static void gather_window16(const uint8_t *mem, uint64_t M, const dpu_insn *in, 
 /* ------------------------------------------------------------------------------------------ */
 /* Fix-point helpers                                                                          */
 
-static inline int64_t asr64(int64_t x, unsigned s) { return x >= 0 ? x >> s : -(((-x) - 1) >> s) - 1; }
-
-static inline uint8_t clip8(int64_t v, int64_t lo, int64_t hi)
-{
-    const int64_t c = v < lo ? lo : (v > hi ? hi : v);
-    return (uint8_t)(int8_t)c;
-}
-
-/* clip(((int32)acc + bias + round) >> shift) */
-static inline uint8_t requant(uint32_t acc, int32_t bias, unsigned shift, int64_t lo, int64_t hi)
-{
-    const int64_t rnd = shift ? ((int64_t)1 << (shift - 1)) : 0;
-    return clip8(asr64((int64_t)accel_as_i32(acc) + bias + rnd, shift), lo, hi);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* CONV                                                                                       */
 
@@ -226,17 +212,17 @@ static int conv_dense(const dpu_insn *in, const int16_t *X, const int16_t *W, co
                         dot4(xb + ky * d * xrow + j * xstep, w0 + wo, w0 + wstride + wo, w0 + 2 * wstride + wo,
                              w0 + 3 * wstride + wo, seg, acc);
                     }
-                o8[o] = requant(acc[0], bias[o], shift, lo, hi);
-                o8[o + 1] = requant(acc[1], bias[o + 1], shift, lo, hi);
-                o8[o + 2] = requant(acc[2], bias[o + 2], shift, lo, hi);
-                o8[o + 3] = requant(acc[3], bias[o + 3], shift, lo, hi);
+                o8[o] = dpu_requant(acc[0], bias[o], shift, lo, hi);
+                o8[o + 1] = dpu_requant(acc[1], bias[o + 1], shift, lo, hi);
+                o8[o + 2] = dpu_requant(acc[2], bias[o + 2], shift, lo, hi);
+                o8[o + 3] = dpu_requant(acc[3], bias[o + 3], shift, lo, hi);
             }
             for (; o < oc; o++) {
                 uint32_t acc = 0;
                 for (ky = 0; ky < kh; ky++)
                     for (j = 0; j < nseg; j++)
                         acc += dot1(xb + ky * d * xrow + j * xstep, W + o * wstride + ky * K + j * seg, seg);
-                o8[o] = requant(acc, bias[o], shift, lo, hi);
+                o8[o] = dpu_requant(acc, bias[o], shift, lo, hi);
             }
         }
     }
@@ -268,7 +254,7 @@ static int conv_depthwise(const dpu_insn *in, const int16_t *X, const int16_t *W
                         a[ch] += (int32_t)xp[ch] * wp[ch];
                 }
             for (ch = 0; ch < c; ch++)
-                o8[ch] = requant((uint32_t)acc[ch], bias[ch], shift, in->clip_lo, in->clip_hi);
+                o8[ch] = dpu_requant((uint32_t)acc[ch], bias[ch], shift, in->clip_lo, in->clip_hi);
         }
     }
     return 0;
@@ -281,8 +267,26 @@ static void leaky_relu(uint8_t *out, uint64_t n, int64_t lo, int64_t hi)
     uint64_t i;
     for (i = 0; i < n; i++) {
         const int64_t c = (int8_t)out[i];
-        out[i] = clip8(c >= 0 ? c : asr64(26 * c + 128, 8), lo, hi);
+        out[i] = dpu_clip8(c >= 0 ? c : dpu_asr64(26 * c + 128, 8), lo, hi);
     }
+}
+
+/* The dense CONV of one PE: on AVX2 (dpu_conv_simd.c) when Wp is set, the pair-layout weights
+ * built on the first PE (the PEs share the weights). 1 when a stop was requested. */
+static int conv_dense_pe(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out,
+                         int32_t *Wp, uint64_t pe)
+{
+#if ACCEL_HAVE_VNNI
+    if (Wp && accel_use_vnni())
+        return dpu_conv_dense_vnni(in, X, W, bias, out, Wp, Wp + dpu_conv_pairs_len(in), pe == 0);
+#endif
+#if ACCEL_HAVE_AVX2
+    if (Wp)
+        return dpu_conv_dense_avx2(in, X, W, bias, out, Wp, Wp + dpu_conv_pairs_len(in), pe == 0);
+#else
+    (void)Wp, (void)pe;
+#endif
+    return conv_dense(in, X, W, bias, out);
 }
 
 static int exec_conv(dpu_state *s, const dpu_insn *insn, accel_err *err)
@@ -298,7 +302,10 @@ static int exec_conv(dpu_state *s, const dpu_insn *insn, accel_err *err)
     const uint64_t ic = (uint64_t)in->ic, oc = (uint64_t)in->oc, oh = (uint64_t)in->out_h, ow = (uint64_t)in->out_w;
     const uint64_t kk = (uint64_t)(in->kernel_h * in->kernel_w);
     const uint64_t nw = oc * kk * (in->depthwise ? 1 : ic);
-    int16_t *X = (int16_t *)scratch(s, S_X, in->win_rows * in->win_cols * ic * sizeof(int16_t));
+    const uint64_t nx = in->win_rows * in->win_cols * ic;
+    const int simd = ACCEL_HAVE_AVX2 && !in->depthwise && accel_use_avx2();
+    int32_t *Wp = NULL;
+    int16_t *X = (int16_t *)scratch(s, S_X, (nx + 2) * sizeof(int16_t)); /* 2 slack: see dpu_conv_simd.c */
     int16_t *W = (int16_t *)scratch(s, S_W, nw * sizeof(int16_t));
     int32_t *bias = (int32_t *)scratch(s, S_BIAS, oc * sizeof(int32_t));
     uint8_t *out = (uint8_t *)scratch(s, S_OUT, oh * ow * oc);
@@ -336,10 +343,19 @@ static int exec_conv(dpu_state *s, const dpu_insn *insn, accel_err *err)
         return ACCEL_OK;
     }
     circ_rd16(s->pm, g->pm_bytes, (uint64_t)in->param_addr, W, nw);
+    X[nx] = X[nx + 1] = 0;
+#if ACCEL_HAVE_AVX2
+    if (simd) {
+        Wp = (int32_t *)scratch(s, S_B, (dpu_conv_pairs_len(in) + dpu_conv_sums_len(in)) * sizeof(int32_t));
+        if (!Wp)
+            return accel_fail(err, ACCEL_ERR_NOMEM, "insn %u (%s): out of host memory for the conv buffers",
+                              in->index, in->name);
+    }
+#endif
     for (p = 0; p < g->n_pe; p++) {
         uint8_t *mem_in = fm_of(s, (uint32_t)p, in->in_mem), *mem_out = fm_of(s, (uint32_t)p, in->out_mem);
         gather_window16(mem_in, g->mem_bytes, in, ic, X);
-        if (conv_dense(in, X, W, bias, out))
+        if (conv_dense_pe(in, X, W, bias, out, Wp, p))
             return ACCEL_ERR_INTERRUPTED;
         if (insn->leaky)
             leaky_relu(out, oh * ow * oc, insn->clip_lo, insn->clip_hi);
@@ -384,10 +400,10 @@ static int pool(const dpu_insn *in, const int16_t *X, int32_t *acc, uint8_t *out
                 }
             if (is_max)
                 for (ch = 0; ch < c; ch++)
-                    o8[ch] = clip8(acc[ch], in->clip_lo, in->clip_hi);
+                    o8[ch] = dpu_clip8(acc[ch], in->clip_lo, in->clip_hi);
             else
                 for (ch = 0; ch < c; ch++)
-                    o8[ch] = clip8(asr64((int64_t)acc[ch] * mult + rnd, shift), in->clip_lo, in->clip_hi);
+                    o8[ch] = dpu_clip8(dpu_asr64((int64_t)acc[ch] * mult + rnd, shift), in->clip_lo, in->clip_hi);
         }
     }
     return 0;
@@ -395,7 +411,7 @@ static int pool(const dpu_insn *in, const int16_t *X, int32_t *acc, uint8_t *out
 
 static inline int64_t align_shift(int64_t v, int64_t s)
 {
-    return s >= 0 ? v * ((int64_t)1 << s) : asr64(v, (unsigned)-s);
+    return s >= 0 ? v * ((int64_t)1 << s) : dpu_asr64(v, (unsigned)-s);
 }
 
 static int exec_misc(dpu_state *s, const dpu_insn *in, accel_err *err)
@@ -435,7 +451,7 @@ static int exec_misc(dpu_state *s, const dpu_insn *in, accel_err *err)
                       (uint64_t)in->b_row_stride, oh, ow, c, B);
             for (i = 0; i < n_out; i++) {
                 const int64_t t = align_shift((int8_t)A[i], in->shift_a) + align_shift((int8_t)B[i], in->shift_b);
-                out[i] = clip8(asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
+                out[i] = dpu_clip8(dpu_asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
             }
             break;
         }

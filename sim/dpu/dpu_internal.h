@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "common/mem.h"
 #include "common/status.h"
 #include "dpu/dpu_sim.h"
 
@@ -61,6 +62,34 @@ typedef struct {
     void *scratch[6];
     uint64_t scratch_cap[6];
 } dpu_state;
+
+/* Fix-point helpers of the CONV kernels (dpu_exec.c, dpu_conv_simd.c). */
+static inline int64_t dpu_asr64(int64_t x, unsigned s) { return x >= 0 ? x >> s : -(((-x) - 1) >> s) - 1; }
+
+static inline uint8_t dpu_clip8(int64_t v, int64_t lo, int64_t hi)
+{
+    const int64_t c = v < lo ? lo : (v > hi ? hi : v);
+    return (uint8_t)(int8_t)c;
+}
+
+/* clip(((int32)acc + bias + round) >> shift) */
+static inline uint8_t dpu_requant(uint32_t acc, int32_t bias, unsigned shift, int64_t lo, int64_t hi)
+{
+    const int64_t rnd = shift ? ((int64_t)1 << (shift - 1)) : 0;
+    return dpu_clip8(dpu_asr64((int64_t)accel_as_i32(acc) + bias + rnd, shift), lo, hi);
+}
+
+/* dpu_conv_simd.c (x86-64 with GCC / Clang): the dense CONV with the output channels in AVX2
+ * lanes; Wp holds dpu_conv_pairs_len(in) int32 (built from W when `prepare`), A
+ * dpu_conv_sums_len(in) int32 sums, and X two int16 past the window (read against zero weights
+ * when a segment is odd). 1 when a stop was requested. */
+uint64_t dpu_conv_pairs_len(const dpu_insn *in);
+uint64_t dpu_conv_sums_len(const dpu_insn *in);
+int dpu_conv_dense_avx2(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out,
+                        int32_t *Wp, int32_t *A, int prepare);
+/* the same on AVX-512 VNNI (when accel_use_vnni()) */
+int dpu_conv_dense_vnni(const dpu_insn *in, const int16_t *X, const int16_t *W, const int32_t *bias, uint8_t *out,
+                        int32_t *Wp, int32_t *A, int prepare);
 
 extern const char *const DPU_UNIT_NAMES[DPU_NUM_UNITS];
 

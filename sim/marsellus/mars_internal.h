@@ -50,4 +50,11 @@ int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t index, mars_me
               accel_err *e);
 const char *mars_cmd_name(const mars_cmd *c);
 
+/* mars_rbe_simd.c (x86-64 with GCC / Clang): the RBE's 32-bit accumulators of every output pixel
+ * (acc: [pixel][k_out rounded up to 32]) from the unpacked input values x ([pixel][k_in]) and
+ * signed weights w ([k_out][tap][k_in]) on AVX2, in a zeroed scratch buf of mars_rbe_simd_bytes;
+ * 1 when a stop was requested. */
+uint64_t mars_rbe_simd_bytes(const mars_cmd *c);
+int mars_rbe_acc_avx2(const mars_cmd *c, const uint8_t *x, const int16_t *w, void *buf, uint32_t *acc);
+
 #endif

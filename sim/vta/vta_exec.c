@@ -1,17 +1,10 @@
-/* VTA instruction execution: LOAD / STORE (2-D DMA with padding), GEMM (micro-op loops with
- * shape-specialised kernels) and ALU, each validated against the SRAM depths and DRAM size and
+/* VTA instruction execution: LOAD / STORE (2-D DMA with padding), GEMM (vta_gemm.c) and ALU, each validated against the SRAM depths and DRAM size and
  * costed by the cycle model of vta_sim.h before it runs. */
 #include <string.h>
 
 #include "common/mem.h"
 #include "common/stats.h"
 #include "vta/vta_internal.h"
-
-#if defined(__GNUC__)
-#define VTA_INLINE static inline __attribute__((always_inline))
-#else
-#define VTA_INLINE static inline
-#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* LOAD / STORE                                                                               */
@@ -134,6 +127,8 @@ static int exec_load(vta_state *s, const vta_insn *in)
         dst += cols;
     }
     zero_entries(s, in->mem_type, dst, in->y_pad1 * cols);
+    if (in->mem_type == MEM_WGT)
+        vta_wgt_sync(s, in->sram_base, (in->y_pad0 + in->y_size + in->y_pad1) * cols);
     return 0;
 }
 
@@ -226,159 +221,6 @@ static int check_compute(vta_state *s, const vta_insn *in)
     if (rc == ACCEL_OK && need_wgt)
         rc = check_index(s, in, "wgt", "WGT", g->wgt_depth, umax[2], amax[2], in->wfo, in->wfi);
     return rc;
-}
-
-typedef struct {
-    uint32_t *acc;
-    const int8_t *inp, *wgt;
-    const uint32_t *ud, *us, *uw;
-    uint64_t nu, iter_out, iter_in;
-    uint64_t dfo, dfi, sfo, sfi, wfo, wfi; /* pre-multiplied by entry sizes */
-} gemm_args;
-
-/* acc[b][o] += sum_k inp[b][k] * wgt[o][k] for one uop iteration. The dot product cannot
- * overflow int32 (block_in <= 64, |product| <= 2^14); accumulation into ACC wraps in uint32.
- * Inlined with constant shapes by the specialisations below so the loops are unrolled and
- * vectorised. */
-VTA_INLINE void gemm_uop(uint32_t *restrict acc, const int8_t *restrict x, const int8_t *restrict w,
-                         const int batch, const int bin, const int bout, const int oc_outer)
-{
-    int b, oc, k;
-    if (oc_outer) { /* better for SSE2 code when batch > 1 */
-        for (oc = 0; oc < bout; oc++)
-            for (b = 0; b < batch; b++) {
-                int32_t sum = 0;
-                for (k = 0; k < bin; k++)
-                    sum += (int16_t)x[b * bin + k] * (int16_t)w[oc * bin + k];
-                acc[b * bout + oc] += (uint32_t)sum;
-            }
-        return;
-    }
-    for (b = 0; b < batch; b++)
-        for (oc = 0; oc < bout; oc++) {
-            int32_t sum = 0;
-            for (k = 0; k < bin; k++)
-                sum += (int16_t)x[b * bin + k] * (int16_t)w[oc * bin + k];
-            acc[b * bout + oc] += (uint32_t)sum;
-        }
-}
-
-/* Returns 1 when a stop was requested (polled every ACCEL_STOP_POLL micro-ops and at least once
- * per (outer, inner) iteration). */
-VTA_INLINE int gemm_loops(const gemm_args *a, const int batch, const int bin, const int bout,
-                          const int oc_outer)
-{
-    uint32_t *const accb = a->acc;
-    const int8_t *const inpb = a->inp, *const wgtb = a->wgt;
-    const uint32_t *const ud = a->ud, *const us = a->us, *const uw = a->uw;
-    const size_t nu = (size_t)a->nu;
-    uint64_t o, i;
-    size_t u, u0, u1;
-    for (o = 0; o < a->iter_out; o++) {
-        for (i = 0; i < a->iter_in; i++) {
-            uint32_t *const acc = accb + (size_t)(o * a->dfo + i * a->dfi);
-            const int8_t *const inp = inpb + (size_t)(o * a->sfo + i * a->sfi);
-            const int8_t *const wgt = wgtb + (size_t)(o * a->wfo + i * a->wfi);
-            for (u0 = 0; u0 < nu; u0 = u1) {
-                u1 = nu - u0 > ACCEL_STOP_POLL ? u0 + ACCEL_STOP_POLL : nu;
-                if (accel_should_stop())
-                    return 1;
-                for (u = u0; u < u1; u++)
-                    gemm_uop(acc + ud[u], inp + us[u], wgt + uw[u], batch, bin, bout, oc_outer);
-            }
-        }
-    }
-    return 0;
-}
-
-/* Shape specialisations; on x86 with GCC/Clang each also gets an AVX2 clone picked at run time
- * (no -march flag needed at build time, the baseline build stays SSE2). */
-#define VTA_GEMM_SPECS(X) X(1, 16, 16) X(1, 8, 8) X(8, 8, 8) X(1, 32, 32) X(2, 16, 16)
-
-#define VTA_GEMM_DEF(B, I, O) \
-    static int gemm_##B##_##I##_##O(const gemm_args *a) { return gemm_loops(a, B, I, O, B > 1); }
-VTA_GEMM_SPECS(VTA_GEMM_DEF)
-
-static int gemm_generic(const gemm_args *a, int batch, int bin, int bout)
-{
-    return gemm_loops(a, batch, bin, bout, 0);
-}
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(VTA_SIM_NO_AVX2)
-#define VTA_HAVE_AVX2_CLONES 1
-#define VTA_GEMM_DEF_AVX2(B, I, O) \
-    __attribute__((target("avx2"))) static int gemm_avx2_##B##_##I##_##O(const gemm_args *a) \
-    { \
-        return gemm_loops(a, B, I, O, 0); \
-    }
-VTA_GEMM_SPECS(VTA_GEMM_DEF_AVX2)
-
-static int cpu_has_avx2(void)
-{
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return cached;
-}
-#endif
-
-static int gemm_dispatch(const gemm_args *a, int batch, int bin, int bout)
-{
-#if VTA_HAVE_AVX2_CLONES
-    const int avx2 = cpu_has_avx2();
-#define VTA_GEMM_CASE(B, I, O) \
-    if (batch == B && bin == I && bout == O) \
-        return avx2 ? gemm_avx2_##B##_##I##_##O(a) : gemm_##B##_##I##_##O(a);
-#else
-#define VTA_GEMM_CASE(B, I, O) \
-    if (batch == B && bin == I && bout == O) \
-        return gemm_##B##_##I##_##O(a);
-#endif
-    VTA_GEMM_SPECS(VTA_GEMM_CASE)
-#undef VTA_GEMM_CASE
-    return gemm_generic(a, batch, bin, bout);
-}
-
-/* Returns 1 when a stop was requested. */
-static int exec_gemm(vta_state *s, const vta_insn *in)
-{
-    const vta_geom *g = &s->g;
-    uint64_t o, i, u, nu = n_uops(in);
-    if (nu == 0 || in->iter_out == 0 || in->iter_in == 0)
-        return 0;
-    if (in->reset) {
-        const size_t bytes = (size_t)g->acc_lanes * 4;
-        for (o = 0; o < in->iter_out; o++)
-            for (i = 0; i < in->iter_in; i++) {
-                const uint64_t d0 = (o * in->dfo + i * in->dfi) * g->acc_lanes;
-                if (accel_should_stop())
-                    return 1;
-                for (u = 0; u < nu; u++)
-                    memset(s->acc + s->ud[u] + d0, 0, bytes);
-            }
-        return 0;
-    }
-    {
-        gemm_args a;
-        a.acc = s->acc;
-        a.inp = s->inp;
-        a.wgt = s->wgt;
-        a.ud = s->ud;
-        a.us = s->us;
-        a.uw = s->uw;
-        a.nu = nu;
-        a.iter_out = in->iter_out;
-        a.iter_in = in->iter_in;
-        a.dfo = in->dfo * g->acc_lanes;
-        a.dfi = in->dfi * g->acc_lanes;
-        a.sfo = in->sfo * g->inp_entry;
-        a.sfi = in->sfi * g->inp_entry;
-        a.wfo = in->wfo * g->wgt_entry;
-        a.wfi = in->wfi * g->wgt_entry;
-        return gemm_dispatch(&a, (int)g->batch, (int)g->block_in, (int)g->block_out);
-    }
 }
 
 static inline uint32_t alu_shr(uint32_t v, int32_t amount)
@@ -498,7 +340,7 @@ static int run_and_count(vta_state *s, const vta_insn *in, uint64_t bytes, uint6
         st->out_store_bytes += bytes;
         return 0;
     case OP_GEMM:
-        if (exec_gemm(s, in))
+        if (vta_exec_gemm(s, in))
             return 1;
         if (in->reset)
             st->gemm_reset_iters += iters;

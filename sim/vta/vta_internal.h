@@ -50,6 +50,7 @@ typedef struct {
     uint32_t *uop;  /* uop_depth words */
     int8_t *inp;    /* inp_depth x inp_entry */
     int8_t *wgt;    /* wgt_depth x wgt_entry, [out][in] */
+    int32_t *pairs; /* WGT again in the AVX2 kernel's pair layout (vta_gemm.c), or NULL */
     uint32_t *acc;  /* acc_depth x acc_lanes, int32 two's complement */
     uint32_t *ud, *us, *uw; /* scratch: uop fields of the current instruction, pre-multiplied */
     uint8_t *dram;
@@ -72,5 +73,12 @@ int vta_pushes_of(const vta_insn *in, int q[2]);
 /* vta_exec.c: validates, costs and executes one instruction starting at cycle `start`; returns
  * its duration in *dur. Fails on a bounds error, an exceeded cycle budget or a stop request. */
 int vta_execute(vta_state *s, const vta_insn *in, uint64_t start, uint64_t *dur);
+
+/* vta_gemm.c: the GEMM functional core. vta_gemm_init allocates s->pairs when the AVX2 kernel
+ * runs (ACCEL_OK or ACCEL_ERR_NOMEM); vta_wgt_sync refreshes entries [first, first + n) of it after
+ * a write to WGT; vta_exec_gemm runs a checked GEMM and returns 1 when a stop was requested. */
+int vta_gemm_init(vta_state *s);
+void vta_wgt_sync(vta_state *s, uint64_t first, uint64_t n);
+int vta_exec_gemm(vta_state *s, const vta_insn *in);
 
 #endif

@@ -100,7 +100,8 @@ static int alloc_state(vta_run *r, const uint64_t pushes[NUM_Q])
     s->ud = (uint32_t *)accel_calloc(s->g.uop_depth, 4);
     s->us = (uint32_t *)accel_calloc(s->g.uop_depth, 4);
     s->uw = (uint32_t *)accel_calloc(s->g.uop_depth, 4);
-    if (!ok || !r->order || !s->uop || !s->inp || !s->wgt || !s->acc || !s->ud || !s->us || !s->uw)
+    if (!ok || !r->order || !s->uop || !s->inp || !s->wgt || !s->acc || !s->ud || !s->us || !s->uw ||
+        vta_gemm_init(s) != ACCEL_OK)
         return accel_fail(&r->err, ACCEL_ERR_NOMEM, "out of host memory for the simulator state");
     return ACCEL_OK;
 }
@@ -300,6 +301,7 @@ static int finish(vta_run *r, int rc)
     free(s->uop);
     free(s->inp);
     free(s->wgt);
+    free(s->pairs);
     free(s->acc);
     free(s->ud);
     free(s->us);
