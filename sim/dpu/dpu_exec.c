@@ -467,7 +467,7 @@ static int exec_misc(dpu_state *s, const dpu_insn *in, accel_err *err)
                       (uint64_t)in->b_row_stride, oh, ow, c, B);
             for (i = 0; i < n_out; i++) {
                 const int64_t t = (int64_t)(int8_t)A[i] * (int8_t)B[i];
-                out[i] = clip8(asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
+                out[i] = dpu_clip8(dpu_asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
             }
             break;
         }
