@@ -186,7 +186,7 @@ def _reference_outputs(sess, specs: list, arrays: dict[str, np.ndarray], n: int,
 
 def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any = None, *,
              progress: Callable[[int, int], None] | None = None,
-             jobs: int = 1, farm: Any = None) -> EvalResult:
+             jobs: int | None = 1, farm: Any = None) -> EvalResult:
     """Run the package at ``package_path`` on every sample of ``inputs`` (a ``.npz`` path or a
     mapping input name -> ``[N, ...]`` array; a ``labels`` array in it serves as ``labels``)
     and score the first output against ``labels`` (a ``.npy`` path or an array of N class
@@ -194,13 +194,15 @@ def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any 
     ``progress(done, total)`` is called after each batch (total -1: the reference's).
 
     ``jobs`` > 1 spreads the batches over that many worker processes (see
-    :func:`_run_batches`); with ``farm`` (a :class:`tvm_accel.farm.Farm`) they run on its
-    servers instead, ``jobs`` of them at once. Either way the outputs are identical to a
-    one-process run, in input order."""
+    :func:`_run_batches`); ``None`` picks by the first batch's time: this machine's CPUs when
+    the rest would take longer than :data:`WORTH_SPAWNING` seconds in one process, else one
+    process (starting a worker costs about a second and a half); with ``farm`` (a
+    :class:`tvm_accel.farm.Farm`) they run on its servers instead, ``jobs`` of them at once.
+    Either way the outputs are identical to a one-process run, in input order."""
     from tvm_accel.frontend import read_npz
     from tvm_accel.package import load_package
 
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise DatasetError(f"jobs must be a positive integer, got {jobs!r}")
     where = "inputs"
     if isinstance(inputs, (str, os.PathLike)):
@@ -222,14 +224,14 @@ def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any 
 
         per_batch = _farm.run_batches(farm, os.fspath(package_path), batches,
                                       simlib.current_cycle_budget(), jobs, progress)
-        jobs = min(jobs, farm.servers)
+        used = min(jobs or farm.servers, farm.servers, len(batches))
     else:
-        per_batch = _run_batches(pkg, os.fspath(package_path), batches, jobs, progress)
+        per_batch, used = _run_batches(pkg, os.fspath(package_path), batches, jobs, progress)
     seconds = time.perf_counter() - t0
     outputs = [np.concatenate(parts) for parts in zip(*per_batch, strict=True)]
     scores = _scores(outputs[0], n)
     result = EvalResult(n, None, None, None, None, outputs, seconds,
-                        jobs=min(jobs, len(batches)), farm=farm is not None)
+                        jobs=used, farm=farm is not None)
     if label_arr is not None:
         result.top1, result.top5 = top_k(scores, label_arr, 1), top_k(scores, label_arr, 5)
     if ref_sess is not None:
@@ -253,37 +255,54 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: int,
-                 progress: Callable[[int, int], None] | None) -> list[list[np.ndarray]]:
-    """The package's outputs for every batch, in order. One job runs them here; more start
-    that many worker processes (spawned: TVM is not fork-safe), each loading the package once
-    and running the batches handed to it under this process's cycle budget."""
+#: seconds of one-process work above which ``jobs=None`` starts worker processes
+WORTH_SPAWNING = 5.0
+
+
+def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: int | None,
+                 progress: Callable[[int, int], None] | None
+                 ) -> tuple[list[list[np.ndarray]], int]:
+    """The package's outputs for every batch, in order, and the processes used. One job runs
+    them here; more start that many worker processes (spawned: TVM is not fork-safe), each
+    loading the package once and running the batches handed to it under this process's cycle
+    budget. ``None``: the first batch runs here and decides (see :func:`evaluate`)."""
     import tvm
 
     from tvm_accel import simlib
     from tvm_accel.package import outputs_to_numpy
 
     total = len(batches)
-    jobs = min(jobs, total)
     out: list[list[np.ndarray]] = []
+    vm = None
+
+    def here(batch: list[np.ndarray]) -> None:
+        nonlocal vm
+        vm = vm or pkg.vm()
+        out.append(outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batch])))
+        if progress:
+            progress(len(out), total)
+
+    if jobs is None:
+        t0 = time.perf_counter()
+        here(batches[0])
+        rest = (time.perf_counter() - t0) * (total - 1)
+        jobs = default_jobs() if rest > WORTH_SPAWNING else 1
+    jobs = min(jobs, total - len(out))
     if jobs <= 1:
-        vm = pkg.vm()
-        for batch in batches:
-            out.append(outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batch])))
-            if progress:
-                progress(len(out), total)
-        return out
+        for batch in batches[len(out):]:
+            here(batch)
+        return out, 1
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init,
                              initargs=(package_path, simlib.current_cycle_budget())) as pool:
-        for outs in pool.map(_worker_run, batches):
+        for outs in pool.map(_worker_run, batches[len(out):]):
             out.append(outs)
             if progress:
                 progress(len(out), total)
-    return out
+    return out, jobs
 
 
 _WORKER: dict[str, Any] = {}

@@ -91,6 +91,8 @@ def test_samples_spread_over_processes_give_the_same_outputs_in_order(ws, batch)
     assert three.jobs == 3 and one.jobs == 1  # 6 samples: 6 or 3 batches
     assert np.array_equal(one.outputs[0], three.outputs[0])
     assert "on 3 processes" in three.format()
+    auto = evaluate(ws / f"m{batch}.tar", ws / "data.npz", jobs=None)
+    assert auto.jobs == 1 and np.array_equal(auto.outputs[0], one.outputs[0])  # too small
 
 
 def test_cli_jobs_runs_the_dataset_on_processes_and_keeps_user_errors_one_line(ws, capsys):

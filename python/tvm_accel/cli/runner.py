@@ -172,7 +172,7 @@ def _dataset_mode(meta, args) -> bool:
 def _run_dataset(args, meta) -> int:
     """``tvmc run`` on N stacked samples (:func:`tvm_accel.evaluate.evaluate`): a progress bar
     on stderr, top-1 / top-5 with labels, disagreement with onnxruntime with a reference."""
-    from tvm_accel.evaluate import ProgressBar, default_jobs, evaluate
+    from tvm_accel.evaluate import ProgressBar, evaluate
 
     for flag in ("profile", "profile_csv", "trace", "print_time", "number", "repeat"):
         if getattr(args, flag):
@@ -180,7 +180,7 @@ def _run_dataset(args, meta) -> int:
             raise AccelError(f"--{flag.replace('_', '-')} {verb} one run; give --inputs with a "
                              "single sample (and no --labels / --reference)")
     farm = open_farm(args)
-    jobs = args.jobs or (farm.servers if farm else default_jobs())
+    jobs = args.jobs
     res = _guarded(args, lambda: evaluate(
         args.package, args.inputs, args.labels, args.reference, progress=ProgressBar(),
         jobs=jobs, farm=farm))
@@ -368,9 +368,9 @@ def add_parsers(sub) -> None:
                    "default 2^34); a run that exceeds it stops with an error")
     r.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="processes the samples of a dataset run are spread over (default: "
-                   "this machine's cores; 1 runs them in this process; with --rpc-tracker: "
-                   "servers used at once, default all); results are the same and in input "
-                   "order")
+                   "this machine's cores when the run would take more than a few seconds, "
+                   "else 1, which runs them in this process; with --rpc-tracker: servers "
+                   "used at once, default all); results are the same and in input order")
     add_rpc_options(r, "run a dataset's samples on the servers")
     r.set_defaults(func=cmd_run)
     tl = sub.add_parser("timeline", help="run a package once, traced, and draw its timeline "
