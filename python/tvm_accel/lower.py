@@ -143,27 +143,6 @@ def _data_input(data: str | None, pat: OffloadPattern) -> str:
     return data
 
 
-def pool_layer_padding(core, in_shape, kind: str) -> tuple[int, int, int, int] | None:
-    """The (top, left, bottom, right) padding of a pool's :class:`PoolLayer` form. A ceil-mode
-    max pool is the floor-mode pool with its bottom/right padding grown until the floor output
-    size equals the ceil one: padding takes the dtype's minimum, which never wins, so the
-    overhanging windows keep the maximum of their input part. A ceil-mode average pool has the
-    form only when no window overhangs (its divisor would change); None otherwise."""
-    a = core.attrs
-    pad = _quad(a.padding)
-    if not bool(a.ceil_mode):
-        return pad
-    out = static_shape(core)
-    if in_shape is None or out is None or len(in_shape) != 4:
-        return None
-    (kh, kw), (sh, sw) = _pair(a.pool_size), _pair(a.strides)
-    extra = [max(0, (int(out[2 + i]) - 1) * s + k - (int(in_shape[2 + i]) + pad[i] + pad[2 + i]))
-             for i, (k, s) in enumerate(((kh, sh), (kw, sw)))]
-    if kind != "max" and any(extra):
-        return None
-    return (pad[0], pad[1], pad[2] + extra[0], pad[3] + extra[1])
-
-
 def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: list[str],
                           output: str):
     """Rebuild one layer from a composite function: dispatch on the pattern's core op (the
@@ -234,17 +213,16 @@ def _layer_from_composite(comp: relax.Function, pat: OffloadPattern, inputs: lis
     data = inputs[_param_index(comp, ann["data"])] if "data" in ann else None
     if op in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d"):
         a = core.attrs
-        kind = "max" if op == "relax.nn.max_pool2d" else "avg"
-        padding = pool_layer_padding(core, static_shape(ann["data"]), kind)
-        if any(int(d) != 1 for d in a.dilation) or padding is None:
+        if any(int(d) != 1 for d in a.dilation) or bool(a.ceil_mode):
             raise AccelError(f"layer {name}: dilated or ceil-mode pooling has no PoolLayer form")
+        kind = "max" if op == "relax.nn.max_pool2d" else "avg"
         pool_rq = _tail_requant(ann) if kind == "max" else _requant(
             ann, 1, _scalar(ann["pre_shift"]), _vector(ann["multiplier"], 1))
         if kind == "avg" and _scalar(ann["window"]) != int(np.prod(_ints(a.pool_size))):
             raise AccelError(f"layer {name}: avg pool window constant does not match its kernel")
         return PoolLayer(name=name, input=_data_input(data, pat), output=output, kind=kind,
                          kernel=_pair(a.pool_size), strides=_pair(a.strides),
-                         padding=padding,
+                         padding=_quad(a.padding),
                          input_zero_point=(_scalar(ann["input_zero_point"])
                                            if "input_zero_point" in ann else 0),
                          requant=pool_rq)

@@ -294,21 +294,6 @@ def pool_is_plain(m: dict) -> bool:
             and a.layout == "NCHW" and (a.out_layout or "NCHW") == "NCHW")
 
 
-def pool_has_layer_form(m: dict) -> bool:
-    """pooling with dilation, a non-NCHW layout, or ceil mode on an average pool whose windows
-    overhang (no PoolLayer form; a ceil-mode max pool is the floor-mode one with more padding)"""
-    c = m["core"]
-    if c.op.name == "relax.sum" or not bool(c.attrs.ceil_mode):
-        return pool_is_plain(m)
-    from tvm_accel.lower import pool_layer_padding
-
-    a = c.attrs
-    kind = "max" if c.op.name == "relax.nn.max_pool2d" else "avg"
-    return (all(int(d) == 1 for d in a.dilation) and a.layout == "NCHW"
-            and (a.out_layout or "NCHW") == "NCHW"
-            and pool_layer_padding(c, static_shape(m["data"]), kind) is not None)
-
-
 def upsample_is_nearest(m: dict) -> bool:
     """resize is not a nearest-neighbour upsample by integer factors"""
     from tvm_accel.canonicalize import nearest_upsample_scale

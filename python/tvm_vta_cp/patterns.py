@@ -4,9 +4,9 @@ Offloaded: quantized conv2d (any kernel, stride, padding and dilation; grouped a
 convs too: the strategy computes them as dense convs with a block-diagonal weight and skips the
 all-zero weight blocks), dense, the quantized residual add (on the ALU) and the transpose conv
 (dilation 1, any groups: stride-1 sub-convolutions whose STOREs interleave the output), max /
-average / global average pooling on the ALU (ceil-mode max pools too) and the nearest upsample
-by integer factors as data movement (:func:`pool_patterns`). Each
-check below is named; its docstring is the reason a layer stays on the CPU. Later entries of
+average / global average pooling on the ALU (canonicalize makes ceil-mode max pools plain) and
+the nearest upsample by integer factors as data movement (:func:`pool_patterns`). Each check
+below is named; its docstring is the reason a layer stays on the CPU. Later entries of
 ``PATTERNS`` have lower priority.
 """
 
@@ -18,7 +18,7 @@ from tvm_accel.partition import (
     OffloadPattern,
     const_value,
     dtype_of,
-    pool_has_layer_form,
+    pool_is_plain,
     qadd_pattern,
     qdeconv_pattern,
     qlinear_pattern,
@@ -160,21 +160,15 @@ def pool_output_8bit(m: dict) -> bool:
 
 
 def pool_padding_fits(m: dict) -> bool:
-    """pool padding (ceil mode included) above 15 (the LOAD's 4-bit pad fields)"""
-    from tvm_accel.lower import pool_layer_padding
-
+    """pool padding above 15 (the LOAD's 4-bit pad fields)"""
     c = m["core"]
-    if c.op.name == "relax.sum":
-        return True
-    kind = "max" if c.op.name == "relax.nn.max_pool2d" else "avg"
-    pad = pool_layer_padding(c, static_shape(m["data"]), kind)
-    return pad is not None and max(pad) <= 15
+    return c.op.name == "relax.sum" or max(int(p) for p in c.attrs.padding) <= 15
 
 
 def pool_patterns() -> list[OffloadPattern]:
     """Pooling on the ALU and nearest upsample as data movement (``strategy.pool``,
     ``strategy.upsample``); rescaled forms before the bare ones (which match their core)."""
-    pool = [input_is_8bit, pool_output_8bit, static_shapes, pool_has_layer_form,
+    pool = [input_is_8bit, pool_output_8bit, static_shapes, pool_is_plain,
             pool_padding_fits]
     up = [input_is_8bit, pool_output_8bit, static_shapes, upsample_is_nearest]
     return [
