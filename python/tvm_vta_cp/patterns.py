@@ -42,7 +42,7 @@ def input_is_8bit(m: dict) -> bool:
 
 def output_is_8bit(m: dict) -> bool:
     """output is not int8/uint8 (VTA stores 8-bit results)"""
-    return str(m["root"].attrs.dtype) in _I8
+    return dtype_of(m["root"]) in _I8
 
 
 def static_shapes(m: dict) -> bool:
@@ -154,11 +154,6 @@ def activations_are_8bit(m: dict) -> bool:
     return subbyte_activation_bits(m) is None
 
 
-def pool_output_8bit(m: dict) -> bool:
-    """output is not int8/uint8 (VTA stores 8-bit results)"""
-    return dtype_of(m["root"]) in _I8
-
-
 def pool_padding_fits(m: dict) -> bool:
     """pool padding above 15 (the LOAD's 4-bit pad fields)"""
     c = m["core"]
@@ -168,9 +163,9 @@ def pool_padding_fits(m: dict) -> bool:
 def pool_patterns() -> list[OffloadPattern]:
     """Pooling on the ALU and nearest upsample as data movement (``strategy.pool``,
     ``strategy.upsample``); rescaled forms before the bare ones (which match their core)."""
-    pool = [input_is_8bit, pool_output_8bit, static_shapes, pool_is_plain,
+    pool = [input_is_8bit, output_is_8bit, static_shapes, pool_is_plain,
             pool_padding_fits]
-    up = [input_is_8bit, pool_output_8bit, static_shapes, upsample_is_nearest]
+    up = [input_is_8bit, output_is_8bit, static_shapes, upsample_is_nearest]
     return [
         OffloadPattern("vta.maxpool_rescale", "max_pool2d", *qpool_pattern("max", rescale=True),
                        [*pool, requant_fits_alu]),
