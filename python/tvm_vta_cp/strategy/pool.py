@@ -149,6 +149,8 @@ def pad_fix(em: Emitter, base: int, tbc: int, ir: int, ic: int, pads: tuple, val
 
 
 def pool(ctx: PlanContext, layer: PoolLayer, user_knobs: dict | None) -> LayerProgram:
+    """A max / average / global average pool as ALU programs over ACC tiles (module
+    docstring); ``user_knobs`` may set :data:`POOL_KNOBS`."""
     cfg, name = ctx.cfg, layer.name
     pin, pout = ctx.placements[layer.input], ctx.placements[layer.output]
     N, C, H, W = dims4(pin.shape)

@@ -81,6 +81,8 @@ def _knobs(layer: UpsampleLayer, user: dict | None, CB: int, H: int, W: int, cfg
 
 
 def upsample(ctx: PlanContext, layer: UpsampleLayer, user_knobs: dict | None) -> LayerProgram:
+    """A nearest upsample as LOADs, one ALU column-replicating copy and row-replicating
+    STOREs per tile (module docstring); ``user_knobs`` may set :data:`UPSAMPLE_KNOBS`."""
     cfg, name = ctx.cfg, layer.name
     pin, pout = ctx.placements[layer.input], ctx.placements[layer.output]
     N, C, H, W = dims4(pin.shape)
