@@ -107,6 +107,13 @@ class VTATarget(AccelTarget):
 
         return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
 
+    def recipe_for(self, op: str):
+        """The pools and the upsample VTA runs requantize on its ALU: VTA's recipe (a 16-bit
+        multiplier and shifts), not the generic int64 CPU one."""
+        if op in ("max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample"):
+            return self.requant_recipe
+        return None
+
     def pattern_table(self):
         return patterns.pattern_table()
 

@@ -272,6 +272,8 @@ class ISA:
                  f"dst=({insn.dst_factor_out},{insn.dst_factor_in}) "
                  f"src=({insn.src_factor_out},{insn.src_factor_in})")
         if isinstance(insn, AluInsn):
+            if insn.reset:  # zeroes the destination entries (pools and upsample)
+                return f"ALU    RESET {loops}{tail}"
             name = ALU_NAMES.get(insn.alu_opcode, f"?{insn.alu_opcode}")
             operand = f"imm={insn.imm}" if insn.use_imm else "acc"
             return f"ALU    {name:<4} {loops} {operand}{tail}"

@@ -3,8 +3,10 @@
 Offloaded: quantized conv2d (any kernel, stride, padding and dilation; grouped and depthwise
 convs too: the strategy computes them as dense convs with a block-diagonal weight and skips the
 all-zero weight blocks), dense, the quantized residual add (on the ALU) and the transpose conv
-(dilation 1, any groups: stride-1 sub-convolutions whose STOREs interleave the output). Each
-check below is named; its docstring is the reason a layer stays on the CPU. Later entries of
+(dilation 1, any groups: stride-1 sub-convolutions whose STOREs interleave the output), max /
+average / global average pooling on the ALU (canonicalize makes ceil-mode max pools plain) and
+the nearest upsample by integer factors as data movement (:func:`pool_patterns`). Each check
+below is named; its docstring is the reason a layer stays on the CPU. Later entries of
 ``PATTERNS`` have lower priority.
 """
 
@@ -16,11 +18,15 @@ from tvm_accel.partition import (
     OffloadPattern,
     const_value,
     dtype_of,
+    pool_is_plain,
     qadd_pattern,
     qdeconv_pattern,
     qlinear_pattern,
+    qpool_pattern,
+    qupsample_pattern,
     static_shape,
     subbyte_activation_bits,
+    upsample_is_nearest,
 )
 
 _I8 = ("int8", "uint8")
@@ -36,7 +42,7 @@ def input_is_8bit(m: dict) -> bool:
 
 def output_is_8bit(m: dict) -> bool:
     """output is not int8/uint8 (VTA stores 8-bit results)"""
-    return str(m["root"].attrs.dtype) in _I8
+    return dtype_of(m["root"]) in _I8
 
 
 def static_shapes(m: dict) -> bool:
@@ -148,6 +154,32 @@ def activations_are_8bit(m: dict) -> bool:
     return subbyte_activation_bits(m) is None
 
 
+def pool_padding_fits(m: dict) -> bool:
+    """pool padding above 15 (the LOAD's 4-bit pad fields)"""
+    c = m["core"]
+    return c.op.name == "relax.sum" or max(int(p) for p in c.attrs.padding) <= 15
+
+
+def pool_patterns() -> list[OffloadPattern]:
+    """Pooling on the ALU and nearest upsample as data movement (``strategy.pool``,
+    ``strategy.upsample``); rescaled forms before the bare ones (which match their core)."""
+    pool = [input_is_8bit, output_is_8bit, static_shapes, pool_is_plain,
+            pool_padding_fits]
+    up = [input_is_8bit, output_is_8bit, static_shapes, upsample_is_nearest]
+    return [
+        OffloadPattern("vta.maxpool_rescale", "max_pool2d", *qpool_pattern("max", rescale=True),
+                       [*pool, requant_fits_alu]),
+        OffloadPattern("vta.maxpool", "max_pool2d", *qpool_pattern("max"), pool),
+        OffloadPattern("vta.avgpool", "avg_pool2d", *qpool_pattern("avg"),
+                       [*pool, requant_fits_alu]),
+        OffloadPattern("vta.globalavgpool", "global_avg_pool2d", *qpool_pattern("global_avg"),
+                       [*pool, requant_fits_alu]),
+        OffloadPattern("vta.upsample_rescale", "upsample", *qupsample_pattern(rescale=True),
+                       [*up, requant_fits_alu]),
+        OffloadPattern("vta.upsample", "upsample", *qupsample_pattern(), up),
+    ]
+
+
 _COMMON = [input_is_8bit, output_is_8bit, static_shapes, weights_fit_int8, zero_point_fits_int8,
            bias_fits_int32, requant_fits_alu]
 
@@ -166,6 +198,7 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("vta.qdeconv", "conv2d_transpose", *qdeconv_pattern(),
                        [deconv_nchw, deconv_no_dilation, deconv_stride_fits, *_COMMON]),
     ]
+    table += pool_patterns()
     for p in table:  # sub-8-bit activations stay on the CPU
         p.checks.append(activations_are_8bit)
     return table

@@ -28,10 +28,11 @@ def single_conv(cin: int = 16, cout: int = 16, k: int | tuple[int, int] = 3,
 
 def single_pool(kind: str = "max", c: int = 8, k: int = 3, stride: int = 2,
                 pad: int | list[int] = 1, hw: int = 8, batch: int = 1,
-                count_include_pad: bool = True, conv: bool = True,
+                count_include_pad: bool = True, conv: bool = True, ceil_mode: bool = False,
                 seed: int = 0) -> onnx.ModelProto:
     """(conv3x3 ->) one pool on a (batch, c, hw, hw) input: ``kind`` ``max`` / ``avg`` (k x k,
-    ``stride``, ``pad`` one value or 4 ONNX pads) or ``gap`` (GlobalAveragePool). The conv
+    ``stride``, ``pad`` one value or 4 ONNX pads, ``ceil_mode``) or ``gap``
+    (GlobalAveragePool). The conv
     gives the pool a quantized input (onnxruntime leaves a pool on the model input float)."""
     b = Builder(seed)
     x = INPUT_NAME
@@ -40,7 +41,7 @@ def single_pool(kind: str = "max", c: int = 8, k: int = 3, stride: int = 2,
         y = b.node("GlobalAveragePool", [y], "gap")
     else:
         y = b.pool(y, kind, k, stride, pad, name=f"{kind}pool",
-                   count_include_pad=count_include_pad)
+                   count_include_pad=count_include_pad, ceil_mode=ceil_mode)
     return b.model(f"single_{kind}pool", x, (batch, c, hw, hw), [y])
 
 

@@ -6,8 +6,9 @@ Stages, one module each (the design is in ``docs/vta.md``):
 2. ``geometry`` - a conv (or a transpose conv's phase) in blocks and tiles;
 3. ``alu_tail`` - the requantize recipe as exact int32 ALU ops;
 4. ``knobs`` - the knob space of a layer and the cost model choosing its defaults;
-5. ``conv`` (and dense), ``deconv``, ``add`` - one schedule per operator, each emitting its
-   stream through ``emitter`` (micro-op kernels, dependency tokens).
+5. ``conv`` (and dense), ``deconv``, ``add``, ``pool`` (max / average / global average on
+   the ALU), ``upsample`` (nearest, as data movement) - one schedule per operator, each
+   emitting its stream through ``emitter`` (micro-op kernels, dependency tokens).
 
 ``reference`` is the CP paper's baseline variant of the template (dilation by zero-inflated
 kernels), planned with ``plan(..., reference=True)``.
@@ -16,7 +17,7 @@ kernels), planned with ``plan(..., reference=True)``.
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph
+from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph, PoolLayer, UpsampleLayer
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv
 from tvm_vta_cp.program import LayerProgram, VTAProgram
@@ -30,7 +31,9 @@ from tvm_vta_cp.strategy.placement import (
     halos,
     place_tensors,
 )
+from tvm_vta_cp.strategy.pool import pool
 from tvm_vta_cp.strategy.reference import reference_graph
+from tvm_vta_cp.strategy.upsample import upsample
 
 __all__ = ["plan"]
 
@@ -61,6 +64,10 @@ def _schedule(ctx: PlanContext, layer, user_knobs: dict | None,
         return deconv(ctx, layer, user_knobs, use_halo[layer.name])
     if isinstance(layer, AddLayer):
         return add(ctx, layer, user_knobs)
+    if isinstance(layer, PoolLayer):
+        return pool(ctx, layer, user_knobs)
+    if isinstance(layer, UpsampleLayer):
+        return upsample(ctx, layer, user_knobs)
     raise MappingError(f"layer {layer.name}: no VTA schedule for {type(layer).__name__}")
 
 

@@ -4,7 +4,7 @@ allocator of constants, and the 2-D DMA transfers that move a tile of a packed t
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph
+from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph, PoolLayer, UpsampleLayer
 from tvm_vta_cp.codegen import ISA, MAX_DRAM_BYTES, MAX_FIELD16
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, dims4, stored_offset
@@ -170,6 +170,10 @@ def halos(graph: LayerGraph) -> tuple[dict, dict, dict[str, bool]]:
                 halo[t] = [max(a, b) for a, b in zip(halo[t], pad, strict=True)]
         elif isinstance(layer, AddLayer):
             for t in (*layer.inputs, layer.output):
+                if t not in tensors:
+                    raise MappingError(f"layer {layer.name}: unknown tensor {t}")
+        elif isinstance(layer, PoolLayer | UpsampleLayer):  # LOAD pads; no halo read
+            for t in (layer.input, layer.output):
                 if t not in tensors:
                     raise MappingError(f"layer {layer.name}: unknown tensor {t}")
         else:
