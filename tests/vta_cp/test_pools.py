@@ -205,15 +205,11 @@ def test_onnx_resize_nearest_is_offloaded_and_equals_the_cpu_reference(compare_o
     assert "upsample" in {r.op for r in c.offloaded}
 
 
-def test_an_average_pool_whose_ceil_mode_windows_overhang_stays_on_the_cpu():
-    import tvm_vta_cp
-    from tvm_accel.frontend import load_onnx
-    from tvm_accel.partition import explain
-    from tvm_accel.pipeline import canonicalize_for
-
+def test_an_average_pool_whose_ceil_mode_windows_overhang_runs_in_parts_on_vta(compare_on):
+    """The canonical graph splits it into plain pools with their own divisors (inner part,
+    last row, last column, corner); each runs on VTA's ALU, the join on the CPU."""
     m = models.quantized("single_pool", kind="avg", k=3, stride=2, pad=0, hw=8, ceil_mode=True)
-    mod, _ = load_onnx(m)
-    recs = explain(canonicalize_for(mod, tvm_vta_cp.TARGET),
-                   tvm_vta_cp.TARGET.pattern_table(), "vta")
-    pools = [r for r in recs if r.op == "avg_pool2d"]
-    assert pools and all(r.placement == "cpu" for r in pools)
+    c = compare_on("vta")(m)
+    c.assert_bit_exact()
+    pools = [r for r in c.report.offloads if r.op == "avg_pool2d"]
+    assert len(pools) == 4 and all(r.placement == "vta" for r in pools)
