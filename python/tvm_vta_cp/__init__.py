@@ -107,6 +107,15 @@ class VTATarget(AccelTarget):
 
         return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
 
+    def recipe_for(self, op: str):
+        """The product of two tensors (a squeeze-excitation gate) and a concat's rescaled input
+        requantize on the ALU (``strategy.activation``, ``strategy.concat``): VTA's recipe."""
+        if op in ("multiply", "concat"):
+            from tvm_vta_cp.numerics import requant_recipe
+
+            return requant_recipe
+        return None
+
     def pattern_table(self):
         return patterns.pattern_table()
 
