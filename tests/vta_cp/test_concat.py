@@ -124,3 +124,13 @@ def test_concat_of_a_quantized_model_runs_on_vta_or_falls_back_with_the_reason(
     if not on_vta:
         assert "cannot shift lanes" in row.reason
     r.assert_bit_exact()
+
+
+def test_concat_of_equally_scaled_inputs_is_written_in_place_end_to_end(compare):
+    from tvm_vta_cp.codegen import load_blob
+
+    r = compare(quantized("conv_concat", c=16, power_of_two=True))  # one scale for the concat
+    layers = {ly.name: ly for fn in r.report.functions
+              for ly in load_blob(bytes(fn.blob))[0].layers}
+    assert layers["concat"].n_insns == 1 and "2 in place" in layers["concat"].shape  # FINISH
+    r.assert_bit_exact()
