@@ -199,9 +199,11 @@ def mul_is_map_by_gate(m: dict) -> bool:
 
 
 def lut_composes_on_alu(m: dict) -> bool:
-    """table lookup (Sigmoid, SiLU, Tanh, HardSwish, ...): VTA's ALU has no lookup (MIN, MAX,
-    ADD, SHR, MUL only); a LeakyReLU table it reproduces on all 256 codes runs there as
-    MUL/ADD/MAX/SHR"""
+    """table lookup: VTA's ALU has no lookup (MIN, MAX, ADD, SHR, MUL only)
+
+    Sigmoid, SiLU, Tanh, HardSwish, PRelu stay on the CPU; a table two lines, a MAX and the clip
+    reproduce on all 256 codes (a LeakyReLU; a HardSigmoid whose saturation is the clip) runs
+    on the ALU (:func:`tvm_vta_cp.alu_activation.fit_leaky`)."""
     from tvm_vta_cp.alu_activation import fit_leaky
 
     t = const_value(m["table"])
@@ -232,7 +234,7 @@ def pattern_table() -> list[OffloadPattern]:
         OffloadPattern("vta.qmul", "multiply", *qmul_pattern(),
                        [mul_operands_8bit, mul_is_map_by_gate, output_is_8bit,
                         requant_fits_alu]),
-        OffloadPattern("vta.leaky_relu", "lut", *qlut_pattern(),
+        OffloadPattern("vta.alu_activation", "lut", *qlut_pattern(),
                        [input_is_8bit, lut_composes_on_alu]),
     ]
     for p in table:  # sub-8-bit activations stay on the CPU

@@ -184,5 +184,5 @@ def lut_on_alu(ctx: PlanContext, layer: LutLayer) -> LayerProgram:
         return emit_tail(em, tail, vt, n, nb, nc, S, a, vbase) or last
 
     tin = DramTensor(pin, cfg)
-    return _run(ctx, name, "leaky_relu", pout, [(tin, True), (tin, True)], 0, vdata,
+    return _run(ctx, name, "alu_activation", pout, [(tin, True), (tin, True)], 0, vdata,
                 sum(v is not None for v in vidx), compute)
