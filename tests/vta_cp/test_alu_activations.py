@@ -140,3 +140,11 @@ def test_squeeze_excitation_block_offloads_its_product(compare):
     row = next(x for x in r.report.offloads if x.op == "multiply" and x.kind == "layer")
     assert row.placement == "vta", row.reason
     r.assert_bit_exact()
+
+
+@pytest.mark.parametrize("cfg_name", CONFIGS)
+def test_a_map_of_many_uneven_tiles_reloads_its_operand_vectors_bit_exact(cfg_name):
+    rng = np.random.default_rng(4)
+    graph, inputs = mul_graph(rng, (1, 24, 37, 41), False)  # round add 2^17: an ACC vector
+    prog, _ = run_exact(graph, inputs, cfg_name)
+    assert prog.layers[0].n_insns > 20  # several tiles

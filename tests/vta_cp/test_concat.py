@@ -17,7 +17,7 @@ from tvm_vta_cp.strategy import plan
 
 
 def concat_graph(seed, cfg_name, n=1, chans=(16, 16), hw=6, rescale=(), last_pad=0,
-                 zp=None, extra_reader=False):
+                 zp=None, extra_reader=False, wide_rescale=False):
     """x -> conv_i (chans[i] channels, 3x3) -> concat -> conv (3x3, halo when ``zp``)."""
     rng = np.random.default_rng(seed)
     cin = 8
@@ -30,8 +30,9 @@ def concat_graph(seed, cfg_name, n=1, chans=(16, 16), hw=6, rescale=(), last_pad
         layers.append(ly)
         ins.append(f"t{i}")
         tensors[f"t{i}"] = Tensor(f"t{i}", (n, c, hw, hw), "int8")
-    rqs = tuple(Requant(0, np.array([3]), np.array([2]), 2, zp, -128, 127) if i in rescale
-                else None for i in range(len(chans)))
+    rq = (Requant(0, np.array([3000]), np.array([1 << 17]), 18, zp, -128, 127) if wide_rescale
+          else Requant(0, np.array([3]), np.array([2]), 2, zp, -128, 127))  # 2^17: a vector
+    rqs = tuple(rq if i in rescale else None for i in range(len(chans)))
     total = sum(chans)
     layers.append(ConcatLayer("cat", tuple(ins), "y", (zp,) * len(chans), rqs))
     tensors["y"] = Tensor("y", (n, total, hw, hw), "int8")
@@ -83,6 +84,14 @@ def test_rescaled_inputs_are_copied_into_their_slice_on_vta(cfg_name):
     assert cat.alu_uop_iters > 0 and cat.out_store_bytes > 0
     assert prog.tensors["t1"].channel_blocks == 0  # its own tensor, copied
     assert prog.tensors["t2"].offset > prog.tensors["y"].offset  # placed
+
+
+@pytest.mark.parametrize("cfg_name", CONFIGS)
+def test_a_rescale_with_operand_vectors_over_uneven_tiles_is_bit_exact(cfg_name):
+    blk = load_config(cfg_name).block_out
+    graph, inputs = concat_graph(8, cfg_name, chans=(blk, 3 * blk), hw=29, rescale=(1,),
+                                 wide_rescale=True)
+    run_exact(graph, inputs, cfg_name)
 
 
 @pytest.mark.parametrize("cfg_name", CONFIGS)

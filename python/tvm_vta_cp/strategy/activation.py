@@ -94,8 +94,8 @@ def _run(ctx: PlanContext, name: str, op: str, pout, operands: list, per_block: 
                 first = first or ld
                 base += nb * nc * (nh * nw if full else 1)
             vbase = base
-            if nvec and vec_key.get(half) != (c0, nc):
-                vec_key[half] = (c0, nc)
+            if nvec and vec_key.get(half) != (vbase, c0, nc):  # edge tiles move vbase
+                vec_key[half] = (vbase, c0, nc)
                 em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
             em.acc_acquire(half, first)
             em.compute_done(compute(em, bases, vbase, nb, nc, nh * nw))

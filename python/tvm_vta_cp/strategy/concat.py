@@ -137,8 +137,8 @@ def concat(ctx: PlanContext, layer: ConcatLayer, views: dict) -> LayerProgram:
                 abase = half * half_depth
                 n = nb * nc * nh * nw
                 vbase = abase + n
-                if nvec and vec_key.get(half) != (id(p), c0, nc):
-                    vec_key[half] = (id(p), c0, nc)
+                if nvec and vec_key.get(half) != (id(p), vbase, c0, nc):  # edge tiles move vbase
+                    vec_key[half] = (id(p), vbase, c0, nc)
                     em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
                 first = last = None
                 for so, de, y, x, st in tin.region(b0, nb, c0, nc, tin.ht + h0, nh,
