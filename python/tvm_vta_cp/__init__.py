@@ -108,9 +108,12 @@ class VTATarget(AccelTarget):
         return add_recipe(scale_a, scale_b, zero_point, qmin, qmax)
 
     def recipe_for(self, op: str):
-        """The pools and the upsample VTA runs requantize on its ALU: VTA's recipe (a 16-bit
-        multiplier and shifts), not the generic int64 CPU one."""
-        if op in ("max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample"):
+        """VTA's recipe (a 16-bit multiplier and shifts, not the generic int64 CPU one) for
+        what requantizes on its ALU: the pools and the upsample, the product of two tensors (a
+        squeeze-excitation gate) and a concat's rescaled input (``strategy.pool``,
+        ``strategy.upsample``, ``strategy.activation``, ``strategy.concat``)."""
+        if op in ("max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample", "multiply",
+                  "concat"):
             return self.requant_recipe
         return None
 

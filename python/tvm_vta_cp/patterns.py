@@ -4,9 +4,12 @@ Offloaded: quantized conv2d (any kernel, stride, padding and dilation; grouped a
 convs too: the strategy computes them as dense convs with a block-diagonal weight and skips the
 all-zero weight blocks), dense, the quantized residual add (on the ALU) and the transpose conv
 (dilation 1, any groups: stride-1 sub-convolutions whose STOREs interleave the output), max /
-average / global average pooling on the ALU (canonicalize makes ceil-mode max pools plain) and
-the nearest upsample by integer factors as data movement (:func:`pool_patterns`). Each check
-below is named; its docstring is the reason a layer stays on the CPU. Later entries of
+average / global average pooling on the ALU (canonicalize makes ceil-mode max pools plain), the
+nearest upsample by integer factors as data movement (:func:`pool_patterns`), the channel
+concat (inputs written in place in their channel-block slice, ``strategy.concat``), the product
+of a map and its squeeze-excitation gate and a LeakyReLU table as ALU ops
+(``strategy.activation``; other tables have no ALU form). Each check below is named; its
+docstring is the reason a layer stays on the CPU. Later entries of
 ``PATTERNS`` have lower priority.
 """
 
@@ -16,12 +19,16 @@ import numpy as np
 
 from tvm_accel.partition import (
     OffloadPattern,
+    concat_on_channels,
     const_value,
     dtype_of,
     pool_is_plain,
     qadd_pattern,
+    qconcat_pattern,
     qdeconv_pattern,
     qlinear_pattern,
+    qlut_pattern,
+    qmul_pattern,
     qpool_pattern,
     qupsample_pattern,
     static_shape,
@@ -180,6 +187,62 @@ def pool_patterns() -> list[OffloadPattern]:
     ]
 
 
+def concat_inputs_8bit(m: dict) -> bool:
+    """an input is not a 4-D int8/uint8 tensor, or one taken as is differs in dtype from the
+    output (the blocked layouts of its slice and of the output must agree)"""
+    out, i = str(m["core"].ty.dtype), 0
+    while f"input{i}" in m:
+        x = m[f"input{i}"]
+        s = static_shape(x)
+        if dtype_of(x) not in _I8 or s is None or len(s) != 4:
+            return False
+        if f"in{i}_input_zero_point" not in m and dtype_of(x) != out:
+            return False
+        i += 1
+    return out in _I8
+
+
+def concat_rescale_fits_alu(m: dict) -> bool:
+    """a rescaled input's recipe does not fit VTA's ALU (the copy into its slice runs it:
+    scalar shifts 0..31, multiplier 1..32767)"""
+    i = 0
+    while f"input{i}" in m:
+        p = f"in{i}_"
+        if f"{p}input_zero_point" in m and not requant_fits_alu(
+                {k[len(p):]: v for k, v in m.items() if k.startswith(p)}):
+            return False
+        i += 1
+    return True
+
+
+def mul_operands_8bit(m: dict) -> bool:
+    """an operand is not an int8/uint8 tensor"""
+    return dtype_of(m["lhs"]) in _I8 and dtype_of(m["rhs"]) in _I8
+
+
+def mul_is_map_by_gate(m: dict) -> bool:
+    """the product is neither of two equal 4-D shapes nor of a map and its per-channel
+    (N, C, 1, 1) gate (the ALU multiplies ACC entries, which broadcast over pixels only)"""
+    a, b, out = static_shape(m["lhs"]), static_shape(m["rhs"]), static_shape(m["core"])
+    if a is None or b is None or out is None or len(out) != 4:
+        return False
+    gate = (out[0], out[1], 1, 1)
+    return (a == out and b in (out, gate)) or (b == out and a == gate)
+
+
+def lut_composes_on_alu(m: dict) -> bool:
+    """table lookup: VTA's ALU has no lookup (MIN, MAX, ADD, SHR, MUL only)
+
+    Sigmoid, SiLU, Tanh, HardSwish, PRelu stay on the CPU; a table two lines, a MAX and the clip
+    reproduce on all 256 codes (a LeakyReLU; a HardSigmoid whose saturation is the clip) runs
+    on the ALU (:func:`tvm_vta_cp.alu_activation.fit_leaky`)."""
+    from tvm_vta_cp.alu_activation import fit_leaky
+
+    t = const_value(m["table"])
+    out = str(m["core"].ty.dtype)
+    return t.size == 256 and fit_leaky(t, dtype_of(m["data"]), out) is not None
+
+
 _COMMON = [input_is_8bit, output_is_8bit, static_shapes, weights_fit_int8, zero_point_fits_int8,
            bias_fits_int32, requant_fits_alu]
 
@@ -197,6 +260,14 @@ def pattern_table() -> list[OffloadPattern]:
                        [add_operands_8bit, add_same_shape, output_is_8bit, add_recipe_fits_alu]),
         OffloadPattern("vta.qdeconv", "conv2d_transpose", *qdeconv_pattern(),
                        [deconv_nchw, deconv_no_dilation, deconv_stride_fits, *_COMMON]),
+        *[OffloadPattern(f"vta.concat{n}", "concat", *qconcat_pattern(n),
+                         [concat_on_channels, concat_inputs_8bit, concat_rescale_fits_alu])
+          for n in range(2, 9)],
+        OffloadPattern("vta.qmul", "multiply", *qmul_pattern(),
+                       [mul_operands_8bit, mul_is_map_by_gate, output_is_8bit,
+                        requant_fits_alu]),
+        OffloadPattern("vta.alu_activation", "lut", *qlut_pattern(),
+                       [input_is_8bit, lut_composes_on_alu]),
     ]
     table += pool_patterns()
     for p in table:  # sub-8-bit activations stay on the CPU

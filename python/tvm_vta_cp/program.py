@@ -28,6 +28,9 @@ class TensorPlacement:
     fill: int
     nbytes: int
     blocked: bool = False
+    #: a channel-block slice of a wider tensor (a concat input its producer writes in place):
+    #: the wider tensor's channel blocks, the stride between batch blocks (0: its own)
+    channel_blocks: int = 0
 
     def io_shape(self, cfg: VTAConfig) -> tuple[int, ...]:
         """Shape of the array that crosses the call for this tensor."""

@@ -84,8 +84,8 @@ def test_reports_and_knobs_use_the_onnx_node_names(dotted, capsys):
 def test_every_operator_of_the_model_has_a_row(dotted):
     _, _, _, dump = dotted
     rows = _rows(dump)
-    assert rows["block.gate"][1:4] == ["sigmoid", "1x16x8x8", "cpu"]  # an integer table
-    assert "no vta pattern for Sigmoid" in " ".join(rows["block.gate"])
+    assert rows["block.gate"][1:4] == ["lut", "1x16x8x8", "cpu"]  # an integer table
+    assert "VTA's ALU has no lookup" in " ".join(rows["block.gate"])
     # symmetric activations keep the ReLU between its own Q/DQ: an integer max on the host
     assert rows["block.relu2"][1:4] == ["relu", "1x16x8x8", "cpu"]
     assert rows["pool1"][1] == "max_pool2d"

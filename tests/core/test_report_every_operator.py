@@ -56,11 +56,11 @@ def test_every_onnx_node_of_a_quantized_silu_model_has_one_row(named):
     by = {r.layer: r for r in report.nodes}
     assert (by[sig].op, by[sig].placement, by[sig].kind, by[sig].reason) == (
         "softmax", "cpu", "layer", FLOAT_SOFTMAX)
-    # the product of two quantized tensors is integer, on the CPU (VTA has no pattern for it)
+    # the product of two quantized tensors is integer: VTA's ALU multiplies it
     assert (by[mul].placement, by[mul].kind, by[mul].reason) == (
-        "cpu", "layer", "no vta pattern for Mul")
+        "vta", "layer", "matched vta.qmul")
     assert [(r.layer, r.placement) for r in report.offloads] == [
-        ("conv1", "vta"), (sig, "cpu"), (mul, "cpu"), ("conv2", "vta")]
+        ("conv1", "vta"), (sig, "cpu"), (mul, "vta"), ("conv2", "vta")]
     qdq = [r for r in report.nodes if r.op in ("quantize", "dequantize")]
     assert qdq and all(r.kind in ("qdq", "const") for r in qdq)
     on_cpu = {r.layer: r.reason for r in qdq if r.placement == "cpu"}
@@ -76,7 +76,7 @@ def test_a_silu_is_one_integer_table_on_the_cpu_and_its_sigmoid_row_says_so():
     by = {r.layer: r for r in report.nodes}
     assert (by["sig"].op, by["sig"].placement, by["sig"].kind, by["sig"].reason) == (
         "sigmoid", "cpu", "fused", "fused into silu")
-    assert (by["silu"].op, by["silu"].placement, by["silu"].kind) == ("mul", "cpu", "layer")
+    assert (by["silu"].op, by["silu"].placement, by["silu"].kind) == ("lut", "cpu", "layer")
     on_cpu = [r.layer for r in report.nodes if r.kind == "qdq" and r.placement == "cpu"]
     assert on_cpu == ["input_QuantizeLinear", "out_DequantizeLinear"]  # no float left
 
@@ -89,7 +89,7 @@ def test_summary_counts_layers_and_metadata_holds_the_table_rows(tmp_path, capsy
     out = capsys.readouterr().out.splitlines()
     n_qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
     # on the CPU: the input's quantize, the output's dequantize and the Softmax's conversions
-    assert (f"2 of 4 layers on vta; 2 on the cpu; {n_qdq - 4} Q/DQ nodes folded, 4 convert "
+    assert (f"3 of 4 layers on vta; 1 on the cpu; {n_qdq - 4} Q/DQ nodes folded, 4 convert "
             "to or from float on the cpu ->") in out[0]
     start = next(i for i, line in enumerate(out) if line.startswith("layer "))
     table = {line.split()[0]: line for line in out[start + 2:]}

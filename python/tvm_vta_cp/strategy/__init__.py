@@ -8,7 +8,9 @@ Stages, one module each (the design is in ``docs/vta.md``):
 4. ``knobs`` - the knob space of a layer and the cost model choosing its defaults;
 5. ``conv`` (and dense), ``deconv``, ``add``, ``pool`` (max / average / global average on
    the ALU), ``upsample`` (nearest, as data movement) - one schedule per operator, each
-   emitting its stream through ``emitter`` (micro-op kernels, dependency tokens).
+   emitting its stream through ``emitter`` (micro-op kernels, dependency tokens); ``concat``
+   (inputs placed in their channel-block slice, or copied on VTA), ``activation`` (the
+   squeeze-excitation product and LeakyReLU as ALU ops).
 
 ``reference`` is the CP paper's baseline variant of the template (dilation by zero-inflated
 kernels), planned with ``plan(..., reference=True)``.
@@ -17,11 +19,23 @@ kernels), planned with ``plan(..., reference=True)``.
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph, PoolLayer, UpsampleLayer
+from tvm_accel.layers import (
+    AddLayer,
+    ConcatLayer,
+    ConvLayer,
+    DeconvLayer,
+    LayerGraph,
+    LutLayer,
+    MulLayer,
+    PoolLayer,
+    UpsampleLayer,
+)
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv
 from tvm_vta_cp.program import LayerProgram, VTAProgram
+from tvm_vta_cp.strategy.activation import lut_on_alu, multiply
 from tvm_vta_cp.strategy.add import add
+from tvm_vta_cp.strategy.concat import concat, concat_views
 from tvm_vta_cp.strategy.conv import conv
 from tvm_vta_cp.strategy.deconv import deconv
 from tvm_vta_cp.strategy.placement import (
@@ -49,14 +63,16 @@ def plan(graph: LayerGraph, cfg: VTAConfig, knobs: dict[str, dict] | None = None
         graph = reference_graph(graph)
     check_function(graph, cfg)
     halo, fill, use_halo = halos(graph)
-    ctx = place_tensors(graph, cfg, halo, fill)
+    views = concat_views(graph, halo, fill, cfg)
+    ctx = place_tensors(graph, cfg, halo, fill, views)
     knobs = knobs or {}
-    layers = [_schedule(ctx, layer, knobs.get(layer.name), use_halo) for layer in graph.layers]
+    layers = [_schedule(ctx, layer, knobs.get(layer.name), use_halo, views)
+              for layer in graph.layers]
     return _program(ctx, graph, layers)
 
 
 def _schedule(ctx: PlanContext, layer, user_knobs: dict | None,
-              use_halo: dict[str, bool]) -> LayerProgram:
+              use_halo: dict[str, bool], views: dict) -> LayerProgram:
     """The layer's instruction stream, by the schedule of its operator."""
     if isinstance(layer, ConvLayer):
         return conv(ctx, layer, user_knobs, use_halo[layer.name])
@@ -68,6 +84,12 @@ def _schedule(ctx: PlanContext, layer, user_knobs: dict | None,
         return pool(ctx, layer, user_knobs)
     if isinstance(layer, UpsampleLayer):
         return upsample(ctx, layer, user_knobs)
+    if isinstance(layer, ConcatLayer):
+        return concat(ctx, layer, views)
+    if isinstance(layer, MulLayer):
+        return multiply(ctx, layer)
+    if isinstance(layer, LutLayer):
+        return lut_on_alu(ctx, layer)
     raise MappingError(f"layer {layer.name}: no VTA schedule for {type(layer).__name__}")
 
 

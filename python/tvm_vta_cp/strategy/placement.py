@@ -4,7 +4,17 @@ allocator of constants, and the 2-D DMA transfers that move a tile of a packed t
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer, ConvLayer, DeconvLayer, LayerGraph, PoolLayer, UpsampleLayer
+from tvm_accel.layers import (
+    AddLayer,
+    ConcatLayer,
+    ConvLayer,
+    DeconvLayer,
+    LayerGraph,
+    LutLayer,
+    MulLayer,
+    PoolLayer,
+    UpsampleLayer,
+)
 from tvm_vta_cp.codegen import ISA, MAX_DRAM_BYTES, MAX_FIELD16
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, dims4, stored_offset
@@ -45,19 +55,21 @@ class DramTensor:
         N, C, H, W = dims4(p.shape)
         self.H, self.W = H, W
         self.NB, self.CB = cdiv(N, cfg.batch), cdiv(C, cfg.block_out)
+        # batch blocks lie this many channel blocks apart (more than CB for a concat slice)
+        self.CBs = p.channel_blocks or self.CB
         self.ht, self.hl, self.hb, self.hr = p.halo
         self.Hp, self.Wp = H + self.ht + self.hb, W + self.hl + self.hr
         self.base = p.offset // cfg.inp_entry_bytes
 
     def entry(self, b: int, c: int, r: int, x: int) -> int:
         """Entry index of block (b, c), DRAM row r, column x (halo coordinates)."""
-        return self.base + ((b * self.CB + c) * self.Hp + r) * self.Wp + x
+        return self.base + ((b * self.CBs + c) * self.Hp + r) * self.Wp + x
 
     def region(self, b0: int, tb: int, c0: int, tc: int, r0: int, nr: int, x0: int,
                nx: int) -> list[tuple[int, int, int, int, int]]:
         """2-D transfers ``(sram_offset, dram_entry, y, x, stride)`` covering the dense block
         ``[tb][tc][nr][nx]`` starting at DRAM row ``r0``, column ``x0`` (halo coordinates)."""
-        Hp, Wp, CB = self.Hp, self.Wp, self.CB
+        Hp, Wp, CB = self.Hp, self.Wp, self.CBs
         plane = Hp * Wp
         if r0 == 0 and nr == Hp and x0 == 0 and nx == Wp:
             if (tc == CB or tb == 1) and tb * tc * plane <= MAX_FIELD16:
@@ -168,8 +180,9 @@ def halos(graph: LayerGraph) -> tuple[dict, dict, dict[str, bool]]:
                                        f"{zxp} but another consumer needs {fill[t]}")
                 fill[t] = zxp
                 halo[t] = [max(a, b) for a, b in zip(halo[t], pad, strict=True)]
-        elif isinstance(layer, AddLayer):
-            for t in (*layer.inputs, layer.output):
+        elif isinstance(layer, AddLayer | ConcatLayer | LutLayer | MulLayer):
+            ins = (layer.input,) if isinstance(layer, LutLayer) else tuple(layer.inputs)
+            for t in (*ins, layer.output):
                 if t not in tensors:
                     raise MappingError(f"layer {layer.name}: unknown tensor {t}")
         elif isinstance(layer, PoolLayer | UpsampleLayer):  # LOAD pads; no halo read
@@ -182,11 +195,17 @@ def halos(graph: LayerGraph) -> tuple[dict, dict, dict[str, bool]]:
     return halo, fill, use_halo
 
 
-def place_tensors(graph: LayerGraph, cfg: VTAConfig, halo: dict, fill: dict) -> PlanContext:
-    """Allocate every tensor of the function, packed with its halo, at the start of DRAM."""
+def place_tensors(graph: LayerGraph, cfg: VTAConfig, halo: dict, fill: dict,
+                  views: dict[str, tuple[str, int]] | None = None) -> PlanContext:
+    """Allocate every tensor of the function, packed with its halo, at the start of DRAM;
+    ``views`` maps a tensor to ``(wider tensor, first channel block)``: it is placed as that
+    slice of the wider tensor (a concat input written in place, ``strategy.concat``)."""
     ctx = PlanContext(cfg)
     B, BLK = cfg.batch, cfg.block_out
+    views = views or {}
     for tname, t in graph.tensors.items():
+        if tname in views:
+            continue
         N, C, H, W = dims4(tuple(t.shape))
         ht, hl, hb, hr = halo[tname]
         if len(t.shape) == 2 and any(halo[tname]):
@@ -196,6 +215,14 @@ def place_tensors(graph: LayerGraph, cfg: VTAConfig, halo: dict, fill: dict) -> 
         ctx.placements[tname] = TensorPlacement(tname, tuple(int(s) for s in t.shape), t.dtype,
                                                 off, (ht, hl, hb, hr), int(fill[tname] or 0),
                                                 nbytes)
+    for tname, (parent, cb0) in views.items():
+        p, t = ctx.placements[parent], graph.tensors[tname]
+        N, C, H, W = dims4(tuple(t.shape))
+        _, CBp, Hp, Wp = (cdiv(N, B), cdiv(dims4(p.shape)[1], BLK), H + p.halo[0] + p.halo[2],
+                          W + p.halo[1] + p.halo[3])
+        ctx.placements[tname] = TensorPlacement(
+            tname, tuple(int(s) for s in t.shape), t.dtype, p.offset + cb0 * Hp * Wp * B * BLK,
+            p.halo, p.fill, cdiv(N, B) * cdiv(C, BLK) * Hp * Wp * B * BLK, channel_blocks=CBp)
     check_dram(ctx.dram.size, "its activations")
     return ctx
 
