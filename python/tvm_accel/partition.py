@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
 
 from tvm_accel.canonicalize.graph import span_layer
+from tvm_accel.layers import layer_shape_text
 
 Check = Callable[[dict], bool]
 
@@ -417,6 +419,41 @@ def _shape_str(expr) -> str:
     return "x".join(map(str, s)) if s else "?"
 
 
+_WINDOWED = {"relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.nn.max_pool2d",
+             "relax.nn.avg_pool2d"}
+
+
+def _layer_shape(call, out) -> str:
+    """The report's shape column (:func:`~tvm_accel.layers.layer_shape_text`, the format of
+    every target's profile) of the layer whose anchor op is ``call`` and whose result is
+    ``out``: its data input(s) (not weights), output and window."""
+    shape = static_shape(out)
+    op = getattr(getattr(call, "op", None), "name", None)
+    if shape is None or op is None:
+        return _shape_str(out)
+    args = list(call.args)
+    if op == "relax.concat" and isinstance(args[0], relax.Tuple):
+        data = list(args[0].fields)
+    elif op in ("relax.add", "relax.multiply", "relax.subtract"):
+        data = args[:2]
+    else:
+        data = args[:1]
+    ins = [static_shape(a) for a in data]
+    if any(s is None for s in ins):
+        return _shape_str(out)
+    window = None
+    if op in _WINDOWED:
+        a = call.attrs
+        kernel = (tuple(int(k) for k in a.pool_size) if "pool" in op
+                  else tuple(int(k) for k in static_shape(args[1])[2:4]))
+        window = SimpleNamespace(
+            kernel=kernel, strides=tuple(int(s) for s in a.strides),
+            padding=tuple(int(p) for p in a.padding), dilation=tuple(int(d) for d in a.dilation),
+            groups=int(getattr(a, "groups", 1)),
+            output_padding=tuple(int(p) for p in getattr(a, "output_padding", ()) or ()))
+    return layer_shape_text(window, ins, shape)
+
+
 def layer_name(core_var_name: str) -> str:
     """Layer name from the core op's binding (the canonicalizer names it ``<layer>_acc``)."""
     return core_var_name[:-4] if core_var_name.endswith("_acc") else core_var_name
@@ -493,7 +530,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                                  f"{fl.detail.get('reason', '?')}"))
                     continue
                 var_name = layer_name(binding.var.name)
-                name, shape = walk.onnx.get(var_name, var_name), _shape_str(binding.var)
+                name, shape = walk.onnx.get(var_name, var_name), _layer_shape(value, binding.var)
                 if op in ("relax.quantize", "relax.dequantize"):
                     records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
                                                  _qdq_reason(func, binding), "qdq"))
@@ -550,7 +587,7 @@ class _Walk:
             core_name = self.bound_name.get(core.__chandle__(), binding.var.name)
             var_name = layer_name(core_name)
             name = self.onnx.get(var_name, var_name)
-            shape = _shape_str(binding.var)
+            shape = _layer_shape(core, binding.var)
             if "lut" in annotated and (self.lowered or {}).get(name, pat.name) != pat.name:
                 # a layer and its activation that were not fused: why, on the activation's row
                 lut = layer_name(self.bound_name.get(annotated["lut"].__chandle__(),

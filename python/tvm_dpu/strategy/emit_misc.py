@@ -51,7 +51,7 @@ class MiscEmitter(Emitter):
             tiles.append(_Tile([la, lb], [op], [sv]))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
-                            f"{list(in_shape)}", kn)
+                            self.shape_text(layer), kn)
 
     def _misc_tiles(self, tin: TensorPlacement, tout: TensorPlacement, layer, kn, make,
                     window=((1, 1), (1, 1), (0, 0, 0, 0)), up=(1, 1), ch0=0):
@@ -86,7 +86,7 @@ class MiscEmitter(Emitter):
                                  (layer.kernel, layer.strides, layer.padding))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, layer.op_name, cg.encode_stream(insns), len(insns), 0,
-                            f"{list(in_shape)} k{kh}x{kw} s{layer.strides[0]}", kn)
+                            self.shape_text(layer), kn)
 
     def upsample(self, layer: UpsampleLayer, user: dict | None) -> LayerProgram:
         tin, tout = self.tensors[layer.input], self.tensors[layer.output]
@@ -102,7 +102,7 @@ class MiscEmitter(Emitter):
         tiles = self._misc_tiles(tin, tout, layer, kn, make, up=(fh, fw))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "upsample", cg.encode_stream(insns), len(insns), 0,
-                            f"{list(in_shape)} x{fh}x{fw}", kn)
+                            self.shape_text(layer), kn)
 
     def concat(self, layer: ConcatLayer, user: dict | None) -> LayerProgram:
         """Concat by placement: every input is copied tile by tile into its channel range of
@@ -127,7 +127,7 @@ class MiscEmitter(Emitter):
             ch0 += c
         insns = self._schedule(segments, "MISC", kn0["pipeline"])
         return LayerProgram(layer.name, "concat", cg.encode_stream(insns), len(insns), 0,
-                            f"{len(layer.inputs)} inputs -> {list(tout.shape)}", kn0)
+                            self.shape_text(layer), kn0)
 
 
     # --- fused groups (tvm_dpu.fusion templates) -------------------------------------------------
