@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-#: the width tables fit by default (``tvmc --wide``: None, no limit)
+#: the width ``tvmc``'s tables fit (``--wide``: no limit); library calls and benchmarks
+#: print whole tables unless inside :func:`table_width`
 TABLE_WIDTH = 120
-_width: list[int | None] = [TABLE_WIDTH]
+_width: list[int | None] = [None]
 _CUT = "..."
-_MIN_FIRST = 16  # the first column (layer names) keeps at least this many characters
-_MIN_SHAPE = 12
+_MIN_TEXT = 16  # what a cut column keeps in the first rounds (the layer column: in all)
 
 
 @contextmanager
@@ -26,9 +27,11 @@ def table_width(width: int | None) -> Iterator[None]:
 def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | None = None,
                  width: int | None = -1) -> str:
     """Fixed-width table; ``align`` is one char per column (``l`` or ``r``, default: numbers
-    right, text left). It fits ``width`` columns (default: :func:`table_width`'s, 120): the
-    widest text columns are cut, their cells ending in ``...``, and a last line says so
-    (numbers are never cut)."""
+    right, text left). It fits ``width`` characters (default: :func:`table_width`'s, which
+    ``tvmc`` sets to 120; None: no limit): a little too wide, its layer names are cut (ending in ``...``, at 16
+    characters at most); far too wide, its last text columns (reasons, notes) move to an
+    indented line under each row. A last line says which, and that ``--wide`` prints the table
+    whole."""
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [len(h) for h in header]
     for row in cells:
@@ -38,25 +41,49 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | N
         align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l"
                         for i in range(len(header)))
     limit = _width[-1] if width == -1 else width
-    cut = _fit(widths, header, align, limit) if limit else widths
-    if cut != widths:
-        cells = [[_cut(c, w) for c, w in zip(row, cut, strict=True)] for row in cells]
-        header = [_cut(h, w) for h, w in zip(header, cut, strict=True)]
-        text = _lines(header, cells, cut, align)
-        return text + f"\n({sum(a != b for a, b in zip(widths, cut, strict=True))} column(s) " \
-            f"cut to fit {limit} characters; --wide shows them whole)"
-    return _lines(header, cells, widths, align)
+    if not limit or _span(widths) <= limit:
+        return _lines(header, cells, widths, align)
+    keep = len(header)  # columns kept in the table; the rest go to each row's detail line
+    while _span(_fit(widths[:keep], header, align, limit, rounds=1)) > limit and keep > 2 \
+            and align[keep - 1] == "l":
+        keep -= 1
+    fit = _fit(widths[:keep], header, align, limit)
+    short = [[_cut(c, w) for c, w in zip(row[:keep], fit, strict=True)] for row in cells]
+    lines = _lines([_cut(h, w) for h, w in zip(header[:keep], fit, strict=True)], short, fit,
+                   align).split("\n")
+    notes = []
+    if keep < len(header):
+        lines = lines[:2]
+        for row, cut_row in zip(cells, short, strict=True):
+            lines.append(_line(cut_row, fit, align))
+            detail = "; ".join(f"{h}: {c}" for h, c in zip(header[keep:], row[keep:],
+                                                               strict=True) if c not in ("", "-"))
+            if detail:
+                lines += textwrap.wrap(detail, limit, initial_indent="    ",
+                                       subsequent_indent="      ", break_on_hyphens=False)
+        notes.append(f"{', '.join(header[keep:])} under each row")
+    n_cut = sum(a != b for a, b in zip(widths[:keep], fit, strict=True))
+    if n_cut:
+        notes.append(f"{n_cut} column(s) cut")
+    return "\n".join(lines) + f"\n({'; '.join(notes)} to fit {limit} characters; --wide " \
+        "prints the table whole)"
 
 
-def _fit(widths: list[int], header: Sequence[str], align: str, limit: int) -> list[int]:
-    """Column widths within ``limit`` (with two spaces between columns): the widest
-    left-aligned column shrinks one character at a time; the first column (the layer's name)
-    and a ``shape`` column only when the others are down to their minimum."""
+def _span(widths: Sequence[int]) -> int:
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def _fit(widths: list[int], header: Sequence[str], align: str, limit: int,
+         rounds: int = 4) -> list[int]:
+    """Column widths within ``limit``: the widest left-aligned column shrinks one character
+    at a time, in rounds (the first ``rounds`` of them): the first column (the layer's name)
+    to 16 characters, then other text to 16, then to its header, then a ``shape`` column."""
     out = list(widths)
-    shape = {i for i, h in enumerate(header) if h == "shape"}
-    for stage, least in ((set(range(1, len(out))) - shape, 0), ({0}, _MIN_FIRST),
-                         (shape, _MIN_SHAPE)):
-        while sum(out) + 2 * (len(out) - 1) > limit:
+    shape = {i for i, h in enumerate(header[:len(out)]) if h == "shape"}
+    text = set(range(1, len(out))) - shape
+    for stage, least in (({0}, _MIN_TEXT), (text, _MIN_TEXT), (text, 0),
+                         (shape, _MIN_TEXT))[:rounds]:
+        while _span(out) > limit:
             free = [i for i in stage if align[i] == "l"
                     and out[i] > max(least, len(header[i]), len(_CUT) + 1)]
             if not free:
@@ -69,13 +96,14 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - len(_CUT)] + _CUT
 
 
-def _lines(header: Sequence[str], cells: list[list[str]], widths: list[int], align: str) -> str:
-    def line(vals):
-        return "  ".join(v.rjust(w) if a == "r" else v.ljust(w)
-                         for v, w, a in zip(vals, widths, align, strict=True)).rstrip()
+def _line(vals: Sequence[str], widths: Sequence[int], align: str) -> str:
+    return "  ".join(v.rjust(w) if a == "r" else v.ljust(w)
+                     for v, w, a in zip(vals, widths, align, strict=False)).rstrip()
 
-    out = [line(header), line(["-" * w for w in widths])]
-    out += [line(r) for r in cells]
+
+def _lines(header: Sequence[str], cells: list[list[str]], widths: list[int], align: str) -> str:
+    out = [_line(header, widths, align), _line(["-" * w for w in widths], widths, align)]
+    out += [_line(r, widths, align) for r in cells]
     return "\n".join(out)
 
 

@@ -166,7 +166,7 @@ CASES = [
                                                           "records.json"), 0,
      {"out": ["tuning records: 1 layer(s) from", "records.json"], "not": ["knobs {}"]}),
     # --- reports ---------------------------------------------------------------------------
-    ("global-average-pool-keeps-its-name-on-vta", compile_("--dump-offloads",
+    ("global-average-pool-keeps-its-name-on-vta", compile_("--dump-offloads", "--wide",
                                                            model="gap.onnx"), 0,
      {"out": ["gap", "global_avg_pool2d", "no vta pattern for global_avg_pool2d"],
       "not": ["pattern for sum"]}),
