@@ -28,10 +28,10 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | N
                  width: int | None = -1) -> str:
     """Fixed-width table; ``align`` is one char per column (``l`` or ``r``, default: numbers
     right, text left). It fits ``width`` characters (default: :func:`table_width`'s, which
-    ``tvmc`` sets to 120; None: no limit): a little too wide, its layer names are cut (ending in ``...``, at 16
-    characters at most); far too wide, its last text columns (reasons, notes) move to an
-    indented line under each row. A last line says which, and that ``--wide`` prints the table
-    whole."""
+    ``tvmc`` sets to 120; None: no limit): a little too wide, its layer names are cut
+    (ending in ``...``, to 16 characters at most); far too wide, its last text columns
+    (reasons, notes) move to an indented line under each row. A last line says which, and
+    that ``--wide`` prints the table whole."""
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [len(h) for h in header]
     for row in cells:
