@@ -434,10 +434,12 @@ def _layer_shape(call, out) -> str:
     args = list(call.args)
     if op == "relax.concat" and isinstance(args[0], relax.Tuple):
         data = list(args[0].fields)
-    elif op in ("relax.add", "relax.multiply", "relax.subtract"):
-        data = args[:2]
-    else:
+    elif op in _WINDOWED or op == "relax.matmul":
         data = args[:1]
+    else:  # element-wise ops and lookups: their tensor operands, not constants (tables)
+        data = [a for a in args if isinstance(a, relax.Var) and static_shape(a) is not None][:2]
+    if not data:
+        return _shape_str(out)
     ins = [static_shape(a) for a in data]
     if any(s is None for s in ins):
         return _shape_str(out)
@@ -655,6 +657,7 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
     composed = {n: rec.onnx_name for rec in integer.values()
                 for n in rec.detail.get("composed", ())}
     bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
+    value = {b.var.name: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
     floats = _float_reasons(numerics)
     order = {name: i for i, (name, _, _) in enumerate(nodes)}
     keyed, last, later = [], -1.0, []
@@ -682,13 +685,13 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
                                 "fused")
         elif var in bound:
             if _is_float(bound[var]):
-                row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
+                row = OffloadRecord(name, op, _layer_shape(value[var], bound[var]), "cpu",
                                     _float_reason(op_type, floats.get(var)))
             elif host is None or var in host:
-                row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
+                row = OffloadRecord(name, op, _layer_shape(value[var], bound[var]), "cpu",
                                     f"no {target_name} pattern for {op_type}")
             else:  # taken into a layer's pattern (a Flatten the DPU reads as a view)
-                row = OffloadRecord(name, op, _shape_str(bound[var]), target_name,
+                row = OffloadRecord(name, op, _layer_shape(value[var], bound[var]), target_name,
                                     f"inside an offloaded {target_name} function", "fused")
         elif name in composed:  # its row follows the layer's, which may come later
             later.append((i, name, op))

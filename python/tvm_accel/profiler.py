@@ -218,9 +218,25 @@ def active() -> Profiler | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+#: trace category and process id of the layer spans (one "layers" track; ``tvmc timeline``
+#: draws them as the layer boundaries)
+LAYER_CATEGORY = "layer"
+LAYER_PID = 1 << 20
+
+
 def record(rec: LayerRecord) -> None:
+    """Record a layer a target's runtime simulated; when tracing, also its span on the
+    timeline (the runtimes record a call's layers in order, after its trace, so the span
+    starts where the previous layer's ends)."""
     p = active()
     if p is not None:
+        if p.trace_path is not None:
+            if not p.records:
+                p.events.append({"name": "process_name", "ph": "M", "pid": LAYER_PID,
+                                 "args": {"name": "layers"}})
+            p.events.append({"name": rec.layer, "cat": LAYER_CATEGORY, "ph": "X",
+                             "pid": LAYER_PID, "tid": 0, "ts": p.time_us, "dur": rec.time_us,
+                             "args": {"op": rec.op, "cycles": rec.cycles}})
         p.records.append(rec)
         p.time_us += rec.time_us
 

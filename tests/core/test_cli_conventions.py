@@ -22,7 +22,14 @@ def _rows(text: str) -> dict[str, list[str]]:
     """``--dump-offloads`` table -> layer -> cells (layer, op, shape, placement, ...)."""
     lines = text.strip().splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("layer "))
-    return {ln.split()[0]: ln.split() for ln in lines[start + 2:] if ln.strip()}
+    spans, at = [], 0  # the columns, from the dashes under the header
+    for dashes in lines[start + 1].split("  "):
+        if dashes:
+            spans.append((at, at + len(dashes)))
+            at += len(dashes)
+        at += 2 if dashes else 1
+    return {ln.split()[0]: [ln[a:b].strip() for a, b in spans]
+            for ln in lines[start + 2:] if ln.strip() and not ln.startswith(" ")}
 
 
 def _dotted_model() -> onnx.ModelProto:
@@ -84,10 +91,10 @@ def test_reports_and_knobs_use_the_onnx_node_names(dotted, capsys):
 def test_every_operator_of_the_model_has_a_row(dotted):
     _, _, _, dump = dotted
     rows = _rows(dump)
-    assert rows["block.gate"][1:4] == ["sigmoid", "1x16x8x8", "cpu"]  # an integer table
+    assert rows["block.gate"][1:4] == ["sigmoid", "1x16x8x8 -> 1x16x8x8", "cpu"]  # a table
     assert "no vta pattern for Sigmoid" in " ".join(rows["block.gate"])
     # symmetric activations keep the ReLU between its own Q/DQ: an integer max on the host
-    assert rows["block.relu2"][1:4] == ["relu", "1x16x8x8", "cpu"]
+    assert rows["block.relu2"][1:4] == ["relu", "1x16x8x8 -> 1x16x8x8", "cpu"]
     assert rows["pool1"][1] == "max_pool2d"
     assert not any("DequantizeLinear" in k and "w1" in k for k in rows)  # weights: folded
 
@@ -96,7 +103,7 @@ def test_dump_offloads_all_lists_the_folded_qdq_nodes(dotted, capsys):
     d, model, _, _ = dotted
     capsys.readouterr()
     assert tvmc("compile", model, "--target", "vta, llvm", "-o", d / "a.tar",
-                 "--dump-offloads", "all") == 0
+                 "--dump-offloads", "all", "--wide") == 0
     rows = _rows(capsys.readouterr().out)
     weight_dq = [r for k, r in rows.items() if k.startswith("w1") and "Dequantize" in k]
     assert weight_dq and "constant: folded into the layer using it" in " ".join(weight_dq[0])
