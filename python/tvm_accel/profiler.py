@@ -158,8 +158,8 @@ class Profiler:
             if r.time_us > 0 and r.engine not in sum(clocks.values(), []):
                 clocks.setdefault(f"{r.cycles / r.time_us:.0f} MHz", []).append(r.engine)
         at = "; ".join(f"{', '.join(e)} at {mhz}" for mhz, e in clocks.items())
-        text = ("util: MACs / (cycles x the engine's peak MACs per cycle); bytes: moved; us: "
-                f"time, cycles at the engine's clock ({at or 'none'})")
+        text = ("util: MACs / (cycles x the engine's peak MACs per cycle); bytes: moved\n"
+                f"us: time, cycles at the engine's clock ({at or 'none'})")
         if bound:
             text += ("\nbound: the units busy longest (compute engines, on-chip or off-chip "
                      "data movement)")

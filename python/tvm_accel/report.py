@@ -28,9 +28,9 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | N
                  width: int | None = -1) -> str:
     """Fixed-width table; ``align`` is one char per column (``l`` or ``r``, default: numbers
     right, text left). It fits ``width`` characters (default: :func:`table_width`'s, which
-    ``tvmc`` sets to 120; None: no limit): a little too wide, its layer names are cut
-    (ending in ``...``, to 16 characters at most); far too wide, its last text columns
-    (reasons, notes) move to an indented line under each row. A last line says which, and
+    ``tvmc`` sets to 120; None: no limit): its last long text columns (reasons, notes) move to
+    an indented line under each row while layer names cut to 16 characters would not make it
+    fit; then cells are cut (ending in ``...``, see :func:`_fit`). A last line says which, and
     that ``--wide`` prints the table whole."""
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [len(h) for h in header]
@@ -45,7 +45,7 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | N
         return _lines(header, cells, widths, align)
     keep = len(header)  # columns kept in the table; the rest go to each row's detail line
     while _span(_fit(widths[:keep], header, align, limit, rounds=1)) > limit and keep > 2 \
-            and align[keep - 1] == "l":
+            and align[keep - 1] == "l" and widths[keep - 1] > _MIN_TEXT:
         keep -= 1
     fit = _fit(widths[:keep], header, align, limit)
     short = [[_cut(c, w) for c, w in zip(row[:keep], fit, strict=True)] for row in cells]
@@ -77,12 +77,13 @@ def _fit(widths: list[int], header: Sequence[str], align: str, limit: int,
          rounds: int = 4) -> list[int]:
     """Column widths within ``limit``: the widest left-aligned column shrinks one character
     at a time, in rounds (the first ``rounds`` of them): the first column (the layer's name)
-    to 16 characters, then other text to 16, then to its header, then a ``shape`` column."""
+    to 16 characters, then other text to 16, then a ``shape`` column to 16, then text to its
+    header."""
     out = list(widths)
     shape = {i for i, h in enumerate(header[:len(out)]) if h == "shape"}
     text = set(range(1, len(out))) - shape
-    for stage, least in (({0}, _MIN_TEXT), (text, _MIN_TEXT), (text, 0),
-                         (shape, _MIN_TEXT))[:rounds]:
+    for stage, least in (({0}, _MIN_TEXT), (text, _MIN_TEXT), (shape, _MIN_TEXT),
+                         (text, 0))[:rounds]:
         while _span(out) > limit:
             free = [i for i in stage if align[i] == "l"
                     and out[i] > max(least, len(header[i]), len(_CUT) + 1)]
