@@ -13,23 +13,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import models
-from helpers.cli import tvmc
+from helpers.cli import table_rows, tvmc
 from tvm_accel import cli, quantize
 from tvm_accel.pipeline import host_target
 
 
 def _rows(text: str) -> dict[str, list[str]]:
     """``--dump-offloads`` table -> layer -> cells (layer, op, shape, placement, ...)."""
-    lines = text.strip().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("layer "))
-    spans, at = [], 0  # the columns, from the dashes under the header
-    for dashes in lines[start + 1].split("  "):
-        if dashes:
-            spans.append((at, at + len(dashes)))
-            at += len(dashes)
-        at += 2 if dashes else 1
-    return {ln.split()[0]: [ln[a:b].strip() for a, b in spans]
-            for ln in lines[start + 2:] if ln.strip() and not ln.startswith(" ")}
+    return table_rows(text)
 
 
 def _dotted_model() -> onnx.ModelProto:
