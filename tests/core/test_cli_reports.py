@@ -195,7 +195,8 @@ def test_tune_default_cycles_equal_the_profile_for_a_layer_alone(conv_model, tmp
     assert tvmc("tune", conv_model, *static, "-o", tmp_path / "r.json", "--trials", "2",
                 "-O", "3", "--pass-config", "tirx.disable_vectorize=true") == 0
     out = capsys.readouterr().out
-    assert _table_cell(out, "task", "default cycles") == profiled
+    assert _table_cell(out, "layer", "default cycles") == profiled
+    assert "1x16x32x32 -> 1x16x32x32 k3x3 s1 p1" in out  # the one shape format
     assert "`tvmc run --profile` shows it in the model" in out
     assert max(len(ln) for ln in out.splitlines() if not ln.startswith("tuning ")) <= 120
 

@@ -91,7 +91,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  for o in outcomes)
     rows = []
     for o in outcomes:
-        row = [o.task.name, ", ".join(o.task.layers), o.trials]
+        row = [o.task.layers[0], o.task.name, o.task.shape or "-", o.trials]
         if o.best_cycles is None:
             row += ["-", "-", "-"] + (["-", "-"] if energy else []) + [
                 f"no valid configuration ({o.errors} errors)"]
@@ -101,8 +101,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
                     f"{d / o.best_cycles:.2f}x" if d else "-"]
             row += [_energy(o.default_energy_uj), _energy(o.best_energy_uj)] if energy else []
             row.append("")
+        if len(o.task.layers) > 1:  # layers of one workload share the task and its result
+            row[-1] = "; ".join(filter(None, [row[-1], "also " + ", ".join(o.task.layers[1:])]))
         rows.append(row)
-    heads = ["task", "layers", "trials", "default cycles", "tuned cycles", "speedup",
+    heads = ["layer", "task", "shape", "trials", "default cycles", "tuned cycles", "speedup",
              *(["default uJ", "tuned uJ"] if energy else []), "note"]
     print(format_table(heads, rows))
     print(DEFAULT_NOTE)
