@@ -153,10 +153,11 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
         top.tick_params(length=0)
     ax.set_title(title or Path(trace_json_path).name, pad=6 + 72 * label_in)
     shown = [k for k in list(KIND_COLORS) + extra if k in kinds]
-    ax.legend(handles=[Patch(color=color[k], label=k) for k in shown], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if len(tracks) > 2 else -0.45), ncol=min(len(shown), 8),
-              fontsize="small", frameon=False)
-    fig.tight_layout()
+    legend_in = 0.25 * -(-len(shown) // 8) + 0.15  # its rows, below the time axis
+    fig.set_figheight(fig.get_figheight() + legend_in)
+    fig.legend(handles=[Patch(color=color[k], label=k) for k in shown], loc="lower center",
+               ncol=min(len(shown), 8), fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
     out = Path(png_path)
     fig.savefig(out, dpi=110)
     plt.close(fig)
