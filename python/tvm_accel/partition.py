@@ -440,14 +440,15 @@ def _layer_shape(call, out) -> str:
         data = [a for a in args if isinstance(a, relax.Var) and static_shape(a) is not None][:2]
     if not data:
         return _shape_str(out)
-    ins = [static_shape(a) for a in data]
-    if any(s is None for s in ins):
+    ins = [s for s in (static_shape(a) for a in data) if s is not None]
+    weight = static_shape(args[1]) if len(args) > 1 else None
+    if len(ins) < len(data) or (op in _WINDOWED and "pool" not in op and weight is None):
         return _shape_str(out)
     window = None
     if op in _WINDOWED:
         a = call.attrs
         kernel = (tuple(int(k) for k in a.pool_size) if "pool" in op
-                  else tuple(int(k) for k in static_shape(args[1])[2:4]))
+                  else tuple(int(k) for k in (weight or ())[2:4]))
         window = SimpleNamespace(
             kernel=kernel, strides=tuple(int(s) for s in a.strides),
             padding=tuple(int(p) for p in a.padding), dilation=tuple(int(d) for d in a.dilation),

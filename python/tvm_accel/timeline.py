@@ -50,7 +50,8 @@ def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str], list[d
     if not isinstance(events, list):
         raise AccelError(f"{path}: no traceEvents list (not a Chrome trace)")
     names: dict[tuple, str] = {}
-    xs, layers = [], []
+    xs: list[dict] = []
+    layers: list[dict] = []
     for ev in events:
         if not isinstance(ev, dict):
             continue

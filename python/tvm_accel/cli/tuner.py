@@ -91,7 +91,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  for o in outcomes)
     rows = []
     for o in outcomes:
-        row = [o.task.layers[0], o.task.name, o.task.shape or "-", o.trials]
+        row: list = [o.task.layers[0], o.task.name, o.task.shape or "-", o.trials]
         if o.best_cycles is None:
             row += ["-", "-", "-"] + (["-", "-"] if energy else []) + [
                 f"no valid configuration ({o.errors} errors)"]
