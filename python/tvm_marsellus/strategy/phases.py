@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tvm_accel.layers import ConvLayer, LayerGraph, layer_shape_text
+from tvm_accel.layers import ConcatLayer, ConvLayer, LayerGraph, layer_shape_text
 from tvm_marsellus.program import LayerProgram, MarsProgram
 from tvm_marsellus.strategy.layers import Geometry, TensorInfo, layer_reads
 
@@ -70,6 +70,11 @@ def phase_padding(count: int, taps: int, top: int, size: int) -> tuple[int, int]
     return top, max(0, count - 1 + taps - top - size)
 
 
+def _reads(layer) -> tuple[str, ...]:
+    """The tensors a decomposed layer reads (a concat: all its inputs)."""
+    return tuple(layer.inputs) if isinstance(layer, ConcatLayer) else layer_reads(layer)
+
+
 def merge_phases(prog: MarsProgram, parents: dict[str, object], graph: LayerGraph
                  ) -> MarsProgram:
     """The phase programs of each decomposed layer as one layer program (its commands in phase
@@ -89,7 +94,7 @@ def merge_phases(prog: MarsProgram, parents: dict[str, object], graph: LayerGrap
             ly = parents[parent]
             m = LayerProgram(parent, ly.op_name, lp.engine, [], 0,
                              {"shape": layer_shape_text(ly, [graph.tensors[n].shape
-                                                             for n in layer_reads(ly)],
+                                                             for n in _reads(ly)],
                                                          graph.tensors[ly.output].shape),
                               "phases": {}, "tiles": 0,
                               "cost": 0.0})
