@@ -131,7 +131,8 @@ class Profiler:
                              "cycles", "util", "bytes", "us", *(["energy (uJ)"] if energy else []),
                              *(["bound"] if bound else [])],
                             rows, align="ll" + ("l" if engine else "") + "lrrrrr"
-                            + ("r" if energy else "") + ("l" if bound else ""))
+                            + ("r" if energy else "") + ("l" if bound else ""),
+                            optional=("us",))  # cycles at the clock the legend names
         points = {(r.extra["vdd"], r.extra["freq_mhz"], r.extra.get("abb", False))
                   for r in self.records if "energy_uj" in r.extra and "vdd" in r.extra}
         for vdd, mhz, abb in sorted(points):

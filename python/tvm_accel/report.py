@@ -25,13 +25,14 @@ def table_width(width: int | None) -> Iterator[None]:
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | None = None,
-                 width: int | None = -1) -> str:
+                 width: int | None = -1, optional: Sequence[str] = ()) -> str:
     """Fixed-width table; ``align`` is one char per column (``l`` or ``r``, default: numbers
     right, text left). It fits ``width`` characters (default: :func:`table_width`'s, which
     ``tvmc`` sets to 120; None: no limit): its last long text columns (reasons, notes) move to
     an indented line under each row while layer names cut to 16 characters would not make it
-    fit; then cells are cut (ending in ``...``, see :func:`_fit`). A last line says which, and
-    that ``--wide`` prints the table whole."""
+    fit; then cells are cut (ending in ``...``, see :func:`_fit`); then the ``optional``
+    columns (derived ones, e.g. a time next to its cycles) are left out. A last line says
+    which, and that ``--wide`` prints the table whole."""
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [len(h) for h in header]
     for row in cells:
@@ -43,6 +44,16 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | N
     limit = _width[-1] if width == -1 else width
     if not limit or _span(widths) <= limit:
         return _lines(header, cells, widths, align)
+    dropped = []
+    for name in optional:  # numbers too wide for any cut: leave out a derived column
+        if _span(_fit(widths, header, align, limit)) <= limit or name not in header:
+            continue
+        i = list(header).index(name)
+        dropped.append(name)
+        header = [h for j, h in enumerate(header) if j != i]
+        cells = [[c for j, c in enumerate(row) if j != i] for row in cells]
+        widths = [w for j, w in enumerate(widths) if j != i]
+        align = align[:i] + align[i + 1:]
     keep = len(header)  # columns kept in the table; the rest go to each row's detail line
     while _span(_fit(widths[:keep], header, align, limit, rounds=1)) > limit and keep > 2 \
             and align[keep - 1] == "l" and widths[keep - 1] > _MIN_TEXT:
@@ -65,6 +76,8 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence], align: str | N
     n_cut = sum(a != b for a, b in zip(widths[:keep], fit, strict=True))
     if n_cut:
         notes.append(f"{n_cut} column(s) cut")
+    if dropped:
+        notes.append(f"{', '.join(dropped)} left out")
     return "\n".join(lines) + f"\n({'; '.join(notes)} to fit {limit} characters; --wide " \
         "prints the table whole)"
 
@@ -77,13 +90,13 @@ def _fit(widths: list[int], header: Sequence[str], align: str, limit: int,
          rounds: int = 4) -> list[int]:
     """Column widths within ``limit``: the widest left-aligned column shrinks one character
     at a time, in rounds (the first ``rounds`` of them): the first column (the layer's name)
-    to 16 characters, then other text to 16, then a ``shape`` column to 16, then text to its
-    header."""
+    to 16 characters, then other text to 16, then a ``shape`` column to 16, then text to 7
+    characters (``compute``, ``cluster``, ``conv2d`` stay whole) or its header."""
     out = list(widths)
     shape = {i for i, h in enumerate(header[:len(out)]) if h == "shape"}
     text = set(range(1, len(out))) - shape
     for stage, least in (({0}, _MIN_TEXT), (text, _MIN_TEXT), (shape, _MIN_TEXT),
-                         (text, 0))[:rounds]:
+                         (text, 7))[:rounds]:
         while _span(out) > limit:
             free = [i for i in stage if align[i] == "l"
                     and out[i] > max(least, len(header[i]), len(_CUT) + 1)]
