@@ -28,6 +28,7 @@ overflow in the reference.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -571,3 +572,46 @@ def reference_execute(graph: LayerGraph, inputs: dict[str, np.ndarray]) -> dict[
             raise TypeError(f"unknown layer type {type(layer).__name__}")
         env[layer.output] = y.astype(graph.tensors[layer.output].dtype)
     return {name: env[name] for name in graph.outputs}
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(str(int(d)) for d in shape)
+
+
+def _pair(prefix: str, a: int, b: int) -> str:
+    return f"{prefix}{a}" + (f"x{b}" if b != a else "")
+
+
+def layer_shape_text(layer, in_shapes: Sequence[Sequence[int]], out_shape: Sequence[int],
+                     note: str = "") -> str:
+    """The shape column of every report (``--profile``, ``--dump-offloads``, ``tune``,
+    ``disassemble``), one format for all targets: the layer's own NCHW input(s) and output,
+    batch included, then its window, e.g. ``1x3x32x32 -> 1x16x32x32 k3x3 s1 p1`` (``p`` one
+    value when all sides are equal, else top,left,bottom,right; ``d`` dilation, ``g``
+    groups, ``op`` output padding, ``x`` an upsample's scale). Targets give the shapes of the
+    layer as the model states it (not of a layout they rewrote it to); ``note`` appends a
+    target's detail (e.g. ``4 phases``)."""
+    text = f"{', '.join(_dims(s) for s in in_shapes)} -> {_dims(out_shape)}"
+    kernel = None if getattr(layer, "is_dense", False) else getattr(layer, "kernel", None)
+    parts = []
+    if kernel is not None and len(kernel) == 2:
+        parts.append("k{}x{}".format(*(int(k) for k in kernel)))
+    strides = getattr(layer, "strides", None)
+    if kernel is not None and strides is not None:
+        parts.append(_pair("s", *(int(s) for s in strides)))
+    pad = tuple(int(p) for p in getattr(layer, "padding", ()) or ())
+    if kernel is not None and any(pad):
+        parts.append("p" + (str(pad[0]) if len(set(pad)) == 1 else ",".join(map(str, pad))))
+    dil = tuple(int(d) for d in getattr(layer, "dilation", (1, 1)))
+    if kernel is not None and dil != (1, 1):
+        parts.append(_pair("d", *dil))
+    if any(int(p) for p in getattr(layer, "output_padding", ()) or ()):
+        parts.append("op" + ",".join(str(int(p)) for p in layer.output_padding))
+    if int(getattr(layer, "groups", 1)) > 1:
+        parts.append(f"g{int(layer.groups)}")
+    scale = getattr(layer, "scale", None)
+    if isinstance(layer, UpsampleLayer) and scale is not None:
+        parts.append(_pair("x", *(int(s) for s in scale)))
+    if note:
+        parts.append(note)
+    return " ".join([text, *parts])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, is_tuple, wildcard
 
 from tvm_accel.canonicalize.graph import span_layer
+from tvm_accel.layers import layer_shape_text
 
 Check = Callable[[dict], bool]
 
@@ -428,6 +430,44 @@ def _shape_str(expr) -> str:
     return "x".join(map(str, s)) if s else "?"
 
 
+_WINDOWED = {"relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.nn.max_pool2d",
+             "relax.nn.avg_pool2d"}
+
+
+def _layer_shape(call, out) -> str:
+    """The report's shape column (:func:`~tvm_accel.layers.layer_shape_text`, the format of
+    every target's profile) of the layer whose anchor op is ``call`` and whose result is
+    ``out``: its data input(s) (not weights), output and window."""
+    shape = static_shape(out)
+    op = getattr(getattr(call, "op", None), "name", None)
+    if shape is None or op is None:
+        return _shape_str(out)
+    args = list(call.args)
+    if op == "relax.concat" and isinstance(args[0], relax.Tuple):
+        data = list(args[0].fields)
+    elif op in _WINDOWED or op == "relax.matmul":
+        data = args[:1]
+    else:  # element-wise ops and lookups: their tensor operands, not constants (tables)
+        data = [a for a in args if isinstance(a, relax.Var) and static_shape(a) is not None][:2]
+    if not data:
+        return _shape_str(out)
+    ins = [s for s in (static_shape(a) for a in data) if s is not None]
+    weight = static_shape(args[1]) if len(args) > 1 else None
+    if len(ins) < len(data) or (op in _WINDOWED and "pool" not in op and weight is None):
+        return _shape_str(out)
+    window = None
+    if op in _WINDOWED:
+        a = call.attrs
+        kernel = (tuple(int(k) for k in a.pool_size) if "pool" in op
+                  else tuple(int(k) for k in (weight or ())[2:4]))
+        window = SimpleNamespace(
+            kernel=kernel, strides=tuple(int(s) for s in a.strides),
+            padding=tuple(int(p) for p in a.padding), dilation=tuple(int(d) for d in a.dilation),
+            groups=int(getattr(a, "groups", 1)),
+            output_padding=tuple(int(p) for p in getattr(a, "output_padding", ()) or ()))
+    return layer_shape_text(window, ins, shape)
+
+
 def layer_name(core_var_name: str) -> str:
     """Layer name from the core op's binding (the canonicalizer names it ``<layer>_acc``)."""
     return core_var_name[:-4] if core_var_name.endswith("_acc") else core_var_name
@@ -504,7 +544,7 @@ def explain(mod: tvm.IRModule, patterns: list[OffloadPattern], target_name: str,
                                                  f"{fl.detail.get('reason', '?')}"))
                     continue
                 var_name = layer_name(binding.var.name)
-                name, shape = walk.onnx.get(var_name, var_name), _shape_str(binding.var)
+                name, shape = walk.onnx.get(var_name, var_name), _layer_shape(value, binding.var)
                 if op in ("relax.quantize", "relax.dequantize"):
                     records.append(OffloadRecord(name, _ANCHORS[op], shape, "cpu",
                                                  _qdq_reason(func, binding), "qdq"))
@@ -561,7 +601,7 @@ class _Walk:
             core_name = self.bound_name.get(core.__chandle__(), binding.var.name)
             var_name = layer_name(core_name)
             name = self.onnx.get(var_name, var_name)
-            shape = _shape_str(binding.var)
+            shape = _layer_shape(core, binding.var)
             if "lut" in annotated and (self.lowered or {}).get(name, pat.name) != pat.name:
                 # a layer and its activation that were not fused: why, on the activation's row
                 lut = layer_name(self.bound_name.get(annotated["lut"].__chandle__(),
@@ -629,6 +669,7 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
     composed = {n: rec.onnx_name for rec in integer.values()
                 for n in rec.detail.get("composed", ())}
     bound = {b.var.name: b.var for blk in mod["main"].body.blocks for b in blk.bindings}
+    value = {b.var.name: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
     floats = _float_reasons(numerics)
     order = {name: i for i, (name, _, _) in enumerate(nodes)}
     keyed, last, later = [], -1.0, []
@@ -656,13 +697,13 @@ def _with_node_rows(mod: tvm.IRModule, records: list[OffloadRecord], numerics,
                                 "fused")
         elif var in bound:
             if _is_float(bound[var]):
-                row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
+                row = OffloadRecord(name, op, _layer_shape(value[var], bound[var]), "cpu",
                                     _float_reason(op_type, floats.get(var)))
             elif host is None or var in host:
-                row = OffloadRecord(name, op, _shape_str(bound[var]), "cpu",
+                row = OffloadRecord(name, op, _layer_shape(value[var], bound[var]), "cpu",
                                     f"no {target_name} pattern for {op_type}")
             else:  # taken into a layer's pattern (a Flatten the DPU reads as a view)
-                row = OffloadRecord(name, op, _shape_str(bound[var]), target_name,
+                row = OffloadRecord(name, op, _layer_shape(value[var], bound[var]), target_name,
                                     f"inside an offloaded {target_name} function", "fused")
         elif name in composed:  # its row follows the layer's, which may come later
             later.append((i, name, op))

@@ -97,35 +97,42 @@ class Profiler:
 
     def table(self) -> str:
         """Per-layer table; with an energy column when a target reports energy (MARSELLUS:
-        ``extra["energy_uj"]`` at the compile-time operating point, named below the table)."""
+        ``extra["energy_uj"]`` at the compile-time operating point, named below the table),
+        an engine column only when the layers ran on more than one engine (the legend names
+        each engine's clock), ``bound`` without its word "bound"."""
         energy = any("energy_uj" in r.extra for r in self.records)
         bound = any(r.bound for r in self.records)
-        rows = [(r.layer, r.op, r.engine, r.shape, r.macs, r.cycles, f"{100 * r.utilization:.1f}%",
-                 r.bytes_moved, r.time_us,
+        engine = len({r.engine for r in self.records}) > 1
+        rows = [(r.layer, r.op, *([r.engine] if engine else []), r.shape, r.macs, r.cycles,
+                 f"{100 * r.utilization:.1f}%", r.bytes_moved, r.time_us,
                  *([f"{r.extra['energy_uj']:.3f}" if "energy_uj" in r.extra else ""]
-                   if energy else []), *([r.bound] if bound else [])) for r in self.records]
+                   if energy else []), *([r.bound.removesuffix(" bound")] if bound else []))
+                for r in self.records]
         tot_macs = sum(r.macs for r in self.records)
         tot_cyc = sum(r.cycles for r in self.records)
         tot_us = sum(r.time_us for r in self.records)
         tail = ([""] if energy else []) + ([""] if bound else [])
+        blank = [""] * (3 if engine else 2)  # op, engine, shape
         if self.host:  # the TOTAL is accelerator plus modelled host passes
             host_cyc = sum(h.model_cycles for h in self.host)
             host_us = sum(h.model_us for h in self.host)
-            rows.append(("accelerator", "", "", "", tot_macs, tot_cyc, "",
+            rows.append(("accelerator", *blank, tot_macs, tot_cyc, "",
                          sum(r.bytes_moved for r in self.records), tot_us, *tail))
-            rows.append(("host (model)", "", "host", "", "", round(host_cyc), "",
-                         sum(h.bytes_moved for h in self.host), host_us, *tail))
+            rows.append(("host (model)", *(["", "host", ""] if engine else ["", ""]), "",
+                         round(host_cyc), "", sum(h.bytes_moved for h in self.host), host_us,
+                         *tail))
             tot_cyc, tot_us = tot_cyc + round(host_cyc), tot_us + host_us
-        rows.append(("TOTAL", "", "", "", tot_macs, tot_cyc, "",
+        rows.append(("TOTAL", *blank, tot_macs, tot_cyc, "",
                      sum(r.bytes_moved for r in self.records)
                      + sum(h.bytes_moved for h in self.host), tot_us,
                      *([f"{sum(r.extra.get('energy_uj', 0.0) for r in self.records):.3f}"]
                        if energy else []), *([""] if bound else [])))
-        text = format_table(["layer", "op", "engine", "shape", "MACs", "cycles", "util",
-                             "bytes moved", "time (us)", *(["energy (uJ)"] if energy else []),
+        text = format_table(["layer", "op", *(["engine"] if engine else []), "shape", "MACs",
+                             "cycles", "util", "bytes", "us", *(["energy (uJ)"] if energy else []),
                              *(["bound"] if bound else [])],
-                            rows, align="llllrrrrr" + ("r" if energy else "")
-                            + ("l" if bound else ""))
+                            rows, align="ll" + ("l" if engine else "") + "lrrrrr"
+                            + ("r" if energy else "") + ("l" if bound else ""),
+                            optional=("us",))  # cycles at the clock the legend names
         points = {(r.extra["vdd"], r.extra["freq_mhz"], r.extra.get("abb", False))
                   for r in self.records if "energy_uj" in r.extra and "vdd" in r.extra}
         for vdd, mhz, abb in sorted(points):
@@ -152,8 +159,8 @@ class Profiler:
             if r.time_us > 0 and r.engine not in sum(clocks.values(), []):
                 clocks.setdefault(f"{r.cycles / r.time_us:.0f} MHz", []).append(r.engine)
         at = "; ".join(f"{', '.join(e)} at {mhz}" for mhz, e in clocks.items())
-        text = ("util: MACs / (cycles x the engine's peak MACs per cycle); time (us): cycles at "
-                f"the engine's clock ({at or 'none'})")
+        text = ("util: MACs / (cycles x the engine's peak MACs per cycle); bytes: moved\n"
+                f"us: time, cycles at the engine's clock ({at or 'none'})")
         if bound:
             text += ("\nbound: the units busy longest (compute engines, on-chip or off-chip "
                      "data movement)")
@@ -212,9 +219,25 @@ def active() -> Profiler | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+#: trace category and process id of the layer spans (one "layers" track; ``tvmc timeline``
+#: draws them as the layer boundaries)
+LAYER_CATEGORY = "layer"
+LAYER_PID = 1 << 20
+
+
 def record(rec: LayerRecord) -> None:
+    """Record a layer a target's runtime simulated; when tracing, also its span on the
+    timeline (the runtimes record a call's layers in order, after its trace, so the span
+    starts where the previous layer's ends)."""
     p = active()
     if p is not None:
+        if p.trace_path is not None:
+            if not p.records:
+                p.events.append({"name": "process_name", "ph": "M", "pid": LAYER_PID,
+                                 "args": {"name": "layers"}})
+            p.events.append({"name": rec.layer, "cat": LAYER_CATEGORY, "ph": "X",
+                             "pid": LAYER_PID, "tid": 0, "ts": p.time_us, "dur": rec.time_us,
+                             "args": {"op": rec.op, "cycles": rec.cycles}})
         p.records.append(rec)
         p.time_us += rec.time_us
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tvm_accel.errors import AccelError
+from tvm_accel.profiler import LAYER_CATEGORY
 
 #: colours of the paper's timelines (LOAD FM light blue, LOAD PM black, CONV purple, pool green,
 #: element-wise yellow, SAVE light purple)
@@ -38,7 +39,8 @@ KIND_COLORS = {
 LANE_ORDER = ("LOAD", "CONV", "MISC", "SAVE")
 
 
-def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str]]:
+def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str], list[dict]]:
+    """The instruction events, the units' names and the layer spans of a trace."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as e:
@@ -49,7 +51,8 @@ def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str]]:
     if not isinstance(events, list):
         raise AccelError(f"{path}: no traceEvents list (not a Chrome trace)")
     names: dict[tuple, str] = {}
-    xs = []
+    xs: list[dict] = []
+    layers: list[dict] = []
     for ev in events:
         if not isinstance(ev, dict):
             continue
@@ -58,8 +61,16 @@ def _load_events(path: str | Path) -> tuple[list[dict], dict[tuple, str]]:
                                                                                 ev.get("tid")))
         elif ev.get("ph") == "X" and isinstance(ev.get("ts"), (int, float)) \
                 and isinstance(ev.get("dur"), (int, float)):
-            xs.append(ev)
-    return xs, names
+            (layers if ev.get("cat") == LAYER_CATEGORY else xs).append(ev)
+    return xs, names, layers
+
+
+def layer_marks(layers: list[dict]) -> list[tuple[float, float, str]]:
+    """``(start, middle, name)`` of each layer span (``tvmc run --trace``'s "layers" track),
+    in time order: where the timeline draws a boundary and writes the layer's name."""
+    spans = sorted(layers, key=lambda e: e["ts"])
+    return [(float(e["ts"]), float(e["ts"]) + float(e["dur"]) / 2, str(e.get("name", "?")))
+            for e in spans]
 
 
 def lanes(xs: list[dict], names: dict[tuple, str]) -> list[tuple]:
@@ -95,7 +106,8 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
     """Draw the trace as a PNG timeline (one lane per unit, one colour per instruction kind).
 
     Bars shorter than 1/2000 of the time span are widened to that so every instruction stays
-    visible. Returns the PNG path.
+    visible. The layers' spans of the trace (its "layers" track) are marked: a dashed line
+    where each layer starts, its name above the plot. Returns the PNG path.
     """
     import matplotlib
 
@@ -103,7 +115,7 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    xs, names = _load_events(trace_json_path)
+    xs, names, layers = _load_events(trace_json_path)
     if not xs:
         raise AccelError(f"{trace_json_path}: the trace has no instruction events to draw")
     tracks = lanes(xs, names)
@@ -121,7 +133,9 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
     extra = [k for k in sorted(kinds) if k not in KIND_COLORS]
     color = kind_colors(kinds)
 
-    fig, ax = plt.subplots(figsize=(width_in, 1.0 + 0.6 * len(tracks)))
+    marks = layer_marks(layers)
+    label_in = 0.075 * max((len(n) for _, _, n in marks), default=0)  # names above the plot
+    fig, ax = plt.subplots(figsize=(width_in, 1.0 + 0.6 * len(tracks) + label_in))
     for kind, per_lane in kinds.items():
         for ln, bars in per_lane.items():
             ax.broken_barh(bars, (ln - 0.4, 0.8), facecolors=color[kind], edgecolor="white",
@@ -132,12 +146,20 @@ def trace_to_png(trace_json_path: str | Path, png_path: str | Path, title: str |
     ax.set_xlim(t0, t1 + (t1 - t0) * 0.01 + 1e-9)
     ax.set_xlabel("time (us)")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title or Path(trace_json_path).name)
+    for start, _, _ in marks:  # layer boundaries, the names above the plot
+        ax.axvline(start, color="0.35", linewidth=0.6, linestyle="--", zorder=0)
+    if marks:
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([m for _, m, _ in marks], labels=[n for _, _, n in marks], rotation=90,
+                       fontsize="x-small")
+        top.tick_params(length=0)
+    ax.set_title(title or Path(trace_json_path).name, pad=6 + 72 * label_in)
     shown = [k for k in list(KIND_COLORS) + extra if k in kinds]
-    ax.legend(handles=[Patch(color=color[k], label=k) for k in shown], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if len(tracks) > 2 else -0.45), ncol=min(len(shown), 8),
-              fontsize="small", frameon=False)
-    fig.tight_layout()
+    legend_in = 0.25 * -(-len(shown) // 8) + 0.15  # its rows, below the time axis
+    fig.set_figheight(fig.get_figheight() + legend_in)
+    fig.legend(handles=[Patch(color=color[k], label=k) for k in shown], loc="lower center",
+               ncol=min(len(shown), 8), fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
     out = Path(png_path)
     fig.savefig(out, dpi=110)
     plt.close(fig)

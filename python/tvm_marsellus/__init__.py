@@ -167,9 +167,9 @@ class MarsellusTarget(AccelTarget):
         for ly in program.layers:
             if layer is not None and ly.name != layer:
                 continue
-            meta = {k: v for k, v in ly.meta.items() if k != "op"}
-            lines.append(f"\n{ly.name}:  ; {ly.op} on {ly.engine}  {len(ly.commands)} commands  "
-                         f"{meta}")
+            meta = {k: v for k, v in ly.meta.items() if k not in ("op", "shape")}
+            lines.append(f"\n{ly.name}:  ; {ly.op} {ly.meta.get('shape', '')} on {ly.engine}  "
+                         f"{len(ly.commands)} commands  {meta}")
             body = [f"  {format_cmd(c)}" for c in ly.commands]
             if limit and len(body) > limit:
                 body = body[:limit] + [f"  ... {len(body) - limit} more"]

@@ -127,8 +127,17 @@ class VTATarget(AccelTarget):
         layer_knobs = _layer_knobs(knobs)
         if opts.get("strategy", "auto") in ("cp", "auto"):
             layer_knobs = _with_tuned(graph, config, layer_knobs)
-        return strategy.plan(graph, config, layer_knobs,
+        from tvm_vta_cp.rewrite import own_shape
+
+        prog = strategy.plan(graph, config, layer_knobs,
                              reference=opts.get("strategy") == REFERENCE_STRATEGY)
+        layers = {ly.name: ly for ly in graph.layers}
+        for lp in prog.layers:  # a layer run in a rewritten layout reports its own shape
+            ly = layers.get(lp.name)
+            src = (getattr(ly, "inputs", None) or [getattr(ly, "input", None)])[0]
+            own = own_shape(lp.name, graph.tensors[src].shape) if src in graph.tensors else None
+            lp.shape = own or lp.shape
+        return prog
 
     def execute(self, program, inputs, config: VTAConfig, trace_path: str | None = None):
         from tvm_vta_cp.runtime import execute_program
@@ -221,6 +230,13 @@ class VTATarget(AccelTarget):
                 new, shape = rewritten_layer(info.layer, info.input_shape, dec.rewrite)
                 _TUNED[_workload(new, shape, info.input_dtype, info.output_dtype,
                                  config)] = dec.chosen.knobs
+            if not dec.rewrite.is_identity:
+                from tvm_accel.layers import conv_output_shape
+                from tvm_vta_cp.rewrite import note_own_shape
+
+                note_own_shape(info.name, info.geometry(dec.rewrite).input_shape,
+                               info.input_shape,
+                               conv_output_shape(info.layer, info.input_shape), info.layer)
             searched[0] += 1
             report_progress("embedding", searched[0], total, info.name, time.perf_counter() - t0)
             if report is not None:

@@ -27,6 +27,7 @@ from tvm_vta_cp.rewrite import (
     _regroup,
     host_function,
     host_symbol,
+    note_own_shape,
     unpack_steps,
     var_users,
 )
@@ -144,6 +145,7 @@ def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]
             name = layer_name(core_var.name)
             edits.append(_AddEdit(names.get(name, name), chain, lhs, rhs, packed,
                                   recipes[first], g))
+            note_own_shape(name, g.output_shape, g.final_shape, g.final_shape)
     return edits
 
 

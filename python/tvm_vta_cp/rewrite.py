@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 
 from tvm_accel.frontend import sanitize_name
-from tvm_accel.layers import ConvLayer
+from tvm_accel.layers import ConvLayer, layer_shape_text
 from tvm_accel.partition import (
     HOST_FUNCTION_ATTR,
     dtype_of,
@@ -40,6 +40,24 @@ __all__ = ["HOST_PREFIX", "RECIPE_ATTR", "ConvGeometry", "ConvInfo", "HostFuncti
            "host_function", "host_parts", "host_symbol", "input_steps", "layout_rewrite_pass",
            "resolve_layout", "rewrite_weight", "rewritten_conv_geometry", "unpack_steps",
            "var_users"]
+
+
+#: (layer, the input shape VTA runs it at after a layout rewrite) -> the layer's own shape
+#: text, for the reports (:func:`own_shape`); per process, like the strategy's decisions
+OWN_SHAPES: dict[tuple[str, tuple[int, ...]], str] = {}
+
+
+def note_own_shape(layer: str, run_shape, own_in, own_out, window=None) -> None:
+    """Remember that ``layer``, run at input shape ``run_shape`` after a layout rewrite, is
+    the layer ``own_in -> own_out`` of the model (``window``: its conv, for the kernel)."""
+    OWN_SHAPES[(sanitize_name(layer), tuple(int(s) for s in run_shape))] = layer_shape_text(
+        window, [own_in] * (1 if window is not None else 2), own_out)
+
+
+def own_shape(layer: str, run_shape) -> str | None:
+    """The shape text of ``layer`` as the model states it, when VTA runs it rewritten to input
+    shape ``run_shape`` (None: not rewritten)."""
+    return OWN_SHAPES.get((sanitize_name(layer), tuple(int(s) for s in run_shape)))
 
 
 @dataclass(frozen=True)

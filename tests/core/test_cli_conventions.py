@@ -13,16 +13,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import models
-from helpers.cli import tvmc
+from helpers.cli import table_rows, tvmc
 from tvm_accel import cli, quantize
 from tvm_accel.pipeline import host_target
 
 
 def _rows(text: str) -> dict[str, list[str]]:
     """``--dump-offloads`` table -> layer -> cells (layer, op, shape, placement, ...)."""
-    lines = text.strip().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("layer "))
-    return {ln.split()[0]: ln.split() for ln in lines[start + 2:] if ln.strip()}
+    return table_rows(text)
 
 
 def _dotted_model() -> onnx.ModelProto:
@@ -84,10 +82,10 @@ def test_reports_and_knobs_use_the_onnx_node_names(dotted, capsys):
 def test_every_operator_of_the_model_has_a_row(dotted):
     _, _, _, dump = dotted
     rows = _rows(dump)
-    assert rows["block.gate"][1:4] == ["lut", "1x16x8x8", "cpu"]  # an integer table
+    assert rows["block.gate"][1:4] == ["lut", "1x16x8x8 -> 1x16x8x8", "cpu"]  # an integer table
     assert "VTA's ALU has no lookup" in " ".join(rows["block.gate"])
     # symmetric activations keep the ReLU between its own Q/DQ: an integer max on the host
-    assert rows["block.relu2"][1:4] == ["relu", "1x16x8x8", "cpu"]
+    assert rows["block.relu2"][1:4] == ["relu", "1x16x8x8 -> 1x16x8x8", "cpu"]
     assert rows["pool1"][1] == "max_pool2d"
     assert not any("DequantizeLinear" in k and "w1" in k for k in rows)  # weights: folded
 
@@ -96,7 +94,7 @@ def test_dump_offloads_all_lists_the_folded_qdq_nodes(dotted, capsys):
     d, model, _, _ = dotted
     capsys.readouterr()
     assert tvmc("compile", model, "--target", "vta, llvm", "-o", d / "a.tar",
-                 "--dump-offloads", "all") == 0
+                 "--dump-offloads", "all", "--wide") == 0
     rows = _rows(capsys.readouterr().out)
     weight_dq = [r for k, r in rows.items() if k.startswith("w1") and "Dequantize" in k]
     assert weight_dq and "constant: folded into the layer using it" in " ".join(weight_dq[0])

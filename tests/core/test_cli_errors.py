@@ -351,7 +351,8 @@ def test_layers_that_do_not_fit_a_small_config_fall_back_to_the_cpu(ws, capsys, 
                                                                      word):
     """A valid config too small for a layer: the compile succeeds and the layer runs on the CPU
     with the target's reason in --dump-offloads, never a failed compile."""
-    argv = config(target, f"small_{field}.json", **{field: 1024})(ws) + ["--dump-offloads"]
+    argv = config(target, f"small_{field}.json", **{field: 1024})(ws) + ["--dump-offloads",
+                                                                        "--wide"]
     assert _tvmc(argv) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.split()[:1] == ["conv"]]

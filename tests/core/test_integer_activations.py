@@ -283,7 +283,7 @@ def test_tvmc_quantize_and_compile_of_an_efficientnet_block_list_its_integer_cpu
     assert tvmc("quantize", tmp_path / "se.onnx", "-o", tmp_path / "q.onnx") == 0
     capsys.readouterr()
     assert tvmc("compile", tmp_path / "q.onnx", "--target", "marsellus, llvm", "-o",
-                tmp_path / "se.tar", "--dump-offloads") == 0
+                tmp_path / "se.tar", "--dump-offloads", "--wide") == 0
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(out) if line.startswith("layer "))
     rows = {line.split()[0]: line for line in out[start + 2:] if line.strip()}

@@ -115,7 +115,7 @@ def test_a_blob_layer_the_pattern_walk_does_not_find_still_gets_a_row_on_the_tar
     rows = explain(canon, t.pattern_table(), "dpu",
                    lowered={"conv": "dpu.qconv2d", "ghost": "dpu.qadd"})
     on_dpu = {r.layer: (r.op, r.shape) for r in rows if r.placement == "dpu"}
-    assert on_dpu == {"conv": ("conv2d", "4x16x8x8"), "ghost": ("add", "?")}
+    assert on_dpu == {"conv": ("conv2d", "4x16x8x8 -> 4x16x8x8 k3x3 s1 p1"), "ghost": ("add", "?")}
 
 
 @pytest.mark.slow

@@ -146,7 +146,7 @@ def test_power_of_two_model_runs_on_the_dpu_within_2_lsb_of_onnxruntime(ws, caps
 
 def test_float_model_compiled_for_vta_says_it_is_not_quantized(ws, capsys):
     rc, stdout, err = _tvmc(capsys, "compile", ws / "float.onnx", "--target", "vta, llvm",
-                            "-o", ws / "float_vta.tar", "--dump-offloads")
+                            "-o", ws / "float_vta.tar", "--dump-offloads", "--wide")
     assert rc == 0, err
     assert "0 of " in stdout[0] and " layers on vta" in stdout[0]
     assert "not quantized" in stdout[1] and "tvmc quantize" in stdout[1]
@@ -161,7 +161,7 @@ def test_non_power_of_two_scales_on_the_dpu_point_to_the_power_of_two_scheme(ws,
                      "per-tensor", "--calibration", ws / "cal.npz")
     assert rc == 0
     rc, stdout, err = _tvmc(capsys, "compile", q_path, "--target", "dpu, llvm", "-o",
-                            ws / "pt.tar", "--dump-offloads")
+                            ws / "pt.tar", "--dump-offloads", "--wide")
     assert rc == 0, err
     convs = [line for line in stdout if " conv2d " in line]
     assert convs and all("not a power of two" in c and "tvmc quantize --scheme power-of-two"

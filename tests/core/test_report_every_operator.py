@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers.cli import tvmc
+from helpers.cli import table_rows, tvmc
 from tvm_accel import quantize
 from tvm_accel.frontend import load_onnx
 from tvm_accel.pipeline import compile_model
@@ -85,23 +85,22 @@ def test_summary_counts_layers_and_metadata_holds_the_table_rows(tmp_path, capsy
     q = quantize.ort_quantize(_silu_model())
     onnx.save(q, tmp_path / "silu.onnx")
     assert tvmc("compile", tmp_path / "silu.onnx", "--target", "vta, llvm", "-o",
-                 tmp_path / "s.tar", "--dump-offloads", "all") == 0
+                 tmp_path / "s.tar", "--dump-offloads", "all", "--wide") == 0
     out = capsys.readouterr().out.splitlines()
     n_qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
     # on the CPU: the input's quantize, the output's dequantize and the Softmax's conversions
     assert (f"3 of 4 layers on vta; 1 on the cpu; {n_qdq - 4} Q/DQ nodes folded, 4 convert "
             "to or from float on the cpu ->") in out[0]
-    start = next(i for i, line in enumerate(out) if line.startswith("layer "))
-    table = {line.split()[0]: line for line in out[start + 2:]}
+    table = table_rows("\n".join(out))
     with tarfile.open(tmp_path / "s.tar") as tar:
         member = tar.extractfile("metadata.json")
         assert member is not None
         meta = json.load(member)
     assert [r["layer"] for r in meta["offloads"]] == list(table)
     for r in meta["offloads"]:
-        cells = table[r["layer"]].split()
+        cells = table[r["layer"]]
         assert cells[1:4] == [r["op"], r["shape"], r["placement"]]
-        assert table[r["layer"]].rstrip().endswith(r["reason"])
+        assert cells[-1] == r["reason"]
     assert meta["offloads"][[r["layer"] for r in meta["offloads"]].index("sig")]["reason"] \
         == FLOAT_SOFTMAX
 
@@ -114,5 +113,4 @@ def test_a_float_conv_has_one_row_named_after_its_node(tmp_path, capsys):
                  tmp_path / "f.tar", "--dump-offloads") == 0
     out = capsys.readouterr().out.splitlines()
     assert "0 of 4 layers on vta; 4 on the cpu ->" in out[0]
-    start = next(i for i, line in enumerate(out) if line.startswith("layer "))
-    assert [line.split()[0] for line in out[start + 2:]] == ["conv1", "sig", "silu", "conv2"]
+    assert list(table_rows("\n".join(out))) == ["conv1", "sig", "silu", "conv2"]

@@ -33,7 +33,7 @@ def test_aspp_head_runs_its_dilated_branches_on_the_dpu(compare, dilations, batc
                       "aspp_concat": "dpu", "aspp_project": "dpu"}
     shapes = {ly.name: ly.shape for f in r.report.functions
               for ly in load_blob(f.blob)[0].layers}
-    assert all(shapes[f"aspp_d{d}"].endswith(f"k3x3 s1 d{d}") for d in dilations)
+    assert all(shapes[f"aspp_d{d}"].endswith(f"k3x3 s1 p{d} d{d}") for d in dilations)
     r.assert_bit_exact()
     diff = np.abs(models.ort_run(m, r.inputs[0]) - r.outputs[0]).max()
     assert diff <= models.output_step(m) + 1e-6

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import models
+from helpers.cli import table_rows
 from tvm_accel.blob import Blob, pack_blob, unpack_blob
 from tvm_accel.errors import BlobError, SimulatorError
 from tvm_accel.package import PackageMetadata, TensorSpec, save_package
@@ -164,9 +165,10 @@ def test_profile_total_is_accelerator_plus_host_cycles(tmp_path, capsys):
     # the static template: the runtime blocks the input and unblocks the output
     assert sorted(r[1] for r in _host_rows(out)) == ["block", "unblock"]
     table = out[:out.index("host passes")].splitlines()
-    acc = int(next(r for r in table if r.startswith("accelerator")).split()[2])
-    host = int(next(r for r in table if r.startswith("host (model)")).split()[3])
-    total = int(next(r for r in table if r.startswith("TOTAL")).split()[2])
+    head = next(r for r in table if r.startswith("layer "))
+    col = [h.strip() for h in head.split("  ") if h.strip()].index("cycles")
+    rows = table_rows("\n".join(table))
+    acc, host, total = (int(rows[r][col]) for r in ("accelerator", "host (model)", "TOTAL"))
     assert acc > 0 and host > 0 and total == acc + host
     summary = json.loads(next(ln for ln in raw.splitlines()
                               if ln.startswith("summary: "))[len("summary: "):])

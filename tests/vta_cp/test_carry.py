@@ -83,14 +83,21 @@ def test_carrying_layouts_lowers_the_modelled_host_cycles(chain, monkeypatch):
 
 
 def test_residual_add_runs_on_the_packed_layout_with_every_batch_lane(chain, monkeypatch):
-    out, _, prof = _compile_and_run(chain)
+    def add_batch(report) -> int:
+        """The batch of the add's output in its VTA function (the packed pieces' count)."""
+        (n,) = [f.graph.tensors[ly.output].shape[0] for f in report.functions
+                for ly in f.graph.layers if ly.op_name == "add"]
+        return n
+
+    out, report, prof = _compile_and_run(chain)
     (add,) = [r for r in prof.records if r.op == "add"]
-    assert add.shape.startswith("8x16x")  # the pieces of the image fill BATCH = 8
+    assert add_batch(report) == 8  # the pieces of the image fill BATCH = 8
     monkeypatch.setattr(propagate, "propagate_pack", lambda m: (m, []))
-    out0, _, prof0 = _compile_and_run(chain)
+    out0, report0, prof0 = _compile_and_run(chain)
     np.testing.assert_array_equal(out, out0)
     (add0,) = [r for r in prof0.records if r.op == "add"]
-    assert add0.shape.startswith("1x16x") and add.cycles < add0.cycles
+    assert add_batch(report0) == 1 and add.cycles < add0.cycles
+    assert add.shape == add0.shape and add.shape.startswith("1x16x")  # the add's own shape
 
 
 def test_repack_is_the_inverse_of_the_unpack():

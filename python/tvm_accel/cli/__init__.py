@@ -39,6 +39,7 @@ from tvm_accel.cli import (
 )
 from tvm_accel.cli.common import Parser, one_line, parse_target, version_line
 from tvm_accel.errors import AccelError
+from tvm_accel.report import TABLE_WIDTH, table_width
 
 __all__ = ["build_parser", "describe_error", "main", "parse_target"]
 
@@ -62,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in sub.choices.values():  # -v also after the verb, as users type it
         verb.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                           help=argparse.SUPPRESS)
+        verb.add_argument("--wide", action="store_true", help="print tables whole (default: "
+                          f"they fit {TABLE_WIDTH} columns, long cells cut)")
     p.set_defaults(verbs=sub.choices)
     return p
 
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     also in the middle of a simulation, see :func:`tvm_accel.simlib.call`)."""
     args = parse_args(argv)
     try:
-        return args.func(args)
+        with table_width(None if args.wide else TABLE_WIDTH):
+            return args.func(args)
     except KeyboardInterrupt:
         sys.stdout.flush()
         print(f"tvmc {args.verb}: interrupted", file=sys.stderr)

@@ -219,7 +219,9 @@ def cmd_compile(args) -> int:
             lay = {d.layer: d.summary() for d in report.layouts}
             rows = [(*r[:-1], lay.get(r[0], "-"), r[-1]) for r in rows]
             heads = [*heads[:-1], "embedding", "reason"]
-        table = format_table(heads, rows)
+        # the terminal gets the table in 120 columns (unless --wide), a file gets it whole
+        table = format_table(heads, rows, width=-1 if args.dump_offloads in ("-", "all")
+                             else None)
         print(_DUMP_LEGEND)
         if args.dump_offloads in ("-", "all"):
             print(table)

@@ -21,6 +21,7 @@ def extract_tasks(mod, target: AccelTarget, config: Any = None, knobs: dict | No
 
     cfg = target.load_config(config)
     _, report = compile_model(mod, target, cfg, knobs, host, precision=precision)
+    shapes = {r.layer: r.shape for r in report.nodes}  # the layers' own shapes
     merged: dict[tuple[str, str], Task] = {}
     for fn in report.functions:
         for task in target.tuning_tasks(fn.graph, cfg):
@@ -29,5 +30,6 @@ def extract_tasks(mod, target: AccelTarget, config: Any = None, knobs: dict | No
                 merged[key].weight += task.weight
                 merged[key].layers += task.layers
             else:
+                task.shape = shapes.get(task.layers[0], "")
                 merged[key] = task
     return list(merged.values())

@@ -80,6 +80,7 @@ class Task:
     config_name: str = ""
     config_fingerprint: str = ""      # hex digest of the hardware config
     loop_features: tuple[float, ...] = ()
+    shape: str = ""                   # the first layer's shape text, as the reports show it
 
     @property
     def key(self) -> str:

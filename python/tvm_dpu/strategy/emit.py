@@ -11,6 +11,7 @@ from tvm_accel.errors import MappingError
 from tvm_accel.layers import (
     LayerGraph,
     PoolLayer,
+    layer_shape_text,
 )
 from tvm_dpu import codegen as cg
 from tvm_dpu.hw_config import REGION_NAMES, DPUConfig
@@ -70,6 +71,7 @@ class Emitter:
         """``on_chip``: tensors a fused group keeps in FM (no DDR placement); ``views``: tensor ->
         (concat output, first channel) for concat inputs written in place by their producers."""
         views = views or {}
+        self.own = graph  # the layers' own tensors, before any space-to-depth view
         graph, aliases = space_to_depth(graph)
         self.g, self.cfg = graph, cfg
         self.P = cfg.NUM_PE
@@ -106,6 +108,16 @@ class Emitter:
                                    "DDR")
             self.tensors[name] = dataclasses.replace(
                 b, name=name, shape=tuple(int(x) for x in graph.tensors[name].shape))
+
+    def shape_text(self, layer, note: str = "", first=None, last=None) -> str:
+        """The layer's shape column in the core's one format
+        (:func:`~tvm_accel.layers.layer_shape_text`) from the model's tensor shapes: ``layer``
+        gives the window (None: none); a fused group passes its ``first`` layer, whose inputs
+        it reads, and its ``last``, whose output it writes."""
+        src, dst = first or layer, last or layer
+        ins = getattr(src, "inputs", None) or [src.input]
+        t = self.own.tensors
+        return layer_shape_text(layer, [t[n].shape for n in ins], t[dst.output].shape, note)
 
     def _schedule(self, *args, **kw) -> list:
         """:func:`~tvm_dpu.strategy.dependencies.schedule`, remembering the dependency list of the

@@ -134,8 +134,9 @@ class ChainEmitter(ConvEmitter):
                    for ly in layers if isinstance(ly, ConvLayer))
         ops = "+".join(ly.op_name for ly in layers)
         return LayerProgram(name, f"{ops} (on-chip chain)", cg.encode_stream(insns), len(insns),
-                            int(macs), f"{list(shapes[x])}->{list(tout.shape)} {len(layers)} "
-                            f"layers, bands of {kn['tile_h']} rows", kn)
+                            int(macs), self.shape_text(None, f"({len(layers)} layers, bands of "
+                                                       f"{kn['tile_h']} rows)", layers[0],
+                                                       layers[-1]), kn)
 
     def _chain_step(self, cp: _ChainPlan, params: dict, keys: dict, g: int, j: int,
                     q: int, chunks: dict | None = None, streamed: tuple | None = None

@@ -46,8 +46,7 @@ class ConvEmitter(Emitter):
         macs = n * k * ho * wo * kh * kw * (1 if dw else c)
         op = "dense" if layer.is_dense else ("depthwise_conv2d" if dw else "conv2d")
         return LayerProgram(layer.name, op, cg.encode_stream(insns), len(insns), int(macs),
-                            f"{list(in_shape)}->{[n, k, ho, wo]} k{kh}x{kw} s{layer.strides[0]}"
-                            + (f" d{conv_dilation(layer)}" if conv_dilation(layer) > 1 else ""),
+                            self.shape_text(layer),
                             kn)
 
     def _conv_params(self, layer: ConvLayer, in_c: int) -> dict:
@@ -200,8 +199,7 @@ class ConvEmitter(Emitter):
             macs += tin.shape[0] * k * nh_t * nw_t * skh * skw * in_shape[1]
         insns = self._schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
         return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
-                            int(macs), f"{list(in_shape)}->{list(tout.shape)} "
-                            f"k{layer.kernel[0]}x{layer.kernel[1]} s{sh}",
+                            int(macs), self.shape_text(layer, f"({sh * sw} subconvs)"),
                             {"form": "subconv", "pipeline": pipe})
 
     def _deconv_upsample(self, layer: DeconvLayer, pipe: bool) -> LayerProgram:
@@ -261,5 +259,5 @@ class ConvEmitter(Emitter):
         insns = self._schedule(segments, "CONV", pipe, self.cfg.PM_BYTES // 2)
         macs = n * c * h * w * k * kh * kw  # useful MACs: every input pixel x kernel
         return LayerProgram(layer.name, "conv2d_transpose", cg.encode_stream(insns), len(insns),
-                            int(macs), f"{[n, c, h, w]}->{list(tout.shape)} k{kh}x{kw} s{sh} "
-                            "upsample+conv", {"form": "upsample", "pipeline": pipe})
+                            int(macs), self.shape_text(layer, "(upsample+conv)"),
+                            {"form": "upsample", "pipeline": pipe})

@@ -76,8 +76,9 @@ class FusedEmitter(ChainEmitter):
         insns = self._schedule(segments, "CONV", kn["pipeline"], self.cfg.PM_BYTES // 2)
         macs = n * k * ho * wo * kh * kw * c
         return LayerProgram(name, f"{pool.op_name}+{conv.op_name}", cg.encode_stream(insns),
-                            len(insns), int(macs), f"{list(in_shape)}->{list(tout.shape)} "
-                            f"pool{pkh}x{pkw} k{kh}x{kw}", kn)
+                            len(insns), int(macs),
+                            self.shape_text(conv, f"after {pool.op_name} k{pkh}x{pkw}", pool),
+                            kn)
 
     def conv_pool(self, conv: ConvLayer, pool: PoolLayer, template: str,
                   user: dict | None) -> LayerProgram:
@@ -121,8 +122,8 @@ class FusedEmitter(ChainEmitter):
         macs = in_shape[0] * k * hc * wc * kh * kw * (1 if conv.is_depthwise else c)
         return LayerProgram(name, f"{conv.op_name}+{pool.op_name}", cg.encode_stream(insns),
                             len(insns), int(macs),
-                            f"{list(in_shape)}->{list(tout.shape)} k{kh}x{kw} "
-                            f"pool{pkh}x{pkw}", kn)
+                            self.shape_text(conv, f"then {pool.op_name} k{pkh}x{pkw}",
+                                            last=pool), kn)
 
     def conv_add(self, conv: ConvLayer, add: AddLayer, user: dict | None) -> LayerProgram:
         """conv+add: per conv output tile, LOAD the conv input window and the other operand's
@@ -157,8 +158,7 @@ class FusedEmitter(ChainEmitter):
         macs = in_shape[0] * k * ho * wo * kh * kw * (1 if conv.is_depthwise else c)
         return LayerProgram(name, f"{conv.op_name}+add", cg.encode_stream(insns), len(insns),
                             int(macs),
-                            f"{list(in_shape)}->{list(tout.shape)} k{kh}x{kw} "
-                            f"s{conv.strides[0]} +add", kn)
+                            self.shape_text(conv, "then add", last=add), kn)
 
     def conv_horizontal(self, convs: list[ConvLayer], user: dict | None) -> LayerProgram:
         """Horizontal fusion: convs of one geometry on the same input; every input tile is
@@ -196,5 +196,5 @@ class FusedEmitter(ChainEmitter):
         macs = sum(in_shape[0] * k * ho * wo * kh * kw * c for _, _, k, _, _, _ in members)
         return LayerProgram(name, f"{len(convs)}x{convs[0].op_name} (horizontal)",
                             cg.encode_stream(insns), len(insns), int(macs),
-                            f"{list(in_shape)} -> {len(convs)} convs k{kh}x{kw} "
-                            f"s{convs[0].strides[0]}", kn)
+                            self.shape_text(convs[0], f"({len(convs)} convs of this window)"),
+                            kn)

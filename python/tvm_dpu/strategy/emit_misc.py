@@ -53,7 +53,7 @@ class MiscEmitter(Emitter):
             tiles.append(_Tile([la, lb], [op], [sv]))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "add", cg.encode_stream(insns), len(insns), 0,
-                            f"{list(in_shape)}", kn)
+                            self.shape_text(layer), kn)
 
     def mul(self, layer: MulLayer, user: dict | None) -> LayerProgram:
         """ELTMUL tile by tile; a per-channel vector B (N, C, 1, 1), the squeeze-excitation gate,
@@ -123,7 +123,7 @@ class MiscEmitter(Emitter):
                                  (layer.kernel, layer.strides, layer.padding))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, layer.op_name, cg.encode_stream(insns), len(insns), 0,
-                            f"{list(in_shape)} k{kh}x{kw} s{layer.strides[0]}", kn)
+                            self.shape_text(layer), kn)
 
     def upsample(self, layer: UpsampleLayer, user: dict | None) -> LayerProgram:
         tin, tout = self.tensors[layer.input], self.tensors[layer.output]
@@ -139,7 +139,7 @@ class MiscEmitter(Emitter):
         tiles = self._misc_tiles(tin, tout, layer, kn, make, up=(fh, fw))
         insns = self._schedule([([], tiles)], "MISC", kn["pipeline"])
         return LayerProgram(layer.name, "upsample", cg.encode_stream(insns), len(insns), 0,
-                            f"{list(in_shape)} x{fh}x{fw}", kn)
+                            self.shape_text(layer), kn)
 
     def concat(self, layer: ConcatLayer, user: dict | None) -> LayerProgram:
         """Concat by placement: every input is copied tile by tile into its channel range of
@@ -164,7 +164,7 @@ class MiscEmitter(Emitter):
             ch0 += c
         insns = self._schedule(segments, "MISC", kn0["pipeline"])
         return LayerProgram(layer.name, "concat", cg.encode_stream(insns), len(insns), 0,
-                            f"{len(layer.inputs)} inputs -> {list(tout.shape)}", kn0)
+                            self.shape_text(layer), kn0)
 
 
     # --- fused groups (tvm_dpu.fusion templates) -------------------------------------------------

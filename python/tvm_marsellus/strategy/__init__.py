@@ -93,7 +93,8 @@ def _plan(graph: LayerGraph, cfg: MarsellusConfig, knobs: dict | None,
     p._choose()  # 1. engines: the engine of every layer, the layout of every tensor
     progs = p.tile_layers()  # 2. tiling: tiles and knobs, the weights into the L2 image
     progs, l2_bytes, l3_bytes = p.place(progs)  # 3. memory: the L2 / L3 map
-    return merge_phases(p.emit_program(progs, l2_bytes, l3_bytes), parents | concats)  # 4.
+    return merge_phases(p.emit_program(progs, l2_bytes, l3_bytes), parents | concats,
+                        graph)  # 4.
 
 
 def layer_knob_spaces(graph: LayerGraph, cfg: MarsellusConfig) -> dict[str, KnobSpace]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tvm_accel.layers import ConvLayer
+from tvm_accel.layers import ConcatLayer, ConvLayer, LayerGraph, layer_shape_text
 from tvm_marsellus.program import LayerProgram, MarsProgram
-from tvm_marsellus.strategy.layers import Geometry, TensorInfo
+from tvm_marsellus.strategy.layers import Geometry, TensorInfo, layer_reads
 
 
 @dataclass
@@ -70,9 +70,16 @@ def phase_padding(count: int, taps: int, top: int, size: int) -> tuple[int, int]
     return top, max(0, count - 1 + taps - top - size)
 
 
-def merge_phases(prog: MarsProgram, parents: dict[str, object]) -> MarsProgram:
+def _reads(layer) -> tuple[str, ...]:
+    """The tensors a decomposed layer reads (a concat: all its inputs)."""
+    return tuple(layer.inputs) if isinstance(layer, ConcatLayer) else layer_reads(layer)
+
+
+def merge_phases(prog: MarsProgram, parents: dict[str, object], graph: LayerGraph
+                 ) -> MarsProgram:
     """The phase programs of each decomposed layer as one layer program (its commands in phase
-    order: every phase's stream is balanced, so the sequence is too)."""
+    order: every phase's stream is balanced, so the sequence is too), with the layer's own
+    shape (``graph``: its tensors)."""
     if not parents:
         return prog
     out: list[LayerProgram] = []
@@ -86,7 +93,10 @@ def merge_phases(prog: MarsProgram, parents: dict[str, object]) -> MarsProgram:
         if m is None:
             ly = parents[parent]
             m = LayerProgram(parent, ly.op_name, lp.engine, [], 0,
-                             {"shape": lp.meta.get("parent_shape", ""), "phases": {}, "tiles": 0,
+                             {"shape": layer_shape_text(ly, [graph.tensors[n].shape
+                                                             for n in _reads(ly)],
+                                                         graph.tensors[ly.output].shape),
+                              "phases": {}, "tiles": 0,
                               "cost": 0.0})
             merged[parent] = m
             out.append(m)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import tvm_marsellus.codegen as cg
 from tvm_accel.errors import MappingError
 from tvm_accel.knobs import Knob, KnobSpace, validate_knobs
-from tvm_accel.layers import ConvLayer
+from tvm_accel.layers import ConvLayer, layer_shape_text
 from tvm_marsellus.hw_config import RBE_CHANNELS, MarsellusConfig
 from tvm_marsellus.layout import activation_bytes, weight_bytes
 from tvm_marsellus.numerics import add_factors
@@ -599,7 +599,8 @@ class Tiling:
             macs = tout.n * geo.ho * geo.wo * geo.k * geo.kh * geo.kw * (
                 geo.c if kind in ("conv", "fc") else 1)
         meta = {"tile_h": th, "tile_k": kt, "tile_w": lay.tw, "tile_c": lay.tc,
-                "shape": f"{list(tins[0].placement().shape)}",
+                "shape": layer_shape_text(ly, [self.g.tensors[n].shape for n in ins],
+                                          self.g.tensors[ly.output].shape),
                 "cost": round(lay.cost(th, kt), 1), "pair_columns": lay.pair}
         lp = LayerProgram(name=ly.name, op=ly.op_name, engine=eng, commands=[], macs=macs,
                              meta=meta)

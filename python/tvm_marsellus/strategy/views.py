@@ -90,8 +90,6 @@ class Views:
             return lp
         t = self.t[ly.output]
         lp.meta["phase_of"] = parent
-        lp.meta["parent_shape"] = f"{list(self.t[ly.input].placement().shape)} -> " \
-                                  f"{[t.n, t.h, t.w, t.c]}"
         if getattr(ly, "useful_taps", None) is not None:
             geo = self.layers[ly.name].geo
             lp.macs = t.n * geo.ho * geo.wo * geo.k * ly.useful_taps * (

@@ -4,7 +4,7 @@ on the ALU, then the requantize tail; tiles alternate between two ACC halves whe
 from __future__ import annotations
 
 from tvm_accel.errors import MappingError
-from tvm_accel.layers import AddLayer
+from tvm_accel.layers import AddLayer, layer_shape_text
 from tvm_vta_cp.codegen import (
     ALU_ADD,
     ALU_MUL,
@@ -76,6 +76,5 @@ def add(ctx: PlanContext, layer: AddLayer, user_knobs: dict | None) -> LayerProg
             em.store_group(half, sts)
 
     insns = emit_layer(cfg, ctx.isa, ctx.dram, name, body)
-    shape = "x".join(map(str, pout.shape))
     return LayerProgram(name, "add", insns, len(insns) // 16, 0, 0,
-                        f"{shape} + {shape} -> {shape}", dict(kn))
+                        layer_shape_text(layer, [pout.shape, pout.shape], pout.shape), dict(kn))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tvm_accel.layers import ConvLayer, SubConv
+from tvm_accel.layers import ConvLayer, SubConv, layer_shape_text
 from tvm_vta_cp.codegen import (
     MAX_FIELD16,
     MEM_ACC,
@@ -118,18 +118,8 @@ def conv(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None,
     g, kn, body = conv_body(ctx, layer, user_knobs, use_halo)
     insns = emit_layer(ctx.cfg, ctx.isa, ctx.dram, layer.name, body)
     macs, padded = conv_macs(g, ctx.cfg)
-    if g.dense:
-        shape = f"{g.N}x{g.C} -> {g.N}x{g.K}"
-    else:
-        shape = (f"{g.N}x{g.C}x{g.H}x{g.W} -> {g.N}x{g.K}x{g.Ho}x{g.Wo} k{g.KH}x{g.KW} "
-                 f"s{g.sh}" + (f"x{g.sw}" if g.sw != g.sh else ""))
-        if any(g.pad):
-            shape += " p" + (str(g.pad[0]) if len(set(g.pad)) == 1
-                             else ",".join(map(str, g.pad)))
-        if (g.dh, g.dw) != (1, 1):
-            shape += f" d{g.dh}" + (f"x{g.dw}" if g.dw != g.dh else "")
-        if g.grouped:
-            shape += f" g{g.groups}"
+    shape = layer_shape_text(layer, [ctx.placements[layer.input].shape],
+                             ctx.placements[layer.output].shape)
     return LayerProgram(layer.name, "dense" if g.dense else "conv2d", insns,
                         len(insns) // 16, macs, padded, shape, dict(kn))
 

@@ -5,7 +5,7 @@ output (no intermediate tensor)."""
 from __future__ import annotations
 
 from tvm_accel.errors import KnobError
-from tvm_accel.layers import DeconvLayer, deconv_output_shape
+from tvm_accel.layers import DeconvLayer, deconv_output_shape, layer_shape_text
 from tvm_vta_cp.layout import dims4
 from tvm_vta_cp.program import LayerProgram
 from tvm_vta_cp.strategy.conv import conv_body, conv_macs
@@ -40,18 +40,9 @@ def deconv(ctx: PlanContext, layer: DeconvLayer, user_knobs: dict | None,
     insns = emit_layer(cfg, ctx.isa, ctx.dram, layer.name, body)
     macs, padded = (sum(v) for v in zip(*(conv_macs(g, cfg) for g, _, _ in parts),
                                         strict=True))
-    (n, c, h, w), (kh, kw) = dims4(tuple(pin.shape)), layer.kernel
+    n, c, h, w = dims4(tuple(pin.shape))
     _, k, ho, wo = deconv_output_shape(layer, (n, c, h, w))
-    shape = (f"{n}x{c}x{h}x{w} -> {n}x{k}x{ho}x{wo} k{kh}x{kw} s{strides[0]}"
-             + (f"x{strides[1]}" if strides[1] != strides[0] else ""))
-    if any(layer.padding):
-        pad = tuple(int(p) for p in layer.padding)
-        shape += " p" + (str(pad[0]) if len(set(pad)) == 1 else ",".join(map(str, pad)))
-    if any(layer.output_padding):
-        shape += " op" + ",".join(str(int(p)) for p in layer.output_padding)
-    if layer.groups > 1:
-        shape += f" g{layer.groups}"
-    shape += f" ({len(subs)} phases)"
+    shape = layer_shape_text(layer, [(n, c, h, w)], (n, k, ho, wo), f"({len(subs)} phases)")
     return LayerProgram(layer.name, "conv2d_transpose", insns, len(insns) // 16, int(macs),
                         int(padded), shape,
                         {sc.conv.name: dict(kn) for sc, (_, kn, _) in zip(subs, parts,
