@@ -263,46 +263,59 @@ def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: 
                  progress: Callable[[int, int], None] | None
                  ) -> tuple[list[list[np.ndarray]], int]:
     """The package's outputs for every batch, in order, and the processes used. One job runs
-    them here; more start that many worker processes (spawned: TVM is not fork-safe), each
-    loading the package once and running the batches handed to it under this process's cycle
-    budget. ``None``: the first batch runs here and decides (see :func:`evaluate`)."""
+    them here. More: ``jobs - 1`` spawned workers (TVM is not fork-safe), each loading the
+    package once and running under this process's cycle budget, take batches from the front
+    while this process, already warm, takes them from the back (a batch no worker has started
+    is cancelled and run here), so the workers' start-up is not lost time. ``None``: the first
+    batch runs here and decides (see :func:`evaluate`)."""
     import tvm
 
     from tvm_accel import simlib
     from tvm_accel.package import outputs_to_numpy
 
     total = len(batches)
-    out: list[list[np.ndarray]] = []
+    results: list[list[np.ndarray] | None] = [None] * total
+    done = 0
     vm = None
 
-    def here(batch: list[np.ndarray]) -> None:
+    def store(i: int, outs: list[np.ndarray]) -> None:
+        nonlocal done
+        results[i] = outs
+        done += 1
+        if progress:
+            progress(done, total)
+
+    def here(i: int) -> None:
         nonlocal vm
         vm = vm or pkg.vm()
-        out.append(outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batch])))
-        if progress:
-            progress(len(out), total)
+        store(i, outputs_to_numpy(vm["main"](*[tvm.runtime.tensor(x) for x in batches[i]])))
 
+    first = 0
     if jobs is None:
         t0 = time.perf_counter()
-        here(batches[0])
+        here(0)
+        first = 1
         rest = (time.perf_counter() - t0) * (total - 1)
         jobs = default_jobs() if rest > WORTH_SPAWNING else 1
-    jobs = min(jobs, total - len(out))
+    jobs = min(jobs, total - first)
     if jobs <= 1:
-        for batch in batches[len(out):]:
-            here(batch)
-        return out, 1
+        for i in range(first, total):
+            here(i)
+        return [r for r in results if r is not None], 1
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+    with ProcessPoolExecutor(jobs - 1, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init,
                              initargs=(package_path, simlib.current_cycle_budget())) as pool:
-        for outs in pool.map(_worker_run, batches[len(out):]):
-            out.append(outs)
-            if progress:
-                progress(len(out), total)
-    return out, jobs
+        futures = {i: pool.submit(_worker_run, batches[i]) for i in range(first, total)}
+        for i in range(total - 1, first - 1, -1):
+            if futures[i].cancel():
+                here(i)
+        for i, fut in futures.items():
+            if results[i] is None:
+                store(i, fut.result())
+    return [r for r in results if r is not None], jobs
 
 
 _WORKER: dict[str, Any] = {}
