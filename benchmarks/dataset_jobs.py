@@ -1,11 +1,11 @@
 """A dataset run spread over processes and over a farm (issue 25, items 2 and 3).
 
-Compiles one zoo model for one target (default: ResNet-20 on VTA, 1,000 samples: the issue's
-goal is ``--jobs 2`` at least 1.8x faster than ``--jobs 1``), makes N seeded random samples and runs
-:func:`tvm_accel.evaluate.evaluate` on them with each ``--jobs`` value, then (with ``--farm S``)
-on a tracker and S farm servers started on this machine (each size in ``--farm``). Prints wall time, samples per second,
-speed-up over one process, and whether the outputs equal the one-process run's (they must).
-On one machine the farm shows the protocol's overhead, not more cores. Usage:
+Compiles one zoo model for one target (default: ResNet-20 on VTA, 1,000 samples; the issue's
+goal is ``--jobs 2`` at least 1.8x faster than ``--jobs 1``), makes N seeded random samples and
+runs :func:`tvm_accel.evaluate.evaluate` on them with each ``--jobs`` value, then on a tracker
+and S farm servers started on this machine for each S in ``--farm``. Prints wall time, samples
+per second, speed-up over one process, and whether the outputs equal the one-process run's
+(they must). On one machine the farm shows the protocol's overhead, not more cores. Usage:
     python benchmarks/dataset_jobs.py [--model resnet20] [--target vta] [--samples 1000]
                                       [--jobs 1,2] [--farm 1,2]
 """
