@@ -214,3 +214,17 @@ def test_a_constant_beyond_the_bias_lanes_stays_an_alu_add_bit_exactly():
     _, ops = conv_numerics(graph.layers[0], "int8", "int8", load_config("vta_1x16x16"))
     assert not any(op.on_gemm for op in ops) and ALU_ADD in [op.opcode for op in ops]
     run_exact(graph, inputs, "vta_1x16x16")
+
+
+@pytest.mark.parametrize("cfg_name", ["vta_1x16x16", "vta_8x8x8"])
+def test_a_tail_left_only_on_the_gemm_runs_bit_exact(cfg_name):
+    def constant(layer) -> Requant:
+        k = len(layer.weight)
+        layer.weight = np.zeros_like(layer.weight)
+        layer.bias = np.arange(k, dtype=np.int64) - 9
+        return Requant(0, np.ones(k, np.int64), np.zeros(k, np.int64), 0, 0, -128, 127)
+
+    graph, inputs = _single(np.random.default_rng(13), constant)
+    _, ops = conv_numerics(graph.layers[0], "int8", "int8", load_config(cfg_name))
+    assert len(ops) == 1 and ops[0].on_gemm and not alu_ops(ops)
+    run_exact(graph, inputs, cfg_name)

@@ -258,6 +258,7 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
                         bg = em.gemm(((nb, nco * S, 0, 0), (nco, S, 0, 1), (S, 1, 0, 0)),
                                      (abase, half * inp_h + binp, half * wgt_h + bwgt))
                         em.gemm_reads(half, bg, False)
+                        gm = bg
                     if ci_i == len(co_chunks[t[1]]) - 1:
                         last = emit_tail(em, ops, vidx, n, nb, nco, S, abase, vbase) or gm
                         em.compute_done(last)
