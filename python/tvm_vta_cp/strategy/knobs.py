@@ -151,15 +151,23 @@ def default_alternatives(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTACo
                          dtypes: tuple[str, str] | None = None) -> list[dict]:
     """The distinct default knobs of a conv under each start rule of the cost model
     (:data:`START_RULES`), the default first: the tilings worth measuring when the choice is
-    made on the simulator (the model's start term is its least certain part)."""
+    made on the simulator (the model's start term is its least certain part). With the bias
+    lanes, also the (feasible) defaults of the same tail with its ADD on the ALU (its vector
+    too): the tilings the model chose before the lanes existed, measured on the new tail."""
     g, ops = _layer_ctx(layer, in_shape, cfg, dtypes)
     space = knob_space(layer, in_shape, cfg, _ctx=(g, ops))
     out = [space.default()]
+    gb_op, nalu = gemm_bias(ops), len(alu_ops(ops))
+    gb = gb_op is not None
     for rule in START_RULES[1:]:
-        kn = _default_conv(g, cfg, n_vec(ops), len(alu_ops(ops)), rule,
-                           gbias=gemm_bias(ops) is not None)
+        kn = _default_conv(g, cfg, n_vec(ops), nalu, rule, gbias=gb)
         if kn not in out:
             out.append(kn)
+    if gb:
+        for rule in START_RULES:
+            kn = _default_conv(g, cfg, n_vec(ops) + int(not gb_op.is_imm), nalu + 1, rule)
+            if kn not in out and space.is_valid(kn):
+                out.append(kn)
     return out
 
 
@@ -206,7 +214,6 @@ def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, t
     alu = nops * (n * cfg.ALU_CYCLES_PER_UOP + pl) + n + pl  # + reset
     if gbias:
         alu += n * cfg.GEMM_CYCLES_PER_UOP + pl
-        wgt_cost += atco * cfg.wgt_entry_bytes / bpc
     if nvec:
         alu += lat + nvec * atco * cfg.acc_entry_bytes / bpc
     out_full = ath >= g.Ho
@@ -228,6 +235,8 @@ def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, t
         w_frac = min(1.0, nCO * nthr / tiles)
         i_frac = 1.0
     load = nCI * (inp_cost * i_frac + wgt_cost * w_frac)
+    if gbias:  # the bias lanes' weight blocks, with the first chunk of a new co tile
+        load += atco * cfg.wgt_entry_bytes / bpc * w_frac
     comp = nCI * gemm + alu
     if nthr == 2:
         per = max(comp, load, store)
