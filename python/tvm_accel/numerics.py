@@ -275,7 +275,8 @@ class ApproximationError:
     #: largest relative error of the integer scale (``multiplier / 2^(pre_shift+shift)``)
     max_rel_error: float
     #: worst-case deviation from ``acc * scale`` before the final rounding, in output LSBs
-    #: (scale error over the unsaturated output range plus the pre-shift's floor)
+    #: (scale error over the unsaturated output range plus the pre-shift's floor, plus a round
+    #: add's distance from ``2^(shift-1)``)
     max_lsb_error: float
 
 
@@ -290,6 +291,10 @@ def recipe_error(rq: Requant, acc_bound=None) -> ApproximationError:
               else np.broadcast_to(np.asarray(acc_bound, dtype=np.float64), s.shape))
     lsb, rel = _error_terms(s, bounds, [int(m) for m in np.ravel(rq.multiplier)], rq.pre_shift,
                             rq.shift, rq.zero_point, rq.qmin, rq.qmax)
+    # a round add other than 2^(shift-1) moves the rounding point by its offset (in LSBs)
+    ra = np.ravel(np.asarray(rq.round_add, dtype=np.int64))
+    if ra.size:
+        lsb += float(np.abs(ra - _round_add(rq.shift)).max()) / 2.0 ** rq.shift
     return ApproximationError(max_rel_error=rel, max_lsb_error=lsb)
 
 

@@ -24,7 +24,9 @@ narrows each lane to 8 bits. The choices, and why:
 - **Cost-aware choice.** Every tail op costs ``ALU_CYCLES_PER_UOP`` per ACC entry in the
   compute module the GEMM shares, so :func:`requant_recipe` takes the cheapest recipe (fewest
   ALU ops, :func:`tail_alu_ops`) among the most accurate one, the best one without a pre-shift
-  and a shift-only one (multiplier 1), whose worst-case error stays within
+  and a shift-only one (multiplier 1), each also with its round add moved to a multiple of
+  the multiplier (:func:`round_before_multiply`: the tail's whole constant is then added
+  before the MUL, by the GEMM), whose worst-case error stays within
   ``max(error of the most accurate, CHEAP_RECIPE_BUDGET_LSB)``; docs/vta.md (Numerics) has
   the measurements behind the budget.
 - **Residual add.** ``(a - za) * ma + (b - zb) * mb`` with ``ma, mb <= 32767`` and
@@ -58,13 +60,52 @@ VTA_LIMITS = RecipeLimits(multiplier_max=(1 << 15) - 1, intermediate_bits=32, ma
 CHEAP_RECIPE_BUDGET_LSB = 0.5
 
 
+def _stored_zero_point(rq: Requant) -> int:
+    """The zero point as VTA stores the output (uint8 as value - 128; uint8 when qmax > 127)."""
+    return int(rq.zero_point) - (128 if rq.qmax > 127 else 0)
+
+
+def rounds_before_multiply(rq: Requant) -> bool:
+    """Whether the round add and the stored zero point are a multiple of the multiplier in
+    every channel (``round_add + zp * 2^shift == c * m``), so the whole constant of the tail
+    is added before the multiply, as ``c * 2^pre_shift`` on the accumulator: one ADD that rides
+    on the GEMM (``strategy.alu_tail``, bias lanes)."""
+    m = np.ravel(np.asarray(rq.multiplier, dtype=np.int64))
+    if m.size == 0 or np.any(m <= 0):
+        return False
+    total = np.ravel(np.asarray(rq.round_add, dtype=np.int64)) + (
+        _stored_zero_point(rq) << rq.shift)
+    return bool(np.all(total % m == 0))
+
+
 def tail_alu_ops(rq: Requant) -> int:
-    """ALU ops per output entry of ``rq``'s tail on VTA, clip included (the bias and zero point
-    ride on the round add when there is no pre-shift; ``strategy.alu_tail`` may drop more)."""
+    """ALU ops per output entry of ``rq``'s tail on VTA, clip included. Rounding before the
+    multiply (:func:`rounds_before_multiply`): the bias, round add and zero point are one
+    constant added to the accumulator by the GEMM (its bias lanes), so only the shifts, the
+    MUL and the clip are ALU ops. Otherwise the bias and zero point ride on the round add when
+    there is no pre-shift; ``strategy.alu_tail`` may drop more."""
     mul = int(bool(np.any(np.asarray(rq.multiplier) != 1)))
     shr = int(rq.shift > 0)
+    if rounds_before_multiply(rq):
+        return int(rq.pre_shift > 0) + mul + shr + 2
     pre = 2 if rq.pre_shift else 0  # its own SHR, and the bias needs its own ADD before it
     return pre + mul + 1 + shr + 2
+
+
+def round_before_multiply(rq: Requant, acc_bound: np.ndarray) -> Requant | None:
+    """``rq`` with its round add moved to the nearest value that makes
+    :func:`rounds_before_multiply` hold (``c = round((2^(shift-1) + zp * 2^shift) / m)``,
+    round add ``c * m - zp * 2^shift``), or None when ``rq`` rounds before the multiply
+    already or the new constant breaks the int32 limits. The rounding point moves by at most
+    ``m / 2^(shift+1)`` LSB (``recipe_error`` counts it)."""
+    m = np.ravel(np.asarray(rq.multiplier, dtype=np.int64))
+    if rounds_before_multiply(rq) or m.size == 0 or np.any(m <= 0):
+        return None
+    zps = _stored_zero_point(rq) << rq.shift
+    target = ((1 << rq.shift) >> 1) + zps
+    c = (target + m // 2) // m
+    out = replace(rq, round_add=(c * m - zps).astype(np.int64))
+    return None if check_limits(out, acc_bound, VTA_LIMITS) else out
 
 
 def shift_only_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
@@ -93,7 +134,8 @@ def shift_only_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int,
 def requant_candidates(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,
                        qmax: int) -> list[Requant]:
     """The most accurate recipe first, then the cheaper forms: the best without a pre-shift
-    and the shift-only one (those that exist)."""
+    and the shift-only one (those that exist), then each of them rounding before the multiply
+    (:func:`round_before_multiply`)."""
     best = solve_requant(scale, acc_bound, zero_point, qmin, qmax, VTA_LIMITS)
     out = [best]
     if best.pre_shift:
@@ -103,7 +145,8 @@ def requant_candidates(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int
     shift_only = shift_only_recipe(scale, acc_bound, zero_point, qmin, qmax)
     if shift_only is not None:
         out.append(shift_only)
-    return out
+    moved = [round_before_multiply(rq, acc_bound) for rq in out]
+    return out + [rq for rq in moved if rq is not None]
 
 
 def requant_recipe(scale: np.ndarray, acc_bound: np.ndarray, zero_point: int, qmin: int,

@@ -75,7 +75,8 @@ class VTAStats:
         return VTAStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def macs(self, cfg: VTAConfig) -> int:
-        """Useful multiply-accumulates (non-reset GEMM uop iterations x MACs per iteration)."""
+        """Multiply-accumulates the GEMM ran (non-reset uop iterations x MACs per iteration;
+        a conv's bias-lanes pass, one iteration per output entry, included)."""
         return self.gemm_uop_iters * cfg.macs_per_cycle
 
     def time_us(self, cfg: VTAConfig) -> float:

@@ -26,6 +26,8 @@ class AluOp:
 
     opcode: int
     values: np.ndarray  # per output channel (int64); SHR uses a uniform value
+    #: a leading ADD done by the GEMM instead (bias lanes, :func:`bias_lanes`), not the ALU
+    on_gemm: bool = False
 
     @property
     def uniform(self) -> bool:
@@ -106,10 +108,33 @@ class _Recipe:
             ops.append(AluOp(ALU_ADD, self.full(zp)))
         return ops
 
+    def premul_ops(self) -> list[AluOp] | None:
+        """When ``r + zp * 2^s == c * m`` in every channel, the whole constant goes before the
+        multiply: ``((g + bias + c * 2^pre) >> pre) * m >> s`` equals the recipe exactly
+        (``(x >> p) + c == (x + c * 2^p) >> p``); its leading ADD can ride on the GEMM."""
+        m = self.m
+        if not len(m) or np.any(m <= 0) or self.s > 31 or abs(self.zp) >= (1 << 16):
+            return None
+        total = self.r + (self.zp << self.s)
+        if np.any(total % m != 0):
+            return None
+        ops = []
+        b = self.bias + ((total // m) << self.pre)
+        if np.any(b != 0):
+            ops.append(AluOp(ALU_ADD, b))
+        if self.pre:
+            ops.append(AluOp(ALU_SHR, self.full(min(self.pre, 31))))
+        if np.any(m != 1):
+            ops.append(AluOp(ALU_MUL, m))
+        if self.s:
+            ops.append(AluOp(ALU_SHR, self.full(self.s)))
+        return ops
+
     def candidates(self) -> list[list[AluOp]]:
         """Foldings to try, the cheapest first; the last is the plain recipe order."""
         zp_folds = (True, False) if self.s <= 30 and abs(self.zp) < (1 << 16) else (False,)
-        out = []
+        premul = self.premul_ops()
+        out = [] if premul is None else [premul]
         if self.pre == 0:
             out += [self.ops(True, f) for f in zp_folds]
         return out + [self.ops(False, f) for f in zp_folds]
@@ -173,6 +198,43 @@ def requant_tail(g_lo: np.ndarray, g_hi: np.ndarray, bias: np.ndarray, rq: Requa
     return ops
 
 
+def bias_lanes(values: np.ndarray, block_in: int) -> np.ndarray | None:
+    """int8 weights ``(K, block_in)`` with ``sum_j x_j * w[k, j] == values[k]`` for the
+    constant input lanes ``x = (1, -128, ..., -128)`` (:func:`bias_input`), or None when a value
+    is out of their reach (``|v|`` up to about ``16384 * (block_in - 1)``): a per-channel
+    constant added by one GEMM micro-op per output entry (1 cycle) instead of an ALU ADD (2)."""
+    v = np.asarray(values, dtype=np.int64)
+    if block_in < 2:
+        return None
+    w0 = v % 128                 # lane 0 (input 1): the low part, 0..127
+    need = -((v - w0) // 128)    # the other lanes (input -128) sum to this
+    n = block_in - 1
+    if np.any(need < -128 * n) or np.any(need > 127 * n):
+        return None
+    base, rem = need // n, need % n
+    w = np.empty((len(v), block_in), dtype=np.int64)
+    w[:, 0] = w0
+    w[:, 1:] = base[:, None] + (np.arange(n)[None, :] < rem[:, None])
+    return w.astype(np.int8)
+
+
+def bias_input(cfg: VTAConfig) -> bytes:
+    """The INP entry of the bias lanes: every batch row ``(1, -128, ..., -128)``."""
+    x = np.full((cfg.batch, cfg.block_in), -128, dtype=np.int8)
+    x[:, 0] = 1
+    return x.tobytes()
+
+
+def gemm_bias(ops: list[AluOp]) -> AluOp | None:
+    """The tail's op done by the GEMM's bias lanes, if any."""
+    return next((op for op in ops if op.on_gemm), None)
+
+
+def alu_ops(ops: list[AluOp]) -> list[AluOp]:
+    """The tail's ops the ALU runs."""
+    return [op for op in ops if not op.on_gemm]
+
+
 def conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str,
                   cfg: VTAConfig) -> tuple[int, list[AluOp]]:
     """(zx', folded bias, ALU tail ops) of a conv/dense layer; raises MappingError."""
@@ -196,6 +258,8 @@ def conv_numerics(layer: ConvLayer, in_dtype: str, out_dtype: str,
     g_lo = -128 * pos + 127 * neg
     g_hi = 127 * pos - 128 * neg
     ops = requant_tail(g_lo, g_hi, bias_eff, layer.requant, out_dtype, K, where)
+    if ops and ops[0].opcode == ALU_ADD and bias_lanes(ops[0].values, cfg.block_in) is not None:
+        ops[0] = AluOp(ALU_ADD, ops[0].values, on_gemm=True)
     return zxp, ops
 
 
@@ -218,8 +282,8 @@ def add_numerics(layer: AddLayer, dtypes: tuple[str, str], out_dtype: str,
 
 
 def n_vec(ops: list[AluOp]) -> int:
-    """ACC-resident operand vectors of a tail (ops whose operand is not an immediate)."""
-    return sum(1 for op in ops if not op.is_imm)
+    """ACC-resident operand vectors of a tail (ALU ops whose operand is not an immediate)."""
+    return sum(1 for op in ops if not op.is_imm and not op.on_gemm)
 
 
 def vector_image(ops: list[AluOp], k: int, cfg: VTAConfig) -> tuple[bytes, list[int | None]]:
@@ -228,7 +292,7 @@ def vector_image(ops: list[AluOp], k: int, cfg: VTAConfig) -> tuple[bytes, list[
     KB, B, BLK = cdiv(k, cfg.block_out), cfg.batch, cfg.block_out
     vecs, index = [], []
     for op in ops:
-        if op.is_imm:
+        if op.is_imm or op.on_gemm:
             index.append(None)
             continue
         v = np.zeros(KB * BLK, dtype=np.int64)

@@ -25,7 +25,15 @@ from tvm_vta_cp.codegen import (
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, pack_weight
 from tvm_vta_cp.program import LayerProgram
-from tvm_vta_cp.strategy.alu_tail import conv_numerics, n_vec, vector_image
+from tvm_vta_cp.strategy.alu_tail import (
+    alu_ops,
+    bias_input,
+    bias_lanes,
+    conv_numerics,
+    gemm_bias,
+    n_vec,
+    vector_image,
+)
 from tvm_vta_cp.strategy.emitter import Emitter, emit_layer, emit_tail
 from tvm_vta_cp.strategy.geometry import ConvGeom, conv_geom, segs
 from tvm_vta_cp.strategy.knobs import conv_cost, conv_tile_extents, knob_space, layer_knobs, threads
@@ -96,7 +104,8 @@ def _tile_order(order: str, b_s, co_s, h_s, w_s):
     return [(b, co, h, w) for co in co_s for b in b_s for h in h_s for w in w_s]
 
 
-def _tiles(g: ConvGeom, cfg: VTAConfig, kn: dict, nops: int, nvec: int) -> list[tuple]:
+def _tiles(g: ConvGeom, cfg: VTAConfig, kn: dict, nops: int, nvec: int,
+           gbias: bool = False) -> list[tuple]:
     """Output tiles ``((b0, nb), (co0, nco), (h0, nh), (w0, nw))`` in emission order: the
     virtual threads' axis innermost, else the cheaper of co-outer / co-inner (cost model)."""
     tb, tco, tci, th, tw = conv_tile_extents(g, kn)
@@ -106,8 +115,8 @@ def _tiles(g: ConvGeom, cfg: VTAConfig, kn: dict, nops: int, nvec: int) -> list[
     elif axis == "h":
         order = "h_inner"
     else:
-        c_out = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, 1, "co_outer")
-        c_in = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, 1, "co_inner")
+        c_out = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, 1, "co_outer", gbias=gbias)
+        c_in = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, 1, "co_inner", gbias=gbias)
         order = "co_inner" if c_in < c_out else "co_outer"
     return _tile_order(order, segs(g.NB, tb), segs(g.KB, tco), segs(g.Ho, th), segs(g.Wo, tw))
 
@@ -147,17 +156,26 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
     vdata, vidx = vector_image(ops, g.K, cfg)
     nvec = n_vec(ops)
     vbase_dram = ctx.dram.const(vdata) // cfg.acc_entry_bytes if nvec else 0
+    gb = gemm_bias(ops)
+    if gb is not None:  # bias lanes: one constant INP entry, one WGT block per output block
+        bw = np.zeros((g.KB * cfg.block_out, cfg.block_in), dtype=np.int8)
+        bw[:g.K] = bias_lanes(gb.values, cfg.block_in)
+        bwgt_dram = ctx.dram.const(bw.tobytes()) // cfg.wgt_entry_bytes
+        binp_dram = ctx.dram.const(bias_input(cfg)) // cfg.inp_entry_bytes
     tin, tout = DramTensor(pin, cfg), DramTensor(pout, cfg)
     inp_h, wgt_h, acc_h = cfg.inp_depth // nthr, cfg.wgt_depth // nthr, cfg.acc_depth // nthr
     nmax = tb * tco * th * tw
     # input-channel chunks (ci0, nci) of each output-channel tile
     co_chunks = {co: g.chunks(co[0], co[1], tci) for co in segs(g.KB, tco)}
-    tiles = _tiles(g, cfg, kn, len(ops), nvec)
+    tiles = _tiles(g, cfg, kn, len(alu_ops(ops)), nvec, gb is not None)
     def body(em: Emitter):
         inp_key: dict[int, tuple] = {}
         wgt_key: dict[int, tuple] = {}
         vec_key: dict[int, tuple] = {}
+        bias_key: dict[int, tuple] = {}
         pt, pl = g.pad[0], g.pad[1]
+        # the bias lanes sit at the top of each half: INP entry inp_h - 1, WGT inp_h - tco..
+        binp, bwgt = inp_h - 1, wgt_h - tco
 
         def loads(t, chunk, half):
             (b0, nb), (co0, nco), (h0, nh), (w0, nw) = t
@@ -184,6 +202,13 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
                 else:
                     out.append(MemInsn(OP_LOAD, MEM_WGT, half * wgt_h, wbase_dram
                                        + (co0 * g.CB + ci0) * KK, nco, nci * KK, g.CB * KK))
+            if gb is not None and bias_key.get(half) != (co0, nco):
+                if half not in bias_key:
+                    out.append(MemInsn(OP_LOAD, MEM_INP, half * inp_h + binp, binp_dram, 1, 1,
+                                       1))
+                bias_key[half] = (co0, nco)
+                out.append(MemInsn(OP_LOAD, MEM_WGT, half * wgt_h + bwgt, bwgt_dram + co0, 1,
+                                   nco, nco))
             return out
 
         for gi in range(0, len(tiles), nthr):
@@ -219,6 +244,11 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
                                 (nci, 0, R * Cc, KK), *stencil)
                         gm = em.gemm(dims, bases)
                     em.gemm_reads(half, gm, popped[half])
+                    if gb is not None and ci_i == 0:  # acc += bias, 1 cycle per entry
+                        bg = em.gemm(((nb, nco * S, 0, 0), (nco, S, 0, 1), (S, 1, 0, 0)),
+                                     (abase, half * inp_h + binp, half * wgt_h + bwgt))
+                        em.gemm_reads(half, bg, False)
+                        gm = bg
                     if ci_i == len(co_chunks[t[1]]) - 1:
                         last = emit_tail(em, ops, vidx, n, nb, nco, S, abase, vbase) or gm
                         em.compute_done(last)

@@ -241,9 +241,12 @@ class Emitter:
 
 def emit_tail(em: Emitter, ops: list[AluOp], vidx: list[int | None], n: int, tb: int, tco: int,
               S: int, abase: int, vbase: int) -> AluInsn | None:
-    """Whole-tile ALU instructions of the requantize tail; returns the last one (or None)."""
+    """Whole-tile ALU instructions of the requantize tail (ops on the GEMM's bias lanes
+    excepted); returns the last one (or None)."""
     last = None
     for op, vi in zip(ops, vidx, strict=True):
+        if op.on_gemm:  # added by the GEMM's bias lanes
+            continue
         if vi is None:
             last = em.alu(op.opcode, ((n, 1, 0, 0),), (abase, 0), int(op.values[0]))
         else:

@@ -9,7 +9,14 @@ from tvm_accel.knobs import Knob, KnobSpace, validate_knobs
 from tvm_accel.layers import AddLayer, ConvLayer
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, dims4
-from tvm_vta_cp.strategy.alu_tail import AluOp, add_numerics, conv_numerics, n_vec
+from tvm_vta_cp.strategy.alu_tail import (
+    AluOp,
+    add_numerics,
+    alu_ops,
+    conv_numerics,
+    gemm_bias,
+    n_vec,
+)
 from tvm_vta_cp.strategy.geometry import ConvGeom, conv_geom, tile_options
 
 
@@ -30,8 +37,9 @@ def conv_tile_extents(g: ConvGeom, kn: dict) -> tuple[int, int, int, int, int]:
     return tb, tco, tci, th, tw
 
 
-def _check_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, kn: dict) -> None:
-    """Raise ValueError naming the knob when a tiling does not fit the SRAM buffers."""
+def _check_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, kn: dict, gbias: bool = False) -> None:
+    """Raise ValueError naming the knob when a tiling does not fit the SRAM buffers (with
+    ``gbias`` each half also holds the bias lanes' INP entry and ``tile_co`` WGT blocks)."""
     if kn.get("oc_nthread", 1) == 2 and kn.get("h_nthread", 1) == 2:
         raise ValueError("h_nthread: oc_nthread and h_nthread cannot both be 2 (VTA interleaves "
                          "two virtual threads)")
@@ -39,13 +47,13 @@ def _check_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, kn: dict) -> None:
     tb, tco, tci, th, tw = conv_tile_extents(g, kn)
     R, Cc = g.in_rows(th), g.in_cols(tw)
     ib, wb = g.tile_blocks(tco, tci)
-    inp = tb * ib * R * Cc
+    inp = tb * ib * R * Cc + int(gbias)
     if inp > cfg.inp_depth // nthr:
         knob = "tile_ci" if g.dense else "tile_h"
         raise ValueError(f"{knob}: the input tile (tile_b {tb} x {ib} channel blocks x {R} rows "
                          f"x {Cc} cols = {inp} entries) exceeds the {cfg.inp_depth // nthr} INP "
                          f"entries available per thread")
-    wgt = wb * g.KK
+    wgt = wb * g.KK + (tco if gbias else 0)
     if wgt > cfg.wgt_depth // nthr:
         raise ValueError(f"tile_co: the weight tile ({wb} blocks (tile_co {tco}, tile_ci "
                          f"{tci}) x {g.KH}x{g.KW} = {wgt} entries) exceeds the "
@@ -102,7 +110,8 @@ def knob_space(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAC
     g, ops = _ctx or _layer_ctx(layer, in_shape, cfg, dtypes)
     nvec = n_vec(ops)
     if isinstance(layer, ConvLayer):
-        d = _default_conv(g, cfg, nvec, len(ops))
+        gb = gemm_bias(ops) is not None
+        d = _default_conv(g, cfg, nvec, len(alu_ops(ops)), gbias=gb)
         knobs = [Knob("tile_b", tuple(tile_options(g.NB)), d["tile_b"])]
         if not g.dense:
             knobs += [Knob("tile_h", tuple(tile_options(g.Ho)), d["tile_h"]),
@@ -112,7 +121,7 @@ def knob_space(layer: ConvLayer | AddLayer, in_shape: tuple[int, ...], cfg: VTAC
                   Knob("oc_nthread", (1, 2), d["oc_nthread"])]
         if not g.dense:
             knobs.append(Knob("h_nthread", (1, 2), d["h_nthread"]))
-        return KnobSpace(knobs, check=lambda kn: _check_conv(g, cfg, nvec, kn),
+        return KnobSpace(knobs, check=lambda kn: _check_conv(g, cfg, nvec, kn, gb),
                          name=f"vta.{'dense' if g.dense else 'conv2d'}:{layer.name}")
     N, C, H, W = dims4(tuple(in_shape))
     NB, CB = cdiv(N, cfg.batch), cdiv(C, cfg.block_out)
@@ -133,22 +142,32 @@ def modelled_cycles(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
     kn = knob_space(layer, in_shape, cfg, _ctx=(g, ops)).complete(knobs)
     nthr, axis = threads(kn)
     orders = {"co": ("co_inner",), "h": ("h_inner",)}.get(axis, ("co_outer", "co_inner"))
-    return min(conv_cost(g, cfg, len(ops), n_vec(ops), *conv_tile_extents(g, kn), nthr, o)
-               for o in orders)
+    gb = gemm_bias(ops) is not None
+    return min(conv_cost(g, cfg, len(alu_ops(ops)), n_vec(ops), *conv_tile_extents(g, kn), nthr,
+                         o, gbias=gb) for o in orders)
 
 
 def default_alternatives(layer: ConvLayer, in_shape: tuple[int, ...], cfg: VTAConfig,
                          dtypes: tuple[str, str] | None = None) -> list[dict]:
     """The distinct default knobs of a conv under each start rule of the cost model
     (:data:`START_RULES`), the default first: the tilings worth measuring when the choice is
-    made on the simulator (the model's start term is its least certain part)."""
+    made on the simulator (the model's start term is its least certain part). With the bias
+    lanes, also the (feasible) defaults of the same tail with its ADD on the ALU (its vector
+    too): the tilings the model chose before the lanes existed, measured on the new tail."""
     g, ops = _layer_ctx(layer, in_shape, cfg, dtypes)
     space = knob_space(layer, in_shape, cfg, _ctx=(g, ops))
     out = [space.default()]
+    gb_op, nalu = gemm_bias(ops), len(alu_ops(ops))
+    gb = gb_op is not None
     for rule in START_RULES[1:]:
-        kn = _default_conv(g, cfg, n_vec(ops), len(ops), rule)
+        kn = _default_conv(g, cfg, n_vec(ops), nalu, rule, gbias=gb)
         if kn not in out:
             out.append(kn)
+    if gb:
+        for rule in START_RULES:
+            kn = _default_conv(g, cfg, n_vec(ops) + int(not gb_op.is_imm), nalu + 1, rule)
+            if kn not in out and space.is_valid(kn):
+                out.append(kn)
     return out
 
 
@@ -166,8 +185,9 @@ START_RULES = ("mixed", "chunk", "tile")
 
 
 def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, th, tw,
-              nthr: int, order: str, start: str = "mixed") -> float:
+              nthr: int, order: str, start: str = "mixed", gbias: bool = False) -> float:
     """Rough cycle estimate of a tiling (same cost rules as the simulator's timing model);
+    ``nops`` ALU ops of the tail, ``gbias``: one more GEMM pass adds the bias lanes;
     ``start`` is one of :data:`START_RULES`."""
     lat, bpc, pl = cfg.DRAM_LATENCY_CYCLES, cfg.DRAM_BYTES_PER_CYCLE, cfg.PIPELINE_LATENCY_CYCLES
     nB, nCO, nCI = cdiv(g.NB, tb), cdiv(g.KB, tco), cdiv(g.CB, tci)
@@ -192,6 +212,8 @@ def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, t
         wgt_cost = lat + atco * atci * g.KK * cfg.wgt_entry_bytes / bpc
         gemm = atb * atco * atci * ath * atw * g.KK * cfg.GEMM_CYCLES_PER_UOP + pl
     alu = nops * (n * cfg.ALU_CYCLES_PER_UOP + pl) + n + pl  # + reset
+    if gbias:
+        alu += n * cfg.GEMM_CYCLES_PER_UOP + pl
     if nvec:
         alu += lat + nvec * atco * cfg.acc_entry_bytes / bpc
     out_full = ath >= g.Ho
@@ -213,6 +235,8 @@ def conv_cost(g: ConvGeom, cfg: VTAConfig, nops: int, nvec: int, tb, tco, tci, t
         w_frac = min(1.0, nCO * nthr / tiles)
         i_frac = 1.0
     load = nCI * (inp_cost * i_frac + wgt_cost * w_frac)
+    if gbias:  # the bias lanes' weight blocks, with the first chunk of a new co tile
+        load += atco * cfg.wgt_entry_bytes / bpc * w_frac
     comp = nCI * gemm + alu
     if nthr == 2:
         per = max(comp, load, store)
@@ -239,20 +263,21 @@ def _largest_fit(opts: list[int], pred) -> int | None:
 
 
 def _default_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, nops: int,
-                  start: str = "mixed") -> dict:
+                  start: str = "mixed", gbias: bool = False) -> dict:
     b_opts, co_opts, ci_opts = tile_options(g.NB), tile_options(g.KB), tile_options(g.CB)
     h_opts = [1] if g.dense else tile_options(g.Ho)
     w_opts = [1] if g.dense else tile_options(g.Wo)
     best = None
     for nthr in (2, 1):
         inp_d, wgt_d, acc_d = cfg.inp_depth // nthr, cfg.wgt_depth // nthr, cfg.acc_depth // nthr
+        inp_d -= int(gbias)  # the bias lanes' INP entry
         for tb in b_opts:
             for tci in ci_opts[::-1]:
                 if not g.grouped and tb * tci * g.KK > inp_d:
                     continue
                 for tco in co_opts:
                     ib, wb = g.tile_blocks(tco, tci)
-                    if (tb * ib * g.KK > inp_d or wb * g.KK > wgt_d
+                    if (tb * ib * g.KK > inp_d or wb * g.KK + tco * gbias > wgt_d
                             or tb * tco + nvec * tco > acc_d):
                         continue
                     for tw in w_opts[::-1]:
@@ -287,7 +312,7 @@ def _default_conv(g: ConvGeom, cfg: VTAConfig, nvec: int, nops: int,
                             axes = [("", "co_outer"), ("", "co_inner")]
                         for axis, order in axes:
                             c = conv_cost(g, cfg, nops, nvec, tb, tco, tci, th, tw, nthr, order,
-                                          start)
+                                          start, gbias)
                             if best is None or c < best[0] - 1e-9:
                                 best = (c, tb, tco, tci, th, tw, nthr, axis)
     if best is None:
