@@ -112,15 +112,15 @@ class MarsellusStats:
 
     @classmethod
     def _from_c(cls, s: _Stats) -> MarsellusStats:
-        kw = {"cycles": s.cycles}
-        for i, e in enumerate(ENGINES):
-            e = e.lower()
-            kw[f"{e}_busy"], kw[f"{e}_stall"], kw[f"{e}_cmds"] = s.busy[i], s.stall[i], s.cmds[i]
-        for i, p in enumerate(RBE_PHASES):
-            kw[f"rbe_{p}"] = s.rbe_phase[i]
-        for name, _ in _Stats._fields_[5:]:
-            kw[name] = getattr(s, name)
-        return cls(**kw)
+        # the struct is all uint64 counters back to back: read them in one go, in C order
+        return cls(**dict(zip(_C_STATS_ORDER, np.frombuffer(s, np.uint64).tolist(),
+                              strict=True)))
+
+
+#: the fields of :class:`MarsellusStats` in the order of the counters of ``_Stats``
+_C_STATS_ORDER = ("cycles", *(f"{e.lower()}_{k}" for k in ("busy", "stall", "cmds")
+                              for e in ENGINES),
+                  *(f"rbe_{p}" for p in RBE_PHASES), *(n for n, _ in _Stats._fields_[5:]))
 
 
 _fns: dict = {}
@@ -147,9 +147,14 @@ def _lib_fns():
 
 
 def _c_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
+    """The C config of ``cfg`` (built once per config object, :class:`simlib.ConfigStructs`)."""
     if max_cycles is not None and (isinstance(max_cycles, bool) or not isinstance(
             max_cycles, (int, np.integer)) or not 0 < max_cycles < 2**64):
         raise SimulatorError(f"max_cycles must be a positive integer, got {max_cycles!r}")
+    return _STRUCTS.get(cfg, None if max_cycles is None else int(max_cycles))
+
+
+def _build_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
     c = _Config()
     vals = {
         "rbe_cores": cfg.RBE_CORES, "rbe_blocks": cfg.RBE_BLOCKS,
@@ -179,6 +184,9 @@ def _c_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
     simlib.fill_struct(c, vals, WHAT)
     c.max_cycles = int(max_cycles or 0)
     return c
+
+
+_STRUCTS = simlib.ConfigStructs(_build_config)
 
 
 #: the largest memory :func:`simulate` allocates for a ``None`` memory (the L3 limit of
