@@ -19,21 +19,33 @@ from tvm_accel.errors import BlobError
 
 
 class BlobCache:
-    """Validated ``(program, config, name)`` of blobs, keyed by size and checksum."""
+    """Validated ``(program, config, name)`` of blobs, keyed by size and checksum.
+
+    A runtime decodes its blob on every call (a VM constant, handed over as a fresh copy each
+    time). The last blob of each size is also kept as a private copy: a call whose blob
+    equals it byte for byte (a compare, ~4x cheaper than the CRC-32 of a 0.5 MB blob) gets
+    its decode without the checksum; any other blob takes the checksum path."""
 
     def __init__(self, load: Callable[[bytes], tuple], capacity: int = 64):
         self._load = load
         self._capacity = capacity
         self._hits: dict[tuple[int, int], tuple] = {}
+        self._last: dict[int, tuple[np.ndarray, tuple]] = {}
 
     def decode(self, data: np.ndarray) -> tuple:
+        last = self._last.get(data.size)
+        if last is not None and last[0].dtype == data.dtype and last[0].shape == data.shape \
+                and np.array_equal(last[0], data):
+            return last[1]
         key = (data.size, zlib.crc32(data))  # type: ignore[arg-type]  # numpy: a buffer
         hit = self._hits.get(key)
         if hit is None:
             hit = self._load(data.tobytes())
             if len(self._hits) >= self._capacity:
                 self._hits.clear()
+                self._last.clear()
             self._hits[key] = hit
+        self._last[data.size] = (np.array(data, copy=True), hit)
         return hit
 
 

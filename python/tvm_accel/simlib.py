@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 from _ctypes import CFuncPtr
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,35 @@ def fill_struct(struct: ctypes.Structure, values: dict[str, object], what: str) 
             raise config_error(what, f"{name} = {value!r} is not an integer in {lo}..{hi} "
                                f"({'' if signed else 'u'}int{bits}_t)")
         setattr(struct, name, int(value))
+
+
+class ConfigStructs:
+    """The C config struct of each (config object, cycle budget), built once by ``build``.
+
+    Building a struct checks every field (:func:`fill_struct`), tens of microseconds that a
+    runtime calling the simulator once per layer would pay on every call. Hardware configs
+    are frozen dataclasses, so a struct built from one config object stays right for it; the
+    key is the object's identity (not equality: an ``int`` field given ``1.0`` compares equal
+    to ``1`` yet must be refused), and each entry holds the config so its ``id`` is not reused
+    while cached. The C side takes the struct as ``const``, so one struct serves every thread.
+    """
+
+    def __init__(self, build: Callable[[Any, int | None], ctypes.Structure], capacity: int = 16):
+        self._build = build
+        self._capacity = capacity
+        self._hits: dict[tuple[int, int | None], tuple[Any, ctypes.Structure]] = {}
+
+    def get(self, cfg: Any, max_cycles: int | None) -> ctypes.Structure:
+        """The struct of ``cfg`` with budget ``max_cycles`` (errors as ``build`` raises them)."""
+        key = (id(cfg), max_cycles)
+        hit = self._hits.get(key)
+        if hit is not None and hit[0] is cfg:
+            return hit[1]
+        struct = self._build(cfg, max_cycles)
+        if len(self._hits) >= self._capacity:
+            self._hits.clear()
+        self._hits[key] = (cfg, struct)
+        return struct
 
 
 def check(code: int, err: ctypes.Array, what: str = "simulator") -> None:

@@ -19,7 +19,7 @@ from tvm_marsellus.energy import NOMINAL, OperatingPoint, energy_uj
 from tvm_marsellus.hw_config import MarsellusConfig
 from tvm_marsellus.layout import pack_tensor, unpack_tensor
 from tvm_marsellus.program import MarsProgram, TensorPlacement, load_blob
-from tvm_marsellus.simulator import MarsellusStats, simulate
+from tvm_marsellus.simulator import MarsellusStats, simulate, simulate_streams
 
 
 def io_spec(program: MarsProgram, name: str) -> tuple[tuple[int, ...], str]:
@@ -100,14 +100,12 @@ def _execute_pass(program: MarsProgram, inputs: dict[str, np.ndarray], cfg: Mars
                                       trace_path=trace_path, trace_offset_us=offset_us,
                                       trace_append=append, max_cycles=max_cycles))]
     else:
-        stats = []
         l1 = np.zeros(cfg.L1_BYTES, np.uint8)  # carries a prefetched weight group over
-        for i, ly in enumerate(program.layers):
-            st = simulate(cfg, ly.stream(), l1=l1, l2=mems["L2"], l3=mems["L3"],
-                          trace_path=trace_path, trace_offset_us=offset_us,
-                          trace_append=append or i > 0, max_cycles=max_cycles)
-            offset_us += st.cycles / cfg.CLOCK_MHZ
-            stats.append((ly.name, st))
+        runs = simulate_streams(cfg, [ly.stream() for ly in program.layers], l1=l1,
+                                l2=mems["L2"], l3=mems["L3"], trace_path=trace_path,
+                                trace_offset_us=offset_us, trace_append=append,
+                                max_cycles=max_cycles)
+        stats = [(ly.name, st) for ly, st in zip(program.layers, runs, strict=True)]
     outs = {}
     for n in program.outputs:
         t = program.tensors[n]

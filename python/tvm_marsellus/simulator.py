@@ -112,15 +112,15 @@ class MarsellusStats:
 
     @classmethod
     def _from_c(cls, s: _Stats) -> MarsellusStats:
-        kw = {"cycles": s.cycles}
-        for i, e in enumerate(ENGINES):
-            e = e.lower()
-            kw[f"{e}_busy"], kw[f"{e}_stall"], kw[f"{e}_cmds"] = s.busy[i], s.stall[i], s.cmds[i]
-        for i, p in enumerate(RBE_PHASES):
-            kw[f"rbe_{p}"] = s.rbe_phase[i]
-        for name, _ in _Stats._fields_[5:]:
-            kw[name] = getattr(s, name)
-        return cls(**kw)
+        # the struct is all uint64 counters back to back: read them in one go, in C order
+        return cls(**dict(zip(_C_STATS_ORDER, np.frombuffer(s, np.uint64).tolist(),
+                              strict=True)))
+
+
+#: the fields of :class:`MarsellusStats` in the order of the counters of ``_Stats``
+_C_STATS_ORDER = ("cycles", *(f"{e.lower()}_{k}" for k in ("busy", "stall", "cmds")
+                              for e in ENGINES),
+                  *(f"rbe_{p}" for p in RBE_PHASES), *(n for n, _ in _Stats._fields_[5:]))
 
 
 _fns: dict = {}
@@ -147,9 +147,14 @@ def _lib_fns():
 
 
 def _c_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
+    """The C config of ``cfg`` (built once per config object, :class:`simlib.ConfigStructs`)."""
     if max_cycles is not None and (isinstance(max_cycles, bool) or not isinstance(
             max_cycles, (int, np.integer)) or not 0 < max_cycles < 2**64):
         raise SimulatorError(f"max_cycles must be a positive integer, got {max_cycles!r}")
+    return _STRUCTS.get(cfg, None if max_cycles is None else int(max_cycles))
+
+
+def _build_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
     c = _Config()
     vals = {
         "rbe_cores": cfg.RBE_CORES, "rbe_blocks": cfg.RBE_BLOCKS,
@@ -179,6 +184,9 @@ def _c_config(cfg: MarsellusConfig, max_cycles: int | None) -> _Config:
     simlib.fill_struct(c, vals, WHAT)
     c.max_cycles = int(max_cycles or 0)
     return c
+
+
+_STRUCTS = simlib.ConfigStructs(_build_config)
 
 
 #: the largest memory :func:`simulate` allocates for a ``None`` memory (the L3 limit of
@@ -218,26 +226,54 @@ def simulate(cfg: MarsellusConfig, cmds: bytes, l1: np.ndarray | None = None,
     :func:`tvm_accel.simlib.cycle_budget`, else 2^34). Ctrl-C stops the run within milliseconds
     and raises ``KeyboardInterrupt`` (:func:`tvm_accel.simlib.call`).
     """
-    if isinstance(cmds, (bytearray, memoryview)):
-        cmds = bytes(cmds)
-    if not isinstance(cmds, bytes):
-        raise SimulatorError(f"commands must be bytes, got {type(cmds).__name__}")
+    return simulate_streams(cfg, [cmds], l1, l2, l3, trace_path, trace_offset_us, trace_append,
+                            max_cycles)[0]
+
+
+def simulate_streams(cfg: MarsellusConfig, streams: list[bytes], l1: np.ndarray | None = None,
+                     l2: np.ndarray | None = None, l3: np.ndarray | None = None,
+                     trace_path: str | None = None, trace_offset_us: float = 0.0,
+                     trace_append: bool = False, max_cycles: int | None = None
+                     ) -> list[MarsellusStats]:
+    """Run command streams one after another on the same memories, exactly as one
+    :func:`simulate` per stream would (each run's trace shifted by the cycles of the runs
+    before it and appended to the first; the first fault raises and stops the sequence), but
+    with one hand-off to the simulator thread (:func:`tvm_accel.simlib.call`, ~16 us each)
+    instead of one per stream: the runtime runs one stream per layer."""
+    streams = [bytes(c) if isinstance(c, (bytearray, memoryview)) else c for c in streams]
+    for c in streams:
+        if not isinstance(c, bytes):
+            raise SimulatorError(f"commands must be bytes, got {type(c).__name__}")
     l1 = _memory(l1, cfg.L1_BYTES, "L1")
     l2 = _memory(l2, cfg.L2_BYTES, "L2")
     l3 = _memory(l3, cfg.L3_BYTES, "L3")
     c_cfg = _c_config(cfg, simlib.max_cycles_of(max_cycles))
-    stats = _Stats()
     err = simlib.err_buffer()
     path = os.fsencode(trace_path) if trace_path is not None else None
+    offset_us, append = float(trace_offset_us), bool(trace_append)
+    run = _lib_fns()["run"]
 
     def ptr(a):
         return a.ctypes.data if a.size else None
 
-    code = simlib.call(_lib_fns()["run"], ctypes.byref(c_cfg), cmds, len(cmds), ptr(l3),
-                       l3.nbytes, ptr(l2), l2.nbytes, ptr(l1), l1.nbytes, ctypes.byref(stats),
-                       path, float(trace_offset_us), int(bool(trace_append)), err, len(err))
+    mems = (ptr(l3), l3.nbytes, ptr(l2), l2.nbytes, ptr(l1), l1.nbytes)
+
+    def run_all() -> tuple[list[_Stats], int]:
+        # on the simulator thread; an interrupted run returns its status and ends the loop
+        done, off = [], offset_us
+        for i, cmds in enumerate(streams):
+            stats = _Stats()
+            code = run(ctypes.byref(c_cfg), cmds, len(cmds), *mems, ctypes.byref(stats), path,
+                       off, int(append or i > 0), err, len(err))
+            if code:
+                return done, code
+            done.append(stats)
+            off += stats.cycles / cfg.CLOCK_MHZ
+        return done, 0
+
+    done, code = simlib.call(run_all)
     simlib.check(code, err, WHAT)
-    return MarsellusStats._from_c(stats)
+    return [MarsellusStats._from_c(s) for s in done]
 
 
 def rbe_job_phases(cfg: MarsellusConfig, job: RbeJob) -> dict[str, int]:

@@ -46,3 +46,19 @@ def test_blob_for_another_target_or_config_is_rejected():
 def test_missing_section_names_the_section():
     with pytest.raises(BlobError, match="'CNST'"):
         unpack_blob(_blob()).section("CNST")
+
+
+def test_blob_cache_decodes_a_blob_once_and_a_changed_byte_again():
+    import numpy as np
+
+    from tvm_accel.runtime import BlobCache
+
+    loads = []
+    cache = BlobCache(lambda b: loads.append(b) or (len(loads),))
+    data = np.frombuffer(_blob(), np.uint8).copy()
+    assert cache.decode(data) == cache.decode(data.copy()) == (1,)
+    data[-1] ^= 1                                  # same size, one byte changed in place
+    assert cache.decode(data) == (2,) and loads[-1] == data.tobytes()
+    data[-1] ^= 1
+    assert cache.decode(data) == (1,) and len(loads) == 2
+    assert cache.decode(data.astype(np.int16)) == (3,)   # same values, other bytes

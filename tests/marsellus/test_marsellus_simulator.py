@@ -16,7 +16,7 @@ from tvm_marsellus import codegen as cg
 from tvm_marsellus import layout, program
 from tvm_marsellus.hw_config import MarsellusConfig, load_config
 from tvm_marsellus.runtime import execute_program
-from tvm_marsellus.simulator import rbe_job_phases, simulate
+from tvm_marsellus.simulator import rbe_job_phases, simulate, simulate_streams
 
 CFG = load_config()
 
@@ -391,6 +391,50 @@ def test_a_program_runs_from_its_blob_bit_exact():
     with pytest.raises(SimulatorError, match="was not given"):
         execute_program(loaded, {}, cfg, whole_stream=True)
 
+
+
+def _layer_memories(prog, x):
+    l2 = np.zeros(prog.l2_bytes, np.uint8)
+    l2[:len(prog.l2_image)] = np.frombuffer(prog.l2_image, np.uint8)
+    t = prog.tensors["x"]
+    l2[t.offset:t.offset + t.nbytes] = layout.pack_tensor(t, x)
+    return np.zeros(CFG.L1_BYTES, np.uint8), l2
+
+
+def test_streams_in_one_hand_off_run_as_one_simulate_per_stream(tmp_path):
+    prog, x, _ = _two_layer_program()
+    streams = [prog.stream(), cg.encode_stream([  # the program, then its output back into L1
+        cg.Dma(src_mem="L2", dst_mem="L1", src=prog.tensors["y"].offset, dst=65536,
+               length=prog.tensors["y"].nbytes)])]
+    l1, l2 = _layer_memories(prog, x)
+    each, off = [], 3.0
+    for i, s in enumerate(streams):
+        each.append(simulate(CFG, s, l1=l1, l2=l2, trace_path=str(tmp_path / "each.json"),
+                             trace_offset_us=off, trace_append=i > 0))
+        off += each[-1].cycles / CFG.CLOCK_MHZ
+    l1b, l2b = _layer_memories(prog, x)
+    once = simulate_streams(CFG, streams, l1=l1b, l2=l2b, trace_path=str(tmp_path / "once.json"),
+                            trace_offset_us=3.0)
+    assert once == each and once[0].cycles > 0
+    np.testing.assert_array_equal(l1b, l1)
+    np.testing.assert_array_equal(l2b, l2)
+    y = prog.tensors["y"]
+    np.testing.assert_array_equal(l1b[65536:65536 + y.nbytes], l2b[y.offset:y.offset + y.nbytes])
+    assert (tmp_path / "once.json").read_bytes() == (tmp_path / "each.json").read_bytes()
+
+
+def test_a_faulting_stream_stops_the_sequence_with_its_message():
+    prog, x, _ = _two_layer_program()
+    first = prog.stream()
+    bad = cg.encode_stream([cg.RbeJob(in_bits=9)])
+    l1, l2 = _layer_memories(prog, x)
+    simulate(CFG, first, l1=l1, l2=l2)
+    l1b, l2b = _layer_memories(prog, x)
+    with pytest.raises(SimulatorError, match=r"cmd 0 \(RBE\): field qa"):
+        simulate_streams(CFG, [first, bad, first],
+                         l1=l1b, l2=l2b)
+    np.testing.assert_array_equal(l1b, l1)   # the first ran, the last did not
+    np.testing.assert_array_equal(l2b, l2)
 
 # --- timing calibration (paper Fig. 13 / Sec. II-B4 / Sec. III-C) ---------------------------------
 def _fig13(mode, wb, ib, ob=8):
