@@ -116,8 +116,12 @@ class Emitter:
         it reads, and its ``last``, whose output it writes."""
         src, dst = first or layer, last or layer
         ins = getattr(src, "inputs", None) or [src.input]
-        t = self.own.tensors
-        return layer_shape_text(layer, [t[n].shape for n in ins], t[dst.output].shape, note)
+
+        def shape(name: str):  # a tensor the W split made (``x@s2d2``): its own shape
+            own = self.own.tensors.get(name)
+            return own.shape if own is not None else self.tensors[name].shape
+
+        return layer_shape_text(layer, [shape(n) for n in ins], shape(dst.output), note)
 
     def _schedule(self, *args, **kw) -> list:
         """:func:`~tvm_dpu.strategy.dependencies.schedule`, remembering the dependency list of the
