@@ -127,7 +127,7 @@ def test_compare_targets_on_the_bundled_model(tmp_path, capsys):
     png = tmp_path / "t.png"
     assert tvmc("compare-targets", MODELS / "tiny_cnn_int8.onnx", "--targets",
                 "vta,vta:vta_8x8x8,dpu,marsellus", "--model-for",
-                f"dpu={MODELS / 'tiny_cnn_pow2.onnx'}", "-o", png) == 0
+                f"dpu={MODELS / 'tiny_cnn_pow2.onnx'}", "-o", png, "--wide") == 0
     out = capsys.readouterr().out
     summary = out[out.index(": summary"):].splitlines()[3:]
     assert [line.split()[0] for line in summary[:4]] == ["vta", "vta:vta_8x8x8", "dpu",
