@@ -188,14 +188,18 @@ class RPCMeasurer:
 def run_batches(farm: Farm, package_path: str, batches: list[list[np.ndarray]],
                 max_cycles: int | None, jobs: int | None = None,
                 progress: Callable[[int, int], None] | None = None,
-                per_session: int = 8) -> list[list[np.ndarray]]:
+                per_session: int | None = None) -> list[list[np.ndarray]]:
     """The package's outputs for every batch, computed on the farm: batches go in groups of
-    ``per_session`` to up to ``jobs`` servers at once (default: all registered); results in
-    input order. A simulator or package error on a server is raised here as the user error it
-    is; a group whose server fails twice raises :class:`FarmError`."""
+    ``per_session`` (default: four groups per server, at least 8 batches each, so loading the
+    package in a session is paid rarely and a slow server still gets its share) to up to
+    ``jobs`` servers at once (default: all registered); results in input order. A simulator
+    or package error on a server is raised here as the user error it is; a group whose
+    server fails twice raises :class:`FarmError`."""
     with open(package_path, "rb") as f:
         package = bytearray(f.read())
-    groups = [batches[i:i + per_session] for i in range(0, len(batches), per_session)]
+    servers = max(1, min(jobs or farm.servers, farm.servers))
+    size = per_session or max(8, -(-len(batches) // (4 * servers)))
+    groups = [batches[i:i + size] for i in range(0, len(batches), size)]
     done = [0]
     lock = threading.Lock()
 
@@ -217,7 +221,7 @@ def run_batches(farm: Farm, package_path: str, batches: list[list[np.ndarray]],
         return value
 
     out: list[list[np.ndarray]] = []
-    with ThreadPoolExecutor(max(1, min(jobs or farm.servers, len(groups)))) as pool:
+    with ThreadPoolExecutor(max(1, min(servers, len(groups)))) as pool:
         for part in pool.map(one, groups):
             out.extend(part)
     return out
