@@ -13,6 +13,7 @@ network broke).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import pickle
@@ -135,25 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", default=DEFAULT_KEY, help=f"device key (default {DEFAULT_KEY})")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
     p.add_argument("--port", type=int, default=9090, help="first port to try (default 9090)")
-    p.add_argument("--port-end", type=int, default=9199, help="last port to try")
+    p.add_argument("--port-end", type=int, help="end of the ports tried (default --port + 100)")
     args = p.parse_args(argv)
-    try:
-        tracker = parse_tracker(args.tracker, "--tracker")
-    except Exception as e:
-        print(f"tvm_accel.rpc_server: error: {e}", file=sys.stderr)
-        return 2
     from tvm import rpc
 
-    server = rpc.Server(host=args.host, port=args.port, port_end=args.port_end, key=args.key,
-                        tracker_addr=tracker, server_init_callback=register)
+    try:
+        tracker = parse_tracker(args.tracker, "--tracker")
+        server = rpc.Server(host=args.host, port=args.port, key=args.key,
+                            port_end=args.port_end or args.port + 100, tracker_addr=tracker,
+                            server_init_callback=register)
+    except Exception as e:  # a bad address, no free port: one line, as tvmc's errors
+        msg = next((ln for ln in reversed(str(e).strip().splitlines()) if ln.strip()), str(e))
+        print(f"tvm_accel.rpc_server: error: {msg.strip()}", file=sys.stderr)
+        return 2
     print(f"serving key {args.key} on {args.host}:{server.port}, registered with "
           f"{args.tracker}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the server
         server.proc.join()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.terminate()
+    server.terminate()
     return 0
 
 

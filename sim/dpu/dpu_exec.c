@@ -439,7 +439,8 @@ static int exec_misc(dpu_state *s, const dpu_insn *in, accel_err *err)
                 return ACCEL_ERR_INTERRUPTED;
             break;
         }
-        case K_ELTADD: {
+        case K_ELTADD:
+        case K_ELTMUL: { /* two operands gathered alike; the sum aligns them, the product is exact */
             uint8_t *A = (uint8_t *)scratch(s, S_X, n_out), *B = (uint8_t *)scratch(s, S_B, n_out);
             const unsigned shift = (unsigned)in->shift;
             const int64_t rnd = shift ? ((int64_t)1 << (shift - 1)) : 0;
@@ -450,23 +451,9 @@ static int exec_misc(dpu_state *s, const dpu_insn *in, accel_err *err)
             fm_gather(fm_of(s, (uint32_t)p, in->b_mem), M, (uint64_t)in->b_addr, (uint64_t)in->b_pix_stride,
                       (uint64_t)in->b_row_stride, oh, ow, c, B);
             for (i = 0; i < n_out; i++) {
-                const int64_t t = align_shift((int8_t)A[i], in->shift_a) + align_shift((int8_t)B[i], in->shift_b);
-                out[i] = dpu_clip8(dpu_asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
-            }
-            break;
-        }
-        case K_ELTMUL: {
-            uint8_t *A = (uint8_t *)scratch(s, S_X, n_out), *B = (uint8_t *)scratch(s, S_B, n_out);
-            const unsigned shift = (unsigned)in->shift;
-            const int64_t rnd = shift ? ((int64_t)1 << (shift - 1)) : 0;
-            if (!A || !B)
-                return accel_fail(err, ACCEL_ERR_NOMEM, "insn %u (%s): out of host memory", in->index, in->name);
-            fm_gather(mem_in, M, (uint64_t)in->in_addr, (uint64_t)in->in_pix_stride, (uint64_t)in->in_row_stride, oh, ow,
-                      c, A);
-            fm_gather(fm_of(s, (uint32_t)p, in->b_mem), M, (uint64_t)in->b_addr, (uint64_t)in->b_pix_stride,
-                      (uint64_t)in->b_row_stride, oh, ow, c, B);
-            for (i = 0; i < n_out; i++) {
-                const int64_t t = (int64_t)(int8_t)A[i] * (int8_t)B[i];
+                const int64_t t = in->kind == K_ELTMUL
+                                      ? (int64_t)(int8_t)A[i] * (int8_t)B[i]
+                                      : align_shift((int8_t)A[i], in->shift_a) + align_shift((int8_t)B[i], in->shift_b);
                 out[i] = dpu_clip8(dpu_asr64(t + rnd, shift), in->clip_lo, in->clip_hi);
             }
             break;

@@ -167,3 +167,12 @@ def test_a_key_without_servers_names_the_command_that_starts_one(farm, ws, capsy
                 "--rpc-key", "nobody") == 2
     err = capsys.readouterr().err.strip()
     assert "no server of that key" in err and "tvm_accel.rpc_server" in err
+
+
+def test_the_server_command_refuses_a_bad_tracker_in_one_line(capsys):
+    from tvm_accel.rpc_server import main
+
+    assert main(["--tracker", "nohost"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tvm_accel.rpc_server: error: --tracker 'nohost': give HOST:PORT, e.g. "
+                   "127.0.0.1:9190"]

@@ -27,7 +27,6 @@ from tvm_vta_cp.codegen import (
     ALU_MIN,
     ALU_MUL,
     ALU_SHR,
-    MEM_ACC,
     MEM_ACC_8BIT,
     MEM_OUT,
     OP_LOAD,
@@ -36,7 +35,7 @@ from tvm_vta_cp.codegen import (
 )
 from tvm_vta_cp.layout import cdiv, dims4, stored_offset
 from tvm_vta_cp.program import LayerProgram
-from tvm_vta_cp.strategy.alu_tail import AluOp, n_vec, requant_tail, vector_image
+from tvm_vta_cp.strategy.alu_tail import AluOp, VectorLoads, n_vec, requant_tail, vector_image
 from tvm_vta_cp.strategy.emitter import Emitter, emit_layer, emit_tail
 from tvm_vta_cp.strategy.geometry import segs
 from tvm_vta_cp.strategy.placement import DramTensor, PlanContext
@@ -83,7 +82,7 @@ def _run(ctx: PlanContext, name: str, op: str, pout, operands: list, per_block: 
     half_depth = cfg.acc_depth // 2
 
     def body(em: Emitter):
-        vec_key: dict[int, tuple] = {}
+        vectors = VectorLoads(nvec, CB)
         for i, ((b0, nb), (c0, nc), (h0, nh), (w0, nw)) in enumerate(tiles):
             half = i % 2
             base, bases, first = half * half_depth, [], None
@@ -94,9 +93,7 @@ def _run(ctx: PlanContext, name: str, op: str, pout, operands: list, per_block: 
                 first = first or ld
                 base += nb * nc * (nh * nw if full else 1)
             vbase = base
-            if nvec and vec_key.get(half) != (vbase, c0, nc):  # edge tiles move vbase
-                vec_key[half] = (vbase, c0, nc)
-                em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
+            vectors.load(em, half, vbase, vbase_dram + c0, nc)
             em.acc_acquire(half, first)
             em.compute_done(compute(em, bases, vbase, nb, nc, nh * nw))
             em.store_group(half, [

@@ -8,7 +8,6 @@ from tvm_accel.layers import AddLayer, layer_shape_text
 from tvm_vta_cp.codegen import (
     ALU_ADD,
     ALU_MUL,
-    MEM_ACC,
     MEM_ACC_8BIT,
     MEM_OUT,
     OP_LOAD,
@@ -17,7 +16,7 @@ from tvm_vta_cp.codegen import (
 )
 from tvm_vta_cp.layout import cdiv, dims4
 from tvm_vta_cp.program import LayerProgram
-from tvm_vta_cp.strategy.alu_tail import add_numerics, n_vec, vector_image
+from tvm_vta_cp.strategy.alu_tail import VectorLoads, add_numerics, n_vec, vector_image
 from tvm_vta_cp.strategy.emitter import Emitter, emit_layer, emit_tail
 from tvm_vta_cp.strategy.geometry import segs
 from tvm_vta_cp.strategy.knobs import knob_space, layer_knobs
@@ -47,15 +46,13 @@ def add(ctx: PlanContext, layer: AddLayer, user_knobs: dict | None) -> LayerProg
     tiles = [(b, c, h, w) for b in segs(NB, tb) for c in segs(CB, tc)
              for h in segs(H, th) for w in segs(W, tw)]
     def body(em: Emitter):
-        vec_key: dict[int, tuple] = {}
+        vectors = VectorLoads(nvec, CB)
         for i, ((b0, nb), (c0, nc), (h0, nh), (w0, nw)) in enumerate(tiles):
             half = i % nthr
             abase = half * acc_h
             bbase, vbase = abase + nmax, abase + 2 * nmax
             n, S = nb * nc * nh * nw, nh * nw
-            if nvec and vec_key.get(half) != (c0, nc):
-                vec_key[half] = (c0, nc)
-                em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
+            vectors.load(em, half, vbase, vbase_dram + c0, nc)
             first = None
             for tg, base in ((ta, abase), (tbg, bbase)):
                 for so, de, y, x, st in tg.region(b0, nb, c0, nc, tg.ht + h0, nh,

@@ -13,7 +13,16 @@ import numpy as np
 
 from tvm_accel.errors import MappingError
 from tvm_accel.layers import AddLayer, ConvLayer, Requant
-from tvm_vta_cp.codegen import ALU_ADD, ALU_MAX, ALU_MIN, ALU_MUL, ALU_SHR
+from tvm_vta_cp.codegen import (
+    ALU_ADD,
+    ALU_MAX,
+    ALU_MIN,
+    ALU_MUL,
+    ALU_SHR,
+    MEM_ACC,
+    OP_LOAD,
+    MemInsn,
+)
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, stored_offset
 
@@ -302,3 +311,19 @@ def vector_image(ops: list[AluOp], k: int, cfg: VTAConfig) -> tuple[bytes, list[
         vecs.append(img.astype("<i4"))
     data = np.stack(vecs).tobytes() if vecs else b""
     return data, index
+
+
+class VectorLoads:
+    """The tail's per-channel constant vectors (:func:`vector_image`) in ACC, per half of the
+    double buffer: a tile LOADs them only when it needs others than the half holds (another
+    channel range or image, or an edge tile that moved their region)."""
+
+    def __init__(self, nvec: int, blocks: int):
+        self.nvec, self.blocks = nvec, blocks
+        self._held: dict[int, tuple[int, int, int]] = {}
+
+    def load(self, em, half: int, vbase: int, dram: int, nc: int) -> None:
+        """Make ``nc`` channel blocks of vectors from DRAM entry ``dram`` sit at ACC ``vbase``."""
+        if self.nvec and self._held.get(half) != (vbase, dram, nc):
+            self._held[half] = (vbase, dram, nc)
+            em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, dram, self.nvec, nc, self.blocks))

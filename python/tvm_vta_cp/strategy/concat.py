@@ -21,11 +21,11 @@ import numpy as np
 
 from tvm_accel.errors import MappingError
 from tvm_accel.layers import ConcatLayer, LayerGraph
-from tvm_vta_cp.codegen import MEM_ACC, MEM_ACC_8BIT, MEM_OUT, OP_LOAD, OP_STORE, MemInsn
+from tvm_vta_cp.codegen import MEM_ACC_8BIT, MEM_OUT, OP_LOAD, OP_STORE, MemInsn
 from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, dims4, stored_offset
 from tvm_vta_cp.program import LayerProgram
-from tvm_vta_cp.strategy.alu_tail import n_vec, requant_tail, vector_image
+from tvm_vta_cp.strategy.alu_tail import VectorLoads, n_vec, requant_tail, vector_image
 from tvm_vta_cp.strategy.emitter import Emitter, emit_layer, emit_tail
 from tvm_vta_cp.strategy.geometry import segs
 from tvm_vta_cp.strategy.placement import DramTensor, PlanContext
@@ -130,16 +130,14 @@ def concat(ctx: PlanContext, layer: ConcatLayer, views: dict) -> LayerProgram:
             vdata, vidx = vector_image(ops, C, cfg)
             vbase_dram = ctx.dram.const(vdata) // cfg.acc_entry_bytes if nvec else 0
             half_depth = cfg.acc_depth // 2
-            vec_key: dict[int, tuple] = {}
+            vectors = VectorLoads(nvec, CB)
             for (b0, nb), (c0, nc), (h0, nh), (w0, nw) in copy_tiles(cfg, N, CB, H, W, nvec):
                 half = tile_i % 2
                 tile_i += 1
                 abase = half * half_depth
                 n = nb * nc * nh * nw
                 vbase = abase + n
-                if nvec and vec_key.get(half) != (id(p), vbase, c0, nc):  # edge tiles move vbase
-                    vec_key[half] = (id(p), vbase, c0, nc)
-                    em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
+                vectors.load(em, half, vbase, vbase_dram + c0, nc)
                 first = last = None
                 for so, de, y, x, st in tin.region(b0, nb, c0, nc, tin.ht + h0, nh,
                                                    tin.hl + w0, nw):

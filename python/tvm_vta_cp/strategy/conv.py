@@ -14,7 +14,6 @@ import numpy as np
 from tvm_accel.layers import ConvLayer, SubConv, layer_shape_text
 from tvm_vta_cp.codegen import (
     MAX_FIELD16,
-    MEM_ACC,
     MEM_INP,
     MEM_OUT,
     MEM_WGT,
@@ -26,6 +25,7 @@ from tvm_vta_cp.hw_config import VTAConfig
 from tvm_vta_cp.layout import cdiv, pack_weight
 from tvm_vta_cp.program import LayerProgram
 from tvm_vta_cp.strategy.alu_tail import (
+    VectorLoads,
     alu_ops,
     bias_input,
     bias_lanes,
@@ -171,7 +171,7 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
     def body(em: Emitter):
         inp_key: dict[int, tuple] = {}
         wgt_key: dict[int, tuple] = {}
-        vec_key: dict[int, tuple] = {}
+        vectors = VectorLoads(nvec, g.KB)
         bias_key: dict[int, tuple] = {}
         pt, pl = g.pad[0], g.pad[1]
         # the bias lanes sit at the top of each half: INP entry inp_h - 1, WGT inp_h - tco..
@@ -224,10 +224,7 @@ def conv_body(ctx: PlanContext, layer: ConvLayer, user_knobs: dict | None, use_h
                     vbase = abase + nmax
                     S, n = nh * nw, nb * nco * nh * nw
                     if ci_i == 0:
-                        if nvec and vec_key.get(half) != (co0, nco):
-                            vec_key[half] = (co0, nco)
-                            em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + co0,
-                                            nvec, nco, g.KB))
+                        vectors.load(em, half, vbase, vbase_dram + co0, nco)
                         reset = em.gemm(((n, 1, 0, 0),), (abase, 0, 0), reset=True)
                         em.acc_acquire(half, reset)
                     R, Cc = g.in_rows(nh), g.in_cols(nw)

@@ -22,7 +22,6 @@ from tvm_accel.layers import PoolLayer, pool_output_shape
 from tvm_vta_cp.codegen import (
     ALU_ADD,
     ALU_MAX,
-    MEM_ACC,
     MEM_ACC_8BIT,
     MEM_OUT,
     OP_LOAD,
@@ -31,7 +30,7 @@ from tvm_vta_cp.codegen import (
 )
 from tvm_vta_cp.layout import cdiv, dims4, stored_offset
 from tvm_vta_cp.program import LayerProgram
-from tvm_vta_cp.strategy.alu_tail import AluOp, n_vec, requant_tail, vector_image
+from tvm_vta_cp.strategy.alu_tail import AluOp, VectorLoads, n_vec, requant_tail, vector_image
 from tvm_vta_cp.strategy.emitter import Emitter, emit_layer, emit_tail
 from tvm_vta_cp.strategy.geometry import segs
 from tvm_vta_cp.strategy.placement import MAX_LOAD_PAD, DramTensor, PlanContext
@@ -179,7 +178,7 @@ def pool(ctx: PlanContext, layer: PoolLayer, user_knobs: dict | None) -> LayerPr
              for h in segs(Ho, th) for w in segs(Wo, tw)]
 
     def body(em: Emitter):
-        vec_key: dict[int, tuple] = {}
+        vectors = VectorLoads(nvec, CB)
         for i, ((b0, _), (c0, nc), (h0, nh), (w0, nw)) in enumerate(tiles):
             half = i % nthr
             # fixed regions per half (sized for the largest tile), so a tile's loads never
@@ -190,9 +189,7 @@ def pool(ctx: PlanContext, layer: PoolLayer, user_knobs: dict | None) -> LayerPr
             S = nh * nw
             ic = (nw - 1) * sw + kw
             x0, nx, cl, cr = span(w0, nw, sw, kw, pl, W)
-            if nvec and vec_key.get(half) != (c0, nc):
-                vec_key[half] = (c0, nc)
-                em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
+            vectors.load(em, half, vbase, vbase_dram + c0, nc)
             for k0, nk in segs(kh, tk):
                 ir = (nh - 1) * sh + nk
                 y0, ny, rt, rb = span(h0, nh, sh, nk, pt - k0, H)

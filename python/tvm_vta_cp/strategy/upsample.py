@@ -14,10 +14,10 @@ import numpy as np
 
 from tvm_accel.errors import KnobError, MappingError
 from tvm_accel.layers import UpsampleLayer
-from tvm_vta_cp.codegen import ALU_ADD, MEM_ACC, MEM_ACC_8BIT, MEM_OUT, OP_LOAD, OP_STORE, MemInsn
+from tvm_vta_cp.codegen import ALU_ADD, MEM_ACC_8BIT, MEM_OUT, OP_LOAD, OP_STORE, MemInsn
 from tvm_vta_cp.layout import cdiv, dims4, stored_offset
 from tvm_vta_cp.program import LayerProgram
-from tvm_vta_cp.strategy.alu_tail import AluOp, n_vec, requant_tail, vector_image
+from tvm_vta_cp.strategy.alu_tail import AluOp, VectorLoads, n_vec, requant_tail, vector_image
 from tvm_vta_cp.strategy.emitter import Emitter, emit_layer, emit_tail
 from tvm_vta_cp.strategy.geometry import segs
 from tvm_vta_cp.strategy.placement import DramTensor, PlanContext
@@ -105,16 +105,14 @@ def upsample(ctx: PlanContext, layer: UpsampleLayer, user_knobs: dict | None) ->
              for h in segs(H, th) for w in segs(W, tw)]
 
     def body(em: Emitter):
-        vec_key: dict[int, tuple] = {}
+        vectors = VectorLoads(nvec, CB)
         for i, ((b0, _), (c0, nc), (h0, nh), (w0, nw)) in enumerate(tiles):
             half = i % nthr
             ibase = half * acc_h
             obase = ibase + in_max if sw > 1 else ibase
             vbase = ibase + in_max + out_max
             S = nh * nw
-            if nvec and vec_key.get(half) != (c0, nc):
-                vec_key[half] = (c0, nc)
-                em.emit(MemInsn(OP_LOAD, MEM_ACC, vbase, vbase_dram + c0, nvec, nc, CB))
+            vectors.load(em, half, vbase, vbase_dram + c0, nc)
             lds = [em.emit(MemInsn(OP_LOAD, MEM_ACC_8BIT, ibase + so, de, y, x, st))
                    for so, de, y, x, st in tin.region(b0, 1, c0, nc, tin.ht + h0, nh,
                                                       tin.hl + w0, nw)]
