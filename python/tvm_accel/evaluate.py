@@ -196,7 +196,8 @@ def evaluate(package_path: Any, inputs: Any, labels: Any = None, reference: Any 
     ``jobs`` > 1 spreads the batches over that many worker processes (see
     :func:`_run_batches`); ``None`` picks by the first batch's time: this machine's CPUs when
     the rest would take longer than :data:`WORTH_SPAWNING` seconds in one process, else one
-    process (starting a worker costs about a second and a half); with ``farm`` (a
+    process (a forked worker starts in milliseconds, a spawned one in about a second and a
+    half, so the bar is lower where processes fork); with ``farm`` (a
     :class:`tvm_accel.farm.Farm`) they run on its servers instead, ``jobs`` of them at once.
     Either way the outputs are identical to a one-process run, in input order."""
     from tvm_accel.frontend import read_npz
@@ -255,19 +256,32 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-#: seconds of one-process work above which ``jobs=None`` starts worker processes
+#: seconds of one-process work above which ``jobs=None`` starts worker processes: spawned
+#: ones import TVM and load the package (~1.5 s each), forked ones start in milliseconds
 WORTH_SPAWNING = 5.0
+WORTH_FORKING = 0.5
+
+
+def _start_method() -> str:
+    """``fork`` where the OS has it (a worker inherits the loaded package: it starts in
+    milliseconds instead of importing TVM again), else ``spawn``. Forking a process that has
+    run TVM code is safe here because the forked worker runs TVM's parallel loops inline
+    (``TVM_NUM_THREADS=1``, read on every launch): it never touches the thread pool it
+    inherited without its threads, and the simulator is plain C called through ctypes."""
+    import multiprocessing
+
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: int | None,
                  progress: Callable[[int, int], None] | None
                  ) -> tuple[list[list[np.ndarray]], int]:
     """The package's outputs for every batch, in order, and the processes used. One job runs
-    them here. More: ``jobs - 1`` spawned workers (TVM is not fork-safe), each loading the
-    package once and running under this process's cycle budget, take batches from the front
-    while this process, already warm, takes them from the back (a batch no worker has started
-    is cancelled and run here), so the workers' start-up is not lost time. ``None``: the first
-    batch runs here and decides (see :func:`evaluate`)."""
+    them here. More: ``jobs - 1`` workers (forked with this process's loaded VM, or spawned
+    and loading the package once: :func:`_start_method`), running under this process's cycle
+    budget, take batches from the front while this process, already warm, takes them from the
+    back (a batch no worker has started is cancelled and run here), so a worker's start-up is
+    not lost time. ``None``: the first batch runs here and decides (see :func:`evaluate`)."""
     import tvm
 
     from tvm_accel import simlib
@@ -296,7 +310,8 @@ def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: 
         here(0)
         first = 1
         rest = (time.perf_counter() - t0) * (total - 1)
-        jobs = default_jobs() if rest > WORTH_SPAWNING else 1
+        worth = WORTH_FORKING if _start_method() == "fork" else WORTH_SPAWNING
+        jobs = default_jobs() if rest > worth else 1
     jobs = min(jobs, total - first)
     if jobs <= 1:
         for i in range(first, total):
@@ -305,26 +320,40 @@ def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(jobs - 1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init,
-                             initargs=(package_path, simlib.current_cycle_budget())) as pool:
-        futures = {i: pool.submit(_worker_run, batches[i]) for i in range(first, total)}
-        for i in range(total - 1, first - 1, -1):
-            if futures[i].cancel():
-                here(i)
-        for i, fut in futures.items():
-            if results[i] is None:
-                store(i, fut.result())
+    method = _start_method()
+    if method == "fork":
+        vm = vm or pkg.vm()
+        _WORKER["vm"] = vm  # inherited by the workers, forked at the first submit
+    try:
+        with ProcessPoolExecutor(jobs - 1, mp_context=multiprocessing.get_context(method),
+                                 initializer=_worker_init,
+                                 initargs=(None if method == "fork" else package_path,
+                                           simlib.current_cycle_budget())) as pool:
+            futures = {i: pool.submit(_worker_run, batches[i]) for i in range(first, total)}
+            for i in range(total - 1, first - 1, -1):
+                if futures[i].cancel():
+                    here(i)
+            for i, fut in futures.items():
+                if results[i] is None:
+                    store(i, fut.result())
+    finally:
+        if method == "fork":
+            _WORKER.pop("vm", None)
     return [r for r in results if r is not None], jobs
 
 
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(package_path: str, max_cycles: int | None) -> None:
-    from tvm_accel.package import load_package
+def _worker_init(package_path: str | None, max_cycles: int | None) -> None:
+    """A spawned worker loads the package; a forked one (``package_path`` None) has the
+    caller's VM already and runs TVM's parallel loops inline (see :func:`_start_method`)."""
+    if package_path is None:
+        os.environ["TVM_NUM_THREADS"] = "1"
+    else:
+        from tvm_accel.package import load_package
 
-    _WORKER["vm"] = load_package(package_path).vm()
+        _WORKER["vm"] = load_package(package_path).vm()
     _WORKER["max_cycles"] = max_cycles
 
 

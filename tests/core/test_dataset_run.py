@@ -95,6 +95,16 @@ def test_samples_spread_over_processes_give_the_same_outputs_in_order(ws, batch)
     assert auto.jobs == 1 and np.array_equal(auto.outputs[0], one.outputs[0])  # too small
 
 
+def test_spawned_workers_give_the_same_outputs_as_forked_ones(ws, monkeypatch):
+    import tvm_accel.evaluate as ev
+
+    forked = evaluate(ws / "m1.tar", ws / "data.npz", jobs=2)
+    monkeypatch.setattr(ev, "_start_method", lambda: "spawn")  # the path where fork is missing
+    spawned = evaluate(ws / "m1.tar", ws / "data.npz", jobs=2)
+    assert spawned.jobs == forked.jobs == 2
+    assert np.array_equal(spawned.outputs[0], forked.outputs[0])
+
+
 def test_cli_jobs_runs_the_dataset_on_processes_and_keeps_user_errors_one_line(ws, capsys):
     capsys.readouterr()
     assert tvmc("run", ws / "m1.tar", "--inputs", ws / "data.npz", "--jobs", "2",
