@@ -11,6 +11,7 @@ compares the output with ``reference_execute``. A layer that does not map is cou
 with its reason. HW efficiency = useful MACs / (cycles x the peak MACs per cycle of all PEs).
 
     python benchmarks/dpu_deepbench.py [--config dpu_default] [--limit N] [--ids 0,5] [--check]
+                                       [--jobs N]
 
 Figures are information for issue notes, never assertions.
 """
@@ -22,7 +23,7 @@ import sys
 
 import numpy as np
 
-from tvm_accel.deepbench import LayerRuns, geomean, load_rows, make_layer, parse_args
+from tvm_accel.deepbench import LayerRuns, geomean, load_rows, make_layer, map_rows, parse_args
 from tvm_accel.layers import Requant
 
 
@@ -70,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.csv, args.ids, args.limit)
     runs = LayerRuns(lambda g: plan(g, cfg), lambda p, x: execute_program(p, x, cfg),
                      MappingError, args.check)
-    table, effs, failed = [], [], []
-    for row in rows:
+
+    def measure(row: dict) -> dict:
         graph, inputs = make_layer({**row, "n": str(cfg.NUM_PE)}, int(row["id"]), dpu_recipe)
         layer = graph.layers[0]
         x = graph.tensors["x"].shape
@@ -79,35 +80,38 @@ def main(argv: list[str] | None = None) -> int:
                  f"{layer.kernel[0]}x{layer.kernel[1]} s{layer.strides[0]}")
         out = runs.run(graph, inputs, cpu_reason(layer, x))
         if isinstance(out, str):
-            failed.append((row["id"], out))
-            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", out[:60]))
-            continue
-        prog, stats, t_plan = out
-        st = stats[0][1]
-        for _, more in stats[1:]:
+            return dict(failed=out, row=(row["id"], shape, "cpu", "-", "-", "-", "-", out[:60]))
+        st = out.stats[0][1]
+        for _, more in out.stats[1:]:
             st = st + more
-        macs = sum(ly.macs for ly in prog.layers)
+        macs = sum(ly.macs for ly in out.program.layers)
         eff = macs / (st.cycles * cfg.peak_macs_per_cycle) if st.cycles else 0.0
-        effs.append(eff)
         bound = bound_label({"off-chip": max(st.load_busy, st.save_busy),
                              "compute": max(st.conv_busy, st.misc_busy)})
-        kn = prog.layers[0].knobs
+        kn = out.program.layers[0].knobs
         tiles = ",".join(f"{k.replace('tile_', '')}={v}" for k, v in kn.items()
                          if k in ("oc_tile", "tile_h", "tile_w", "format") and v is not False)
-        table.append((row["id"], shape, "DPU", f"{st.cycles:,}", f"{100 * eff:.1f}%", bound,
-                      f"{t_plan:.2f}", tiles))
+        return dict(eff=eff, t_plan=out.t_plan, t_sim=out.t_sim, exact=out.exact,
+                    row=(row["id"], shape, "DPU", f"{st.cycles:,}", f"{100 * eff:.1f}%", bound,
+                         f"{out.t_plan:.2f}", tiles))
+
+    res = list(map_rows(measure, rows, args.jobs))
+    failed = [(r["row"][0], r["failed"]) for r in res if "failed" in r]
+    ran = [r for r in res if "failed" not in r]
     print(f"config {cfg.name}: {cfg.NUM_PE} PEs (batch {cfg.NUM_PE}, one image per PE), "
           f"{cfg.peak_macs_per_cycle} MACs/cycle, DDR {cfg.DDR_BYTES_PER_CYCLE:.0f} B/cycle")
     print(format_table(["id", "layer (CxHxW -> K)", "engine", "cycles", "HW eff", "bound",
-                        "compile s", "knobs / reason"], table, align="lllrrlrl"))
-    ran = len(rows) - len(failed)
-    geo = geomean(effs)
-    print(f"\nlayers on the DPU: {ran} / {len(rows)}; geomean HW efficiency {100 * geo:.1f}%; "
-          f"compile {runs.t_plan:.1f} s, simulation {runs.t_sim:.1f} s"
-          + (f"; bit-exact: {runs.exact}" if args.check else ""))
+                        "compile s", "knobs / reason"], [r["row"] for r in res],
+                       align="lllrrlrl"))
+    geo = geomean([r["eff"] for r in ran])
+    exact = all(r["exact"] is not False for r in ran)
+    print(f"\nlayers on the DPU: {len(ran)} / {len(rows)}; geomean HW efficiency "
+          f"{100 * geo:.1f}%; compile {sum(r['t_plan'] for r in ran):.1f} s, simulation "
+          f"{sum(r['t_sim'] for r in ran):.1f} s ({args.jobs} processes)"
+          + (f"; bit-exact: {exact}" if args.check else ""))
     for lid, why in failed:
         print(f"  on the CPU: layer {lid}: {why}")
-    return 0 if runs.exact else 1
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ A layer whose batch does not fit L3 runs in passes of the largest sub-batch that
 reason column says so); ``--csv`` takes another list in the same columns, e.g. DeepBench's
 training set (batch 4-32).
 
-    python benchmarks/marsellus_deepbench.py [--limit N] [--ids 0,5] [--check]
+    python benchmarks/marsellus_deepbench.py [--limit N] [--ids 0,5] [--check] [--jobs N]
 
 Figures are information for issue notes, never assertions.
 """
@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from tvm_accel.deepbench import LayerRuns, geomean, load_rows, make_layer, parse_args
+from tvm_accel.deepbench import LayerRuns, geomean, load_rows, make_layer, map_rows, parse_args
 from tvm_accel.layers import Requant
 
 
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.csv, args.ids, args.limit)
     runs = LayerRuns(lambda g: plan(g, cfg), lambda p, x: execute_program(p, x, cfg),
                      MappingError, args.check)
-    table, utils, failed, split = [], [], [], 0
-    for row in rows:
+
+    def measure(row: dict) -> dict:
         graph, inputs = make_layer(row, int(row["id"]), marsellus_recipe)
         layer = graph.layers[0]
         shape = (f"{graph.tensors['x'].shape}->{layer.weight.shape[0]} "
@@ -60,36 +60,40 @@ def main(argv: list[str] | None = None) -> int:
                    if max(*layer.kernel, *layer.strides, *layer.padding) > MAX_WINDOW else "")
         out = runs.run(graph, inputs, refused)
         if isinstance(out, str):
-            failed.append((row["id"], out))
-            table.append((row["id"], shape, "cpu", "-", "-", "-", "-", "-", out[:60]))
-            continue
-        prog, stats, _ = out
-        (_, st), lp = stats[0], prog.layers[0]
+            return dict(failed=out, row=(row["id"], shape, "cpu", "-", "-", "-", "-", "-",
+                                         out[:60]))
+        prog = out.program
+        (_, st), lp = out.stats[0], prog.layers[0]
         peak = cfg.rbe_and_gates / 64 if lp.engine == "rbe" else cfg.cluster_macs_per_cycle(8)
         # the layer's MACs less those of outputs whose window is padding only, which the
         # cores skip (the simulator's MAC counters)
         macs = min(lp.macs * prog.passes, st.rbe_macs + st.cluster_macs)
         util = min(1.0, macs / (st.cycles * peak)) if st.cycles else 0.0
-        utils.append(util)
         mem = "/".join(prog.tensors[t].mem for t in ("x", "y"))
         bound = bound_label({"off-chip": st.iodma_busy,
                              "on-chip": max(st.dma_in_busy, st.dma_out_busy),
                              "compute": max(st.rbe_busy, st.cluster_busy)})
-        table.append((row["id"], shape, "RBE" if lp.engine == "rbe" else "cluster", mem,
-                      "L3" if prog.l3_image else "L2", f"{st.cycles:,}", f"{100 * util:.1f}%",
-                      bound, lp.meta.get("batch", "").split(" (")[0]))
-        split += prog.passes > 1
+        return dict(util=util, split=prog.passes > 1, t_plan=out.t_plan, t_sim=out.t_sim,
+                    exact=out.exact,
+                    row=(row["id"], shape, "RBE" if lp.engine == "rbe" else "cluster", mem,
+                         "L3" if prog.l3_image else "L2", f"{st.cycles:,}",
+                         f"{100 * util:.1f}%", bound, lp.meta.get("batch", "").split(" (")[0]))
+
+    res = list(map_rows(measure, rows, args.jobs))
+    failed = [(r["row"][0], r["failed"]) for r in res if "failed" in r]
+    ran = [r for r in res if "failed" not in r]
     print(format_table(["id", "layer", "engine", "x/y in", "weights", "cycles", "util", "bound",
-                        "reason"], table))
-    ran = len(rows) - len(failed)
-    geo = geomean(utils)
-    print(f"\nlayers run: {ran} / {len(rows)} ({split} in batch passes); geomean utilization "
-          f"{100 * geo:.1f}%; "
-          f"plan {runs.t_plan:.1f} s, simulation {runs.t_sim:.1f} s"
-          + (f"; bit-exact: {runs.exact}" if args.check else ""))
+                        "reason"], [r["row"] for r in res]))
+    geo = geomean([r["util"] for r in ran])
+    exact = all(r["exact"] is not False for r in ran)
+    print(f"\nlayers run: {len(ran)} / {len(rows)} ({sum(r['split'] for r in ran)} in batch "
+          f"passes); geomean utilization {100 * geo:.1f}%; "
+          f"plan {sum(r['t_plan'] for r in ran):.1f} s, simulation "
+          f"{sum(r['t_sim'] for r in ran):.1f} s ({args.jobs} processes)"
+          + (f"; bit-exact: {exact}" if args.check else ""))
     for lid, why in failed:
         print(f"  not mapped: layer {lid}: {why}")
-    return 0
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

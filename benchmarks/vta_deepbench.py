@@ -8,7 +8,7 @@ instruction count, compile time and simulator wall time; then the geometric-mean
 total wall time, the five worst layers and the simulator speed on the largest layers.
 
     python benchmarks/vta_deepbench.py [--config vta_8x8x8] [--limit N] [--ids 0,5,27]
-                                       [--check] [--csv PATH]
+                                       [--check] [--csv PATH] [--jobs N]
 
 ``--check`` compares each layer with ``layers.reference_execute`` (numpy; slow for the largest
 layers). Figures are information for issue notes, never assertions.
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from tvm_accel.deepbench import geomean, load_rows, make_layer, parse_args, typical_recipe
+from tvm_accel.deepbench import geomean, load_rows, make_layer, map_rows, parse_args, typical_recipe
 
 
 def main(argv=None) -> int:
@@ -40,8 +40,8 @@ def main(argv=None) -> int:
     print(f"# VTA static strategy on DeepBench, config {cfg.name} "
           f"({cfg.macs_per_cycle} MACs/cycle)")
     print(hdr)
-    results, t_all = [], time.perf_counter()
-    for row in rows:
+
+    def measure(row: dict) -> dict:
         graph, inputs = make_layer(row, int(row["id"]), typical_recipe(requant_recipe))
         t0 = time.perf_counter()
         prog = plan(graph, cfg)
@@ -59,19 +59,24 @@ def main(argv=None) -> int:
             status = " ok" if ok else " MISMATCH"
         kn = ",".join(f"{k.replace('tile_', '').replace('_nthread', 'T')}={v}"
                       for k, v in ly.knobs.items())
-        print(f"{row['id']:>3} {ly.shape:<42} {ly.macs:>12,} {st.cycles:>12,} {util:>6.1%} "
-              f"{pad:>6.1%} {ly.n_insns:>7} {t1 - t0:>7.2f}s {t2 - t1:>6.2f}s  {kn}{status}",
-              flush=True)
-        results.append(dict(id=int(row["id"]), shape=ly.shape, macs=ly.macs, cycles=st.cycles,
-                            util=util, pad=pad, compile=t1 - t0, sim=t2 - t1,
-                            ok=status != " MISMATCH"))
+        return dict(id=int(row["id"]), shape=ly.shape, macs=ly.macs, cycles=st.cycles,
+                    util=util, pad=pad, compile=t1 - t0, sim=t2 - t1, n_insns=ly.n_insns,
+                    knobs=kn, status=status, ok=status != " MISMATCH")
+
+    results, t_all = [], time.perf_counter()
+    for r in map_rows(measure, rows, args.jobs):
+        print(f"{r['id']:>3} {r['shape']:<42} {r['macs']:>12,} {r['cycles']:>12,} "
+              f"{r['util']:>6.1%} {r['pad']:>6.1%} {r['n_insns']:>7} {r['compile']:>7.2f}s "
+              f"{r['sim']:>6.2f}s  {r['knobs']}{r['status']}", flush=True)
+        results.append(r)
     wall = time.perf_counter() - t_all
     if not results:
         return 0
     geo = geomean([r["util"] for r in results])
     print(f"\nsummary: {len(results)} layers, geomean GEMM utilization {geo:.1%}, "
           f"total compile {sum(r['compile'] for r in results):.1f}s, "
-          f"total simulate {sum(r['sim'] for r in results):.1f}s, wall {wall:.1f}s"
+          f"total simulate {sum(r['sim'] for r in results):.1f}s, wall {wall:.1f}s "
+          f"({args.jobs} processes)"
           + (f", mismatches {sum(not r['ok'] for r in results)}" if args.check else ""))
     print("5 worst layers by utilization:")
     for r in sorted(results, key=lambda r: r["util"])[:5]:

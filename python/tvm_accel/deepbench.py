@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,14 +54,23 @@ def load_rows(path: str | Path, ids: str = "", limit: int = 0) -> list[dict]:
 
 
 def parse_args(description: str, default_config: str | None, argv=None) -> argparse.Namespace:
-    """The options every DeepBench script takes: ``--config --csv --limit --ids --check``."""
+    """The options every DeepBench script takes: ``--config --csv --limit --ids --check --jobs``."""
     ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
     ap.add_argument("--config", default=default_config)
     ap.add_argument("--csv", default=str(DEFAULT_CSV))
     ap.add_argument("--limit", type=int, default=0, help="only the first N layers")
     ap.add_argument("--ids", default="", help="comma-separated layer ids")
     ap.add_argument("--check", action="store_true", help="compare with reference_execute")
-    return ap.parse_args(argv)
+    ap.add_argument("--jobs", type=int, default=0,
+                    help="worker processes (default: the CPUs this process may use)")
+    args = ap.parse_args(argv)
+    if args.jobs < 0:
+        ap.error(f"--jobs {args.jobs}: give at least 1 (or 0 for every CPU)")
+    if not args.jobs:
+        from tvm_accel.evaluate import default_jobs
+
+        args.jobs = default_jobs()
+    return args
 
 
 def geomean(values: list[float]) -> float:
@@ -70,23 +81,32 @@ def geomean(values: list[float]) -> float:
 
 
 @dataclass
+class LayerRun:
+    """One layer planned and simulated: the program, the per-call stats, the seconds spent
+    planning and simulating, and (with ``check``) whether the output equals
+    ``reference_execute``'s (None when not checked)."""
+
+    program: Any
+    stats: list
+    t_plan: float
+    t_sim: float
+    exact: bool | None = None
+
+
+@dataclass
 class LayerRuns:
     """Plans and simulates single DeepBench layers for one target: ``plan(graph)`` ->
     program, ``execute(program, inputs)`` -> (outputs, stats), ``error`` the planner's mapping
-    error; totals the planning and simulation seconds of the layers that map and, with
-    ``check``, whether every one is bit-exact against ``reference_execute``."""
+    error; ``check`` compares every output with ``reference_execute``."""
 
     plan: Callable
     execute: Callable
     error: type[Exception]
     check: bool = False
-    t_plan: float = 0.0
-    t_sim: float = 0.0
-    exact: bool = True
 
-    def run(self, graph: LayerGraph, inputs: dict, refused: str = ""):
-        """``(program, stats, planning seconds)``, or the reason the layer stays on the CPU
-        (``refused`` by the target's pattern checks, or the planner's mapping error)."""
+    def run(self, graph: LayerGraph, inputs: dict, refused: str = "") -> LayerRun | str:
+        """The :class:`LayerRun`, or the reason the layer stays on the CPU (``refused`` by
+        the target's pattern checks, or the planner's mapping error)."""
         from tvm_accel.layers import reference_execute
 
         t0 = time.perf_counter()
@@ -99,10 +119,45 @@ class LayerRuns:
         t1 = time.perf_counter()
         outs, stats = self.execute(prog, inputs)
         t2 = time.perf_counter()
-        self.t_plan, self.t_sim = self.t_plan + t1 - t0, self.t_sim + t2 - t1
+        exact = None
         if self.check:
-            self.exact &= bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
-        return prog, stats, t1 - t0
+            exact = bool(np.array_equal(outs["y"], reference_execute(graph, inputs)["y"]))
+        return LayerRun(prog, stats, t1 - t0, t2 - t1, exact)
+
+
+_MAPPED: dict[str, Any] = {}
+
+
+def _mapped_row(i: int) -> Any:
+    return _MAPPED["fn"](_MAPPED["rows"][i])
+
+
+def _one_tvm_thread() -> None:
+    os.environ["TVM_NUM_THREADS"] = "1"
+
+
+def map_rows(fn: Callable[[dict], Any], rows: list[dict], jobs: int) -> Iterator[Any]:
+    """``fn(row)`` for every row, yielded in row order as they finish. ``jobs`` > 1 runs the
+    rows in that many worker processes forked from this one (``fn`` and its closure are
+    inherited; only the row index and the result, which must pickle, cross the pipe; TVM's
+    parallel loops run inline in them, see :func:`tvm_accel.evaluate.worker_start_method`);
+    one job, or an OS without fork, runs them here."""
+    from tvm_accel.evaluate import worker_start_method
+
+    if jobs <= 1 or len(rows) <= 1 or worker_start_method() != "fork":
+        yield from map(fn, rows)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    _MAPPED.update(fn=fn, rows=rows)
+    try:
+        with ProcessPoolExecutor(min(jobs, len(rows)),
+                                 mp_context=multiprocessing.get_context("fork"),
+                                 initializer=_one_tvm_thread) as pool:
+            yield from pool.map(_mapped_row, range(len(rows)))
+    finally:
+        _MAPPED.clear()
 
 
 def make_layer(row: dict, seed: int, recipe: Callable[[np.ndarray, np.ndarray], Requant]

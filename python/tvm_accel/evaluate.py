@@ -262,7 +262,7 @@ WORTH_SPAWNING = 5.0
 WORTH_FORKING = 0.5
 
 
-def _start_method() -> str:
+def worker_start_method() -> str:
     """``fork`` where the OS has it (a worker inherits the loaded package: it starts in
     milliseconds instead of importing TVM again), else ``spawn``. Forking a process that has
     run TVM code is safe here because the forked worker runs TVM's parallel loops inline
@@ -278,10 +278,11 @@ def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: 
                  ) -> tuple[list[list[np.ndarray]], int]:
     """The package's outputs for every batch, in order, and the processes used. One job runs
     them here. More: ``jobs - 1`` workers (forked with this process's loaded VM, or spawned
-    and loading the package once: :func:`_start_method`), running under this process's cycle
-    budget, take batches from the front while this process, already warm, takes them from the
-    back (a batch no worker has started is cancelled and run here), so a worker's start-up is
-    not lost time. ``None``: the first batch runs here and decides (see :func:`evaluate`)."""
+    and loading the package once: :func:`worker_start_method`), running under this process's
+    cycle budget, take batches from the front while this process, already warm, takes them
+    from the back (a batch no worker has started is cancelled and run here), so a worker's
+    start-up is not lost time. ``None``: the first batch runs here and decides (see
+    :func:`evaluate`)."""
     import tvm
 
     from tvm_accel import simlib
@@ -310,7 +311,7 @@ def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: 
         here(0)
         first = 1
         rest = (time.perf_counter() - t0) * (total - 1)
-        worth = WORTH_FORKING if _start_method() == "fork" else WORTH_SPAWNING
+        worth = WORTH_FORKING if worker_start_method() == "fork" else WORTH_SPAWNING
         jobs = default_jobs() if rest > worth else 1
     jobs = min(jobs, total - first)
     if jobs <= 1:
@@ -320,7 +321,7 @@ def _run_batches(pkg, package_path: str, batches: list[list[np.ndarray]], jobs: 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    method = _start_method()
+    method = worker_start_method()
     if method == "fork":
         vm = vm or pkg.vm()
         _WORKER["vm"] = vm  # inherited by the workers, forked at the first submit
@@ -347,7 +348,7 @@ _WORKER: dict[str, Any] = {}
 
 def _worker_init(package_path: str | None, max_cycles: int | None) -> None:
     """A spawned worker loads the package; a forked one (``package_path`` None) has the
-    caller's VM already and runs TVM's parallel loops inline (see :func:`_start_method`)."""
+    caller's VM already and runs TVM's parallel loops inline (:func:`worker_start_method`)."""
     if package_path is None:
         os.environ["TVM_NUM_THREADS"] = "1"
     else:

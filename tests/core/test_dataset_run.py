@@ -99,7 +99,7 @@ def test_spawned_workers_give_the_same_outputs_as_forked_ones(ws, monkeypatch):
     import tvm_accel.evaluate as ev
 
     forked = evaluate(ws / "m1.tar", ws / "data.npz", jobs=2)
-    monkeypatch.setattr(ev, "_start_method", lambda: "spawn")  # the path where fork is missing
+    monkeypatch.setattr(ev, "worker_start_method", lambda: "spawn")  # an OS without fork
     spawned = evaluate(ws / "m1.tar", ws / "data.npz", jobs=2)
     assert spawned.jobs == forked.jobs == 2
     assert np.array_equal(spawned.outputs[0], forked.outputs[0])
