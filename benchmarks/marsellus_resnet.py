@@ -14,7 +14,9 @@
   in L3.
 - Beside both, the energy floor of this power model (:func:`energy_floor_uj`): every conv and FC
   on the RBE at its peak rate for its W x I bits, nothing else; what no mapping of the same bit
-  assignment can beat.
+  assignment can beat. And the compute floor of our mapping (:func:`compute_floor_cycles`):
+  each RBE conv's COMPUTE phase as one whole-layer job of its own geometry (a 16-channel layer
+  fills half of each 32-channel BinConv), the cores' layers as run, nothing else.
 
 Why the paper's latencies and efficiencies are 0.5 V figures (docs/marsellus.md, "Paper
 figures at their operating points"): 12 uJ over 1.05 ms is 11.4 mW, the RBE-active CLUSTER
@@ -140,6 +142,33 @@ def energy_floor_uj(rows: list[tuple], cfg, op) -> float:
     return pj * 1e-6
 
 
+def compute_floor_cycles(graphs: list[LayerGraph], rows: list[tuple], cfg) -> int:
+    """A latency no tiling of this mapping can beat: per RBE conv the COMPUTE phase alone of
+    one whole-layer job of its geometry and bits (:func:`rbe_job_phases`; a layer with fewer
+    than 32 input channels still fills a Kin tile, Fig. 4's 32-channel BinConv), per layer on
+    the cores their busy cycles as run; no LOAD, NORMQUANT, STREAMOUT, residual adds, pools,
+    DMA, marshaling or fill."""
+    from tvm_accel.layers import ConvLayer
+
+    by = {ly.name: (g, ly) for g in graphs for ly in g.layers}
+    total = 0
+    for name, eng, _, st, macs in rows:
+        g, ly = by[name]
+        if not macs:
+            continue
+        if eng != "RBE" or not isinstance(ly, ConvLayer):
+            total += st.cluster_busy
+            continue
+        k_out, k_in, kh, _ = ly.weight.shape
+        _, _, ho, wo = g.tensors[ly.output].shape
+        job = cg.RbeJob(h_in=(ho - 1) * ly.strides[0] + kh, w_in=(wo - 1) * ly.strides[1] + kh,
+                        h_out=ho, w_out=wo, k_in=k_in, k_out=k_out,
+                        in_bits=g.tensors[ly.input].bits, w_bits=ly.weight_bits,
+                        out_bits=g.tensors[ly.output].bits, kernel=kh, stride=ly.strides[0])
+        total += rbe_job_phases(cfg, job)["compute"]
+    return total
+
+
 def _bound(st) -> str:
     return bound_label({"off-chip": st.iodma_busy, "on-chip": max(st.dma_in_busy,
                                                                    st.dma_out_busy),
@@ -206,6 +235,7 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
         floor = {p: energy_floor_uj(rows, cfg, op) for p, op in POINTS}
         totals[label] = (cyc, tot, exact, floor)
         if label == "mixed":
+            compute_floor = compute_floor_cycles(graphs, rows, cfg)
             ops = 2 * sum(r[4] for r in rows)
             macs = sum(r[4] for r in rows)
             print(f"\nResNet-20 mixed ({how}, objective {objective}): where the cycles go "
@@ -243,6 +273,8 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
           f"(objective {other}: {co} cycles)")
     print("floor: the convs and FC alone, each on the RBE at its peak rate for its W x I bits, "
           "charged as the energy model charges RBE jobs, for that time only (energy_floor_uj)")
+    print(f"compute floor of this mapping (compute_floor_cycles): {compute_floor} cycles = "
+          + ", ".join(f"{compute_floor / op.freq_mhz / 1e3:.3f} ms at {p}" for p, op in POINTS))
     print(f"bit-exact vs reference_execute: 8-bit {totals['8-bit'][2]}, "
           f"mixed {totals['mixed'][2]}, objective {other} "
           f"{totals[f'mixed, objective {other}'][2]}")
@@ -250,8 +282,11 @@ def resnet20(cfg, layers: bool, knobs: dict | None = None) -> None:
 
 def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
     graphs = resnet_graphs(quantize.resnet18_mixed())
-    rows, exact = run(graphs, cfg, knobs)
     op = PAPER_R18["op"]
+    # planned and run at each point's clock: its weights and tensors live in L3, whose link
+    # keeps its bandwidth in time (MarsellusConfig.at_clock)
+    runs = {pt: run(graphs, cfg.at_clock(pt.freq_mhz), knobs) for pt in (LOW_05, NOMINAL)}
+    rows, exact = runs[op]
     if layers:
         print(f"\nResNet-18 / ImageNet 4-bit (quantize.resnet18_mixed) at 0.5 V / 100 MHz, "
               f"bit-exact: {exact}")
@@ -259,15 +294,17 @@ def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
                            [(name, eng, prec, st.cycles, f"{st.cycles / op.freq_mhz:.1f}",
                              f"{energy_uj(st, op):.2f}", _bound(st))
                             for name, eng, prec, st, _ in rows]))
-    cyc = sum(r[3].cycles for r in rows)
     ops = 2 * sum(r[4] for r in rows)
-    table = []
+    compute_floor = compute_floor_cycles(graphs, rows, cfg.at_clock(op.freq_mhz))
+    table, cycles = [], {}
     for label, pt in (("0.5 V 100 MHz", LOW_05), ("0.8 V 420 MHz", NOMINAL)):
-        uj = sum(energy_uj(r[3], pt) for r in rows)
-        floor = energy_floor_uj(rows, cfg, pt)
+        pt_rows, pt_exact = runs[pt]
+        cycles[label] = cyc = sum(r[3].cycles for r in pt_rows)
+        uj = sum(energy_uj(r[3], pt) for r in pt_rows)
+        floor = energy_floor_uj(pt_rows, cfg, pt)
         table.append((f"ours {label}", f"{cyc / pt.freq_mhz / 1e3:.1f}", f"{uj / 1e3:.3f}",
                       f"{ops / (uj * 1e-6) / 1e12:.2f}", f"{floor / 1e3:.3f}",
-                      f"{ops / (floor * 1e-6) / 1e12:.2f}", str(exact)))
+                      f"{ops / (floor * 1e-6) / 1e12:.2f}", str(pt_exact)))
         table.append((f"paper {label}", f"{paper_latency_ms(PAPER_R18, pt):.1f}",
                       *((f"{ops / (PAPER_R18['tops_w'] * 1e12) * 1e3:.3f}",
                          f"{PAPER_R18['tops_w']:.2f}") if pt is op else ("", "")), "", "", ""))
@@ -276,13 +313,15 @@ def resnet18(cfg, layers: bool, knobs: dict | None = None) -> None:
         b = _bound(r[3])
         bounds[b] = bounds.get(b, 0) + 1
     print(f"\nResNet-18 / ImageNet 224x224, 4-bit (quantize.resnet18_mixed), {ops / 1e9:.2f} Gop, "
-          f"{cyc} cycles")
+          + ", ".join(f"{c} cycles at {label}" for label, c in cycles.items()))
     print(format_table(["", "latency ms", "energy mJ", "Top/s/W", "floor mJ", "floor Top/s/W",
                         "bit-exact"], table))
     print(f"paper: {PAPER_R18['ms']:.0f} ms and {PAPER_R18['tops_w']} Top/s/W at 0.5 V (Table II): "
           f"{PAPER_R18['ms'] * PAPER_R18['op'].freq_mhz / 1e3:.1f}M cycles carried to 420 MHz; "
           "its energy = our Gop / 5.83 Top/s/W")
-    print("layers by bound: " + ", ".join(f"{k} {v}" for k, v in sorted(bounds.items())))
+    print(f"compute floor of this mapping (compute_floor_cycles): {compute_floor} cycles = "
+          f"{compute_floor / op.freq_mhz / 1e3:.1f} ms at 0.5 V")
+    print("layers by bound at 0.5 V: " + ", ".join(f"{k} {v}" for k, v in sorted(bounds.items())))
     print(f"layers on the RBE: {sum(r[1] == 'RBE' for r in rows)} of {len(rows)}")
 
 

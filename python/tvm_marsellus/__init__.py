@@ -78,13 +78,14 @@ class MarsellusTarget(AccelTarget):
         return patterns.pattern_table()
 
     def plan(self, graph: LayerGraph, config: MarsellusConfig, knobs: dict | None = None):
-        """The strategy at the operating point of the knobs (nominal when unset), recorded
-        in each layer's metadata for the energy report."""
+        """The strategy at the operating point of the knobs (nominal when unset), on the config
+        at that point's clock (:meth:`MarsellusConfig.at_clock`: L3 keeps its bandwidth in
+        time), recorded in each layer's metadata for the energy report."""
         from tvm_marsellus import strategy
 
         knobs = dict(knobs or {})
         op = operating_point_of(knobs.pop(OP_KNOB, None))
-        program = strategy.plan(graph, config, knobs, op)
+        program = strategy.plan(graph, config.at_clock(op.freq_mhz), knobs, op)
         for ly in program.layers:
             ly.meta["op"] = [op.vdd, op.freq_mhz, bool(op.abb)]
         return program
@@ -98,7 +99,9 @@ class MarsellusTarget(AccelTarget):
                          knobs: dict | None = None, name: str = "") -> bytes:
         from tvm_marsellus import program
 
-        return program.build_blob(self.plan(graph, config, knobs), config, name)
+        op = operating_point_of((knobs or {}).get(OP_KNOB))
+        return program.build_blob(self.plan(graph, config, knobs), config.at_clock(op.freq_mhz),
+                                  name)
 
     def finish_offload(self, mod, config: MarsellusConfig, report=None):
         """The report's row of a layer whose function runs in batch passes says so after the

@@ -119,3 +119,33 @@ def test_subword_output_tiles_keep_wide_3x3_layers_on_the_rbe(tile_k, tile_w):
     assert prog.tensors["y"].layout == "rbe" and prog.layers[0].engine == "rbe"
     jobs = [c for c in prog.layers[0].commands if isinstance(c, cg.RbeJob)]
     assert {j.k_out for j in jobs} == {tile_k}
+
+
+def test_the_l3_link_keeps_its_bandwidth_in_time_when_the_cluster_clock_drops():
+    slow = CFG.at_clock(100.0)
+    assert slow.CLOCK_MHZ == 100.0 and CFG.at_clock(CFG.CLOCK_MHZ) is CFG
+    assert slow.L3_BYTES_PER_CYCLE == pytest.approx(CFG.L3_BYTES_PER_CYCLE * 4.2)
+    assert slow.L3_LATENCY_CYCLES == -(-CFG.L3_LATENCY_CYCLES * 100 // 420)
+    assert slow.DMA_BYTES_PER_CYCLE == CFG.DMA_BYTES_PER_CYCLE  # the CLUSTER DMA: own cycles
+    shape, k, kernel, stride = BIG["2048x7x7-1x1"]  # 1 MiB of weights through the I/O DMA
+    rng = np.random.default_rng(4)
+    g = LayerGraph({"x": T("x", shape), "y": T("y", (1, k, 7, 7))},
+                   [conv(rng, "c", "x", "y", shape[1], k, kernel, s=stride)], ["x"], ["y"])
+    xs = {"x": rng.integers(-128, 128, shape).astype(np.int8)}
+    _, fast_out, fast = _run(g, xs)
+    _, slow_out, at_100 = _run(g, xs, cfg=slow)
+    np.testing.assert_array_equal(slow_out["y"], fast_out["y"])
+    assert at_100.cycles < fast.cycles  # fewer CLUSTER cycles wait for the same bytes
+
+
+def test_a_compile_at_an_operating_point_carries_its_clock_in_the_blob():
+    from tvm_marsellus import OP_KNOB, TARGET
+    from tvm_marsellus.runtime import decode_blob
+
+    shape, k, kernel, stride = BIG["2048x7x7-1x1"]
+    rng = np.random.default_rng(5)
+    g = LayerGraph({"x": T("x", shape), "y": T("y", (1, k, 7, 7))},
+                   [conv(rng, "c", "x", "y", shape[1], k, kernel, s=stride)], ["x"], ["y"])
+    blob = TARGET.compile_function(g, CFG, {OP_KNOB: {"vdd": 0.5}})
+    _, cfg, _ = decode_blob(np.frombuffer(blob, np.uint8))
+    assert cfg.CLOCK_MHZ == 100.0 and cfg.L3_BYTES_PER_CYCLE == pytest.approx(4.2)
