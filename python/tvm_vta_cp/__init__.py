@@ -205,6 +205,12 @@ class VTATarget(AccelTarget):
         if top_k < 1 or not limit > 0 or tune < 0:
             raise AccelError(f"VTA strategy: top_k must be >= 1, time_limit > 0 and tune >= 0 "
                              f"(got {top_k}, {limit}, {tune})")
+        from tvm_vta_cp.joint import JOINT, LAYOUT_CHOICES, choose_jointly, network_graph
+
+        choice = opts.get("layout_choice", JOINT)
+        if choice not in LAYOUT_CHOICES:
+            raise AccelError(f"unknown VTA layout choice {choice!r} (choose from "
+                             f"{', '.join(LAYOUT_CHOICES)})")
         forced = {n: v[EMBEDDING_KNOB] for n, v in (knobs or {}).items()
                   if isinstance(v, dict) and EMBEDDING_KNOB in v}
         if strat in ("static", REFERENCE_STRATEGY) and not forced:
@@ -213,7 +219,6 @@ class VTATarget(AccelTarget):
 
         from tvm_accel.lower import report_progress
         from tvm_vta_cp.host_cost import host_metadata
-        from tvm_vta_cp.joint import JOINT, LAYOUT_CHOICES, choose_jointly, network_graph
         from tvm_vta_cp.rewrite import apply_layout_rewrites, conv_infos
 
         infos = conv_infos(mod)
@@ -230,10 +235,6 @@ class VTATarget(AccelTarget):
                 _DECISIONS[key] = dec
             decisions[info.name] = dec
             report_progress("embedding", i + 1, len(infos), info.name, time.perf_counter() - t0)
-        choice = opts.get("layout_choice", JOINT)
-        if choice not in LAYOUT_CHOICES:
-            raise AccelError(f"unknown VTA layout choice {choice!r} (choose from "
-                             f"{', '.join(LAYOUT_CHOICES)})")
         if choice == JOINT:
             decisions = choose_jointly(network_graph(mod), decisions, config)
 

@@ -90,16 +90,18 @@ def conv_residual(c: int = 16, hw: int = 8, k: int = 3, batch: int = 1,
     return b.model("conv_residual", x, (batch, c, hw, hw), [y])
 
 
-def conv_chain_residual(c: int = 16, hw: int = 8, batch: int = 1,
-                        seed: int = 0) -> onnx.ModelProto:
-    """``relu(b(a(x)) + a(x))`` with convs ``a`` (+ relu) and ``b``: a conv output read by the
-    next conv and by the Add (tensors passed from one accelerator call to the next)."""
+def conv_chain_residual(c: int = 16, hw: int = 8, batch: int = 1, seed: int = 0,
+                        cin: int | None = None) -> onnx.ModelProto:
+    """``relu(b(a(x)) + a(x))`` with convs ``a`` (+ relu; ``cin`` input channels, default
+    ``c``) and ``b``: a conv output read by the next conv and by the Add (tensors passed from
+    one accelerator call to the next)."""
     bld = Builder(seed)
     x = INPUT_NAME
-    a = bld.conv(x, c, c, 3, name="a", relu=True)
+    cin = c if cin is None else cin
+    a = bld.conv(x, cin, c, 3, name="a", relu=True)
     y = bld.conv(a, c, c, 3, name="b")
     y = bld.relu(bld.add(y, a, "add"), "relu")
-    return bld.model("conv_chain_residual", x, (batch, c, hw, hw), [y])
+    return bld.model("conv_chain_residual", x, (batch, cin, hw, hw), [y])
 
 
 def conv_pool(kind: str = "max", c: int = 16, hw: int = 8, batch: int = 1,
