@@ -104,6 +104,19 @@ def conv_chain_residual(c: int = 16, hw: int = 8, batch: int = 1, seed: int = 0,
     return bld.model("conv_chain_residual", x, (batch, cin, hw, hw), [y])
 
 
+def residual_blocks(c: int = 16, hw: int = 8, blocks: int = 2, batch: int = 1,
+                    seed: int = 0) -> onnx.ModelProto:
+    """``y = a(x)``, then ``blocks`` times ``y = relu(b_i(y) + y)``: each residual Add reads
+    the previous one's result (a ResNet stage)."""
+    bld = Builder(seed)
+    x = INPUT_NAME
+    y = bld.conv(x, c, c, 3, name="a", relu=True)
+    for i in range(blocks):
+        z = bld.conv(y, c, c, 3, name=f"b{i}")
+        y = bld.relu(bld.add(z, y, f"add{i}"), f"relu{i}")
+    return bld.model("residual_blocks", x, (batch, c, hw, hw), [y])
+
+
 def conv_pool(kind: str = "max", c: int = 16, hw: int = 8, batch: int = 1,
               seed: int = 0) -> onnx.ModelProto:
     """conv-relu followed by a pool: ``kind`` is ``max`` (3x3/2 pad 1), ``avg`` (2x2/2) or
@@ -276,9 +289,9 @@ def conv_pool_flatten(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
-    "single_dense", "conv_residual", "conv_chain_residual", "conv_pool", "conv_concat",
-    "conv_flatten_dense", "conv_unary", "aspp_head", "squeeze_excitation", "relu_batchnorm",
-    "conv_batchnorm", "conv_product", "conv_pool_flatten")}
+    "single_dense", "conv_residual", "conv_chain_residual", "residual_blocks", "conv_pool",
+    "conv_concat", "conv_flatten_dense", "conv_unary", "aspp_head", "squeeze_excitation",
+    "relu_batchnorm", "conv_batchnorm", "conv_product", "conv_pool_flatten")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,
