@@ -7,16 +7,21 @@ conv2d/dense template: placement, geometry, ALU tail, knobs, emitter, one schedu
 operator), ``embedding`` + ``rewrite`` + ``blocking`` (the CP paper's strategy: GEMM embeddings
 found by constraint programming, turned into host-side layout rewrites that also do the
 blocking), ``propagate`` (residual adds in their operands' image-pack layout), ``carry``
-(consecutive calls exchange their blocked form), ``host_cost`` (the host passes' modelled
-cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
-simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta.md``.
+(consecutive calls exchange their blocked form), ``joint`` (the measured embeddings
+re-picked for the network: the host passes neighbours share or add), ``host_cost`` (the host
+passes' modelled cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime``
+(``tvm_vta_cp.run`` on the C simulator), ``simulator`` (ctypes binding), ``tuning``. Design
+notes: ``docs/vta.md``.
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
 (TVM's template), ``cp`` (the best of the top-k CP candidates by simulated combined time:
 accelerator cycles plus the modelled host cost of the rewrite), ``auto`` (the best of both,
 the default) and ``tvm-reference`` (the CP paper's baseline: the template with dilation by
-zero-inflated kernels). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
-``embedding`` (a candidate name such as ``"im2col(h,w)"`` or ``"static"``) forces a candidate.
+zero-inflated kernels). ``cp`` and ``auto`` then re-pick the measured candidates for the
+network (``layout_choice="joint"``, the default; ``"per-layer"`` keeps each layer's own best,
+``tvmc --target-vta-layout-choice``). The options travel in the knob dict under
+:data:`STRATEGY_KNOB`; a layer's knob ``embedding`` (a candidate name such as
+``"im2col(h,w)"`` or ``"static"``) forces a candidate.
 
 Importing this package registers the target, its runtime function and the ``vta`` Relax pipeline,
 so ``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` works.
