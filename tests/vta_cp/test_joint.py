@@ -65,3 +65,8 @@ def test_unknown_layout_choice_is_a_one_line_error():
     with pytest.raises(AccelError, match="layout choice"):
         compile_model(mod, tvm_vta_cp.TARGET, "vta_8x8x8",
                       tvm_vta_cp.strategy_knobs(None, "auto", layout_choice="greedy"))
+
+
+def test_layout_choice_option_reaches_the_strategy_knobs():
+    knobs = tvm_vta_cp.TARGET.knobs_from_options({"layout-choice": "per-layer"})
+    assert knobs[tvm_vta_cp.STRATEGY_KNOB]["layout_choice"] == joint.PER_LAYER
