@@ -43,6 +43,7 @@ from tvm_accel.partition import qadd_pattern, static_shape
 from tvm_vta_cp import host_cost
 from tvm_vta_cp.embedding import Candidate, Decision
 from tvm_vta_cp.hw_config import VTAConfig
+from tvm_vta_cp.propagate import _chain
 from tvm_vta_cp.rewrite import ConvInfo, var_users
 
 __all__ = ["JOINT", "LAYOUT_CHOICES", "PER_LAYER", "Node", "choose_jointly", "network_cost",
@@ -68,21 +69,6 @@ class Node:
     consumers: list = field(default_factory=list)
 
 
-def _add_chain(root_var, root, stops: set, var2val: dict) -> set:
-    """The binding vars of an add from its operands (``stops``) to ``root``."""
-    out, todo = set(), [(root_var, root)]
-    while todo:
-        var, e = todo.pop()
-        if var in out:
-            continue
-        out.add(var)
-        for a in getattr(e, "args", ()):
-            if isinstance(a, relax.Var) and a not in stops and isinstance(var2val.get(a),
-                                                                           relax.Call):
-                todo.append((a, var2val[a]))
-    return out
-
-
 def network_graph(mod) -> dict[str, Node]:
     """The convs the layout rewrite sees and the residual adds between them, in program order,
     connected producer -> consumer (directly or through an add), as ``carry`` and
@@ -95,6 +81,8 @@ def network_graph(mod) -> dict[str, Node]:
         var2val = relax.analysis.get_var2val(func)
         bound = {val.__chandle__(): var for var, val in var2val.items()}
         users = var_users(func)
+        order = {b.var: i for i, b in enumerate(
+            b for blk in func.body.blocks for b in blk.bindings)}
         of_var: dict = {}     # root var -> node name
         inside: set = set()   # binding vars that belong to a modelled node
         pending = []
@@ -117,9 +105,12 @@ def network_graph(mod) -> dict[str, Node]:
                 shape = static_shape(b.var)
                 if not all(isinstance(v, relax.Var) and static_shape(v) == shape for v in ops):
                     continue  # a broadcasting add: not the image on both sides
+                chain = _chain(b.var, b.value, set(ops), var2val, order)
+                if chain is None:
+                    continue  # propagate leaves it alone too
                 name = f"add:{b.var.name}"
                 of_var[b.var] = name
-                inside.update(_add_chain(b.var, b.value, set(ops), var2val))
+                inside.update(v for v, _ in chain)
                 pending.append((name, b.var, ops, None, tuple(int(s) for s in shape)))
         for name, root, ins, info, shape in pending:
             producers = [of_var.get(v) if isinstance(v, relax.Var) else None for v in ins]
