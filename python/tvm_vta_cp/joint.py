@@ -112,7 +112,7 @@ def network_graph(mod) -> dict[str, Node]:
                 of_var[b.var] = name
                 inside.update(v for v, _ in chain)
                 pending.append((name, b.var, ops, None, tuple(int(s) for s in shape)))
-        for name, root, ins, info, shape in pending:
+        for name, root, ins, info, shape in sorted(pending, key=lambda t: order[t[1]]):
             producers = [of_var.get(v) if isinstance(v, relax.Var) else None for v in ins]
             outside = {u for u in users.get(root, ()) if u == "return" or u not in inside}
             nodes[name] = Node(name, producers, info, shape, bool(outside))

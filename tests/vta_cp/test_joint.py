@@ -70,3 +70,14 @@ def test_unknown_layout_choice_is_a_one_line_error():
 def test_layout_choice_option_reaches_the_strategy_knobs():
     knobs = tvm_vta_cp.TARGET.knobs_from_options({"layout-choice": "per-layer"})
     assert knobs[tvm_vta_cp.STRATEGY_KNOB]["layout_choice"] == joint.PER_LAYER
+
+
+def test_network_graph_lists_producers_before_their_consumers():
+    mod, _ = load_onnx(models.quantized("residual_blocks", blocks=2))
+    nodes = joint.network_graph(canonicalize_for(mod, tvm_vta_cp.TARGET))
+    seen: set = set()
+    for n in nodes.values():
+        assert all(p is None or p in seen for p in n.inputs), n.name
+        seen.add(n.name)
+    assert [n.inputs for n in nodes.values() if n.name == "b1"] == [[
+        next(k for k in nodes if k.startswith("add:") and "0" in k)]]
