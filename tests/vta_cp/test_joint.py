@@ -48,7 +48,6 @@ def test_network_graph_connects_convs_directly_and_through_the_residual_add(stem
     assert not nodes["a"].external and not nodes["b"].external
 
 
-@pytest.mark.slow
 def test_joint_choice_shares_the_pack_of_the_next_conv_and_costs_no_more(stem_chain):
     per_layer, report0, total0 = _run(stem_chain, joint.PER_LAYER)
     chosen, report, total = _run(stem_chain, joint.JOINT)
