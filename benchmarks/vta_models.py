@@ -5,7 +5,7 @@ accelerator cycles plus the modelled host cycles of the layout rewrites and bloc
 
 Each model runs in its own process so its max RSS is its own. Usage:
     python benchmarks/vta_models.py [--models resnet20,resnet18] [--config vta_1x16x16]
-                                    [--strategy auto]
+                                    [--strategy auto] [--layout-choice joint]
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import time
 from tvm_accel import quantize
 
 
-def measure(name: str, config: str, strategy: str = "auto") -> dict:
+def measure(name: str, config: str, strategy: str = "auto",
+            layout_choice: str = "joint") -> dict:
     import numpy as np
     import tvm
     from tvm import relax
@@ -34,7 +35,8 @@ def measure(name: str, config: str, strategy: str = "auto") -> dict:
     t0 = time.perf_counter()
     mod, info = load_onnx(model)
     ex, report = compile_model(mod, tvm_vta_cp.TARGET, config,
-                               tvm_vta_cp.strategy_knobs(None, strategy))
+                               tvm_vta_cp.strategy_knobs(None, strategy,
+                                                         layout_choice=layout_choice))
     t_compile = time.perf_counter() - t0
     inputs = [tvm.runtime.tensor(x) for x in random_inputs(info, seed=0).values()]
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -67,17 +69,21 @@ def main() -> None:
     p.add_argument("--models", default="resnet20,resnet18")
     p.add_argument("--config", default="vta_1x16x16")
     p.add_argument("--strategy", default="auto", choices=("static", "cp", "auto"))
+    p.add_argument("--layout-choice", default="joint", choices=("joint", "per-layer"),
+                   help="cp/auto: re-pick the measured layouts for the network (joint) or "
+                   "keep each layer's own best (per-layer)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.config, args.strategy)))
+        print(json.dumps(measure(args.one, args.config, args.strategy, args.layout_choice)))
         return
     from tvm_accel.report import format_table
 
     rows = []
     for name in args.models.split(","):
         out = subprocess.run([sys.executable, __file__, "--one", name, "--config", args.config,
-                              "--strategy", args.strategy],
+                              "--strategy", args.strategy, "--layout-choice",
+                              args.layout_choice],
                              check=True, capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
         rows.append((r["model"], r["config"], r["layers_vta"], r["layers_cpu"], r["macs"],

@@ -7,16 +7,21 @@ conv2d/dense template: placement, geometry, ALU tail, knobs, emitter, one schedu
 operator), ``embedding`` + ``rewrite`` + ``blocking`` (the CP paper's strategy: GEMM embeddings
 found by constraint programming, turned into host-side layout rewrites that also do the
 blocking), ``propagate`` (residual adds in their operands' image-pack layout), ``carry``
-(consecutive calls exchange their blocked form), ``host_cost`` (the host passes' modelled
-cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime`` (``tvm_vta_cp.run`` on the C
-simulator), ``simulator`` (ctypes binding), ``tuning``. Design notes: ``docs/vta.md``.
+(consecutive calls exchange their blocked form), ``joint`` (the measured embeddings
+re-picked for the network: the host passes neighbours share or add), ``host_cost`` (the host
+passes' modelled cycles), ``codegen`` (128-bit ISA encoder, blob), ``runtime``
+(``tvm_vta_cp.run`` on the C simulator), ``simulator`` (ctypes binding), ``tuning``. Design
+notes: ``docs/vta.md``.
 
 Strategy options (``pipeline(..., strategy=...)``, ``tvmc --target-vta-strategy``): ``static``
 (TVM's template), ``cp`` (the best of the top-k CP candidates by simulated combined time:
 accelerator cycles plus the modelled host cost of the rewrite), ``auto`` (the best of both,
 the default) and ``tvm-reference`` (the CP paper's baseline: the template with dilation by
-zero-inflated kernels). They travel in the knob dict under :data:`STRATEGY_KNOB`; a layer's knob
-``embedding`` (a candidate name such as ``"im2col(h,w)"`` or ``"static"``) forces a candidate.
+zero-inflated kernels). ``cp`` and ``auto`` then re-pick the measured candidates for the
+network (``layout_choice="joint"``, the default; ``"per-layer"`` keeps each layer's own best,
+``tvmc --target-vta-layout-choice``). The options travel in the knob dict under
+:data:`STRATEGY_KNOB`; a layer's knob ``embedding`` (a candidate name such as
+``"im2col(h,w)"`` or ``"static"``) forces a candidate.
 
 Importing this package registers the target, its runtime function and the ``vta`` Relax pipeline,
 so ``tvm.compile(mod, target="llvm", relax_pipeline="vta")`` works.
@@ -163,6 +168,10 @@ class VTATarget(AccelTarget):
                          "when ranking CP embeddings (default 1,1)", metavar="MAC,DATA"),
             TargetOption("top-k", "CP candidates measured per layer (default 5)", type=int,
                          metavar="K"),
+            TargetOption("layout-choice", "how cp/auto pick each conv's layout among its "
+                         "measured candidates: for the network, counting the host passes "
+                         "neighbouring VTA calls share or add (default joint), or each layer "
+                         "alone (per-layer)", choices=("joint", "per-layer")),
             TargetOption("tune-trials", "tuning budget of the embedding choice: the 5 best "
                          "measured candidates get their tile knobs tuned with N simulator "
                          "measurements each (default 0)", type=int, metavar="N"),
@@ -182,7 +191,8 @@ class VTATarget(AccelTarget):
             raise AccelError(f"--target-vta-top-k {top_k}: give at least 1 CP candidate to "
                              "measure per layer")
         return strategy_knobs(None, values.get("strategy"), weights, values.get("top-k"),
-                              tune=values.get("tune-trials"))
+                              tune=values.get("tune-trials"),
+                              layout_choice=values.get("layout-choice"))
 
     def prepare_offload(self, mod, config, knobs=None, report=None):
         """Layout rewrites of the CP strategy (``cp``/``auto``): every conv2d (groups 1) gets
@@ -200,6 +210,12 @@ class VTATarget(AccelTarget):
         if top_k < 1 or not limit > 0 or tune < 0:
             raise AccelError(f"VTA strategy: top_k must be >= 1, time_limit > 0 and tune >= 0 "
                              f"(got {top_k}, {limit}, {tune})")
+        from tvm_vta_cp.joint import JOINT, LAYOUT_CHOICES, choose_jointly, network_graph
+
+        choice = opts.get("layout_choice", JOINT)
+        if choice not in LAYOUT_CHOICES:
+            raise AccelError(f"unknown VTA layout choice {choice!r} (choose from "
+                             f"{', '.join(LAYOUT_CHOICES)})")
         forced = {n: v[EMBEDDING_KNOB] for n, v in (knobs or {}).items()
                   if isinstance(v, dict) and EMBEDDING_KNOB in v}
         if strat in ("static", REFERENCE_STRATEGY) and not forced:
@@ -208,13 +224,11 @@ class VTATarget(AccelTarget):
 
         from tvm_accel.lower import report_progress
         from tvm_vta_cp.host_cost import host_metadata
-        from tvm_vta_cp.rewrite import apply_layout_rewrites, conv_layers
+        from tvm_vta_cp.rewrite import apply_layout_rewrites, conv_infos
 
-        searched, total = [0], len(conv_layers(mod))
-
-        def decide(info):
-            if info.layer is None:
-                return None
+        infos = conv_infos(mod)
+        decisions: dict = {}
+        for i, info in enumerate(infos):
             t0 = time.perf_counter()
             key = (info.input_shape, info.input_dtype, info.output_dtype, info.weight_shape,
                    info.strides, info.padding, info.dilation, config.fingerprint, strat,
@@ -224,6 +238,15 @@ class VTATarget(AccelTarget):
                 dec = choose(info.layer, info.input_shape, info.input_dtype, info.output_dtype,
                              config, strat, weights, top_k, limit, forced.get(info.name), tune)
                 _DECISIONS[key] = dec
+            decisions[info.name] = dec
+            report_progress("embedding", i + 1, len(infos), info.name, time.perf_counter() - t0)
+        if choice == JOINT:
+            decisions = choose_jointly(network_graph(mod), decisions, config)
+
+        def decide(info):
+            dec = decisions.get(info.name) if info.layer is not None else None
+            if dec is None:
+                return None
             if dec.chosen.knobs:
                 from tvm_vta_cp.embedding import rewritten_layer
 
@@ -237,8 +260,6 @@ class VTATarget(AccelTarget):
                 note_own_shape(info.name, info.geometry(dec.rewrite).input_shape,
                                info.input_shape,
                                conv_output_shape(info.layer, info.input_shape), info.layer)
-            searched[0] += 1
-            report_progress("embedding", searched[0], total, info.name, time.perf_counter() - t0)
             if report is not None:
                 from dataclasses import asdict, replace
 
@@ -324,11 +345,14 @@ register_target_pipeline(TARGET)
 
 def strategy_knobs(knobs: dict | None = None, strategy: str | None = None,
                    weights=None, top_k: int | None = None, time_limit: float | None = None,
-                   tune: int | None = None) -> dict | None:
+                   tune: int | None = None, layout_choice: str | None = None) -> dict | None:
     """``knobs`` with the strategy options added (unchanged when none is given); ``tune`` is
-    the tuning budget of the embedding choice (measurements per candidate)."""
+    the tuning budget of the embedding choice (measurements per candidate); ``layout_choice``
+    ``"joint"`` (the default: the measured candidates re-picked for the network,
+    :mod:`tvm_vta_cp.joint`) or ``"per-layer"``."""
     opts = {k: v for k, v in (("strategy", strategy), ("weights", weights), ("top_k", top_k),
-                              ("time_limit", time_limit), ("tune", tune)) if v is not None}
+                              ("time_limit", time_limit), ("tune", tune),
+                              ("layout_choice", layout_choice)) if v is not None}
     if not opts:
         return knobs
     out = dict(knobs or {})
@@ -338,13 +362,14 @@ def strategy_knobs(knobs: dict | None = None, strategy: str | None = None,
 
 def pipeline(config: str | VTAConfig | None = None, knobs: dict | None = None,
              strategy: str | None = None, weights=None, top_k: int | None = None,
-             tune: int | None = None):
+             tune: int | None = None, layout_choice: str | None = None):
     """The ``vta`` pipeline for a non-default config, knobs or strategy (``static``, ``cp``,
     ``auto``, ``tvm-reference``; ``weights`` = the overhead weight vector [MAC, data],
-    ``top_k`` candidates, ``tune`` measurements per tuned candidate):
-    ``relax_pipeline=pipeline(...)``."""
+    ``top_k`` candidates, ``tune`` measurements per tuned candidate, ``layout_choice``
+    ``joint`` or ``per-layer``): ``relax_pipeline=pipeline(...)``."""
     return target_pipeline(TARGET, config,
-                           strategy_knobs(knobs, strategy, weights, top_k, tune=tune))
+                           strategy_knobs(knobs, strategy, weights, top_k, tune=tune,
+                                          layout_choice=layout_choice))
 
 
 def partition_for_vta(mod: tvm.IRModule) -> tvm.IRModule:

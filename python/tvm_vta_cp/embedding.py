@@ -104,6 +104,7 @@ class Candidate:
     gather_bytes: int = 0  # the part of the host bytes moved by gathers (``host_cost``)
     model_cycles: float = math.inf  # the tiling cost model's cycles with the default knobs
     knobs: dict | None = None  # measured-best knobs of the rewritten conv (None: defaults)
+    output_bytes: int = 0  # the part of the host bytes on the output side (unpack / unblock)
 
     @property
     def name(self) -> str:
@@ -117,6 +118,14 @@ class Candidate:
     def host_cycles(self, cfg: VTAConfig) -> float:
         return host_cost.cycles(cfg, self.transform_bytes - self.gather_bytes,
                                 self.gather_bytes)
+
+    def input_host_cycles(self, cfg: VTAConfig) -> float:
+        """Modelled cycles of the input-side pass: the rewrite's gather or the blocking."""
+        return self.host_cycles(cfg) - self.output_host_cycles(cfg)
+
+    def output_host_cycles(self, cfg: VTAConfig) -> float:
+        """Modelled cycles of the output-side pass: the unpack or the unblocking (copies)."""
+        return host_cost.cycles(cfg, self.output_bytes)
 
     def combined(self, cfg: VTAConfig) -> float | None:
         return None if self.cycles is None else self.cycles + self.host_cycles(cfg)
@@ -158,6 +167,7 @@ class Footprint:
     data_bytes: int
     weight_bytes: int
     gather: int = 0  # bytes of the host passes that gather (the input rewrite)
+    output: int = 0  # bytes of the output-side pass (the unpack or the unblocking)
 
 
 def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> Footprint:
@@ -169,7 +179,7 @@ def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> 
         cb = _up(c, cfg.block_in)
         pack = n * c + nb * cb + nb * kb + n * k
         return Footprint(nb * kb * cb, nb * cb + kb * cb + nb * kb, (0, 0), pack,
-                         nb * cb + nb * kb, kb * cb)
+                         nb * cb + nb * kb, kb * cb, output=nb * kb + n * k)
     g = int(layer.groups)
     dil = tuple(getattr(layer, "dilation", (1, 1)))
     wshape = tuple(int(s) for s in layer.weight.shape)
@@ -188,7 +198,7 @@ def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> 
             w + sum(layer.padding[1::2]))
         wgt, y = ci_blocks * cfg.block_in * cfg.block_out * kh * kw, nb * kb * ho * wo
         return Footprint(macs, x + wgt + y, (0, 0), n * c * h * w + x + y + n * k * ho * wo,
-                         x + y, wgt)
+                         x + y, wgt, output=y + n * k * ho * wo)
     geo = rewritten_conv_geometry(rw, (n, c, h, w), wshape, tuple(layer.strides),
                                   tuple(layer.padding), dil)
     n2, c2, h2, w2 = geo.input_shape
@@ -210,10 +220,12 @@ def footprint(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig) -> 
         pack += n2 * c2 * h2 * w2 + x
     if unpack:      # one pass: the unpack reads the blocked output
         read, written = read + unpack[0], written + unpack[1]
+        output = unpack[0] + unpack[1]
     else:
-        pack += y + n2 * k * ho2 * wo2
+        output = y + n2 * k * ho2 * wo2
+        pack += output
     return Footprint(nb * kb * cb * ho2 * wo2 * kh2 * kw2, x + wgt + y, (read, written), pack,
-                     x + y, wgt, gather)
+                     x + y, wgt, gather, output)
 
 
 def _candidate(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op: TensorOp,
@@ -221,7 +233,7 @@ def _candidate(layer: ConvLayer, in_shape, rw: LayoutRewrite, cfg: VTAConfig, op
     fp = footprint(layer, in_shape, rw, cfg)
     o_mac, o_data = fp.macs - op.macs, fp.data - _min_data(op)
     return Candidate(rw, emb, o_mac, o_data, _score(o_mac, o_data, weights), *fp.host, fp.pack,
-                     gather_bytes=fp.gather)
+                     gather_bytes=fp.gather, output_bytes=fp.output)
 
 
 def _min_data(op: TensorOp) -> int:

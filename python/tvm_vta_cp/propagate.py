@@ -85,6 +85,8 @@ class _AddEdit:
     packed: dict           # operand var -> its packed var, or None (needs a repack)
     recipe: str            # the unpack recipe of the adopted layout
     geometry: PackedGeometry
+    #: operands that are the result of an earlier packed add (its packed value is used)
+    from_add: frozenset = frozenset()
 
 
 def _chain(root_var, root, stops: set, var2val: dict, order: dict):
@@ -113,6 +115,7 @@ def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]
     bound = {val.__chandle__(): var for var, val in var2val.items()}
     order = {b.var: i for i, b in enumerate(b for blk in func.body.blocks for b in blk.bindings)}
     edits = []
+    earlier: dict = {}  # result var of an add run packed -> (its unpack recipe, geometry)
     for block in func.body.blocks:
         for b in block.bindings:
             if not isinstance(b.value, relax.Call):
@@ -125,8 +128,10 @@ def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]
                         for k in ("lhs", "rhs"))
             if not (isinstance(lhs, relax.Var) and isinstance(rhs, relax.Var)):
                 continue
-            recipes = {v: _recipe_of(var2val.get(v), hosts) for v in (lhs, rhs)}
-            geos = {v: PackedGeometry.of_recipe(r) for v, r in recipes.items() if r}
+            recipes = {v: earlier[v][0] if v in earlier else _recipe_of(var2val.get(v), hosts)
+                       for v in (lhs, rhs)}
+            geos = {v: earlier[v][1] if v in earlier else PackedGeometry.of_recipe(r)
+                    for v, r in recipes.items() if r}
             if not geos:
                 continue
             first = lhs if lhs in geos else rhs
@@ -139,12 +144,14 @@ def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]
             own = {v for v, _ in chain}
             if any(u not in own for v, _ in chain[:-1] for u in users.get(v, ())):
                 continue
-            packed = {v: (var2val[v].args[0] if geos.get(v) == g else None)
-                      for v in (lhs, rhs)}
+            from_add = frozenset(v for v in (lhs, rhs) if v in earlier and geos[v] == g)
+            packed = {v: (v if v in from_add else var2val[v].args[0]) if geos.get(v) == g
+                      else None for v in (lhs, rhs)}
             core_var = next((v for v, e in chain if e.same_as(m[ann_pats["core"]])), b.var)
             name = layer_name(core_var.name)
             edits.append(_AddEdit(names.get(name, name), chain, lhs, rhs, packed,
-                                  recipes[first], g))
+                                  recipes[first], g, from_add))
+            earlier[b.var] = (recipes[first], g)
             note_own_shape(name, g.output_shape, g.final_shape, g.final_shape)
     return edits
 
@@ -154,6 +161,7 @@ class _Mutator(relax.PyExprMutator):
     def __init__(self, mod, edits: dict, drop: set, meta: list):
         super().__init__(mod)
         self.edits, self.drop, self.meta = edits, drop, meta
+        self.packed_result: dict = {}  # an add run packed -> its packed result (before unpack)
 
     def _host(self, t, steps, layer: str, op: str, recipe: str, name: str, output=False):
         sym = host_symbol(layer, op)
@@ -174,6 +182,9 @@ class _Mutator(relax.PyExprMutator):
             if v in remap:
                 continue
             src = e.packed[v]
+            if v in e.from_add:
+                remap[v] = self.packed_result[v]
+                continue
             if src is not None:
                 remap[v] = self.visit_expr(src)
                 continue
@@ -192,6 +203,7 @@ class _Mutator(relax.PyExprMutator):
             t = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args),
                                    var.name)
             remap[var] = t
+        self.packed_result[binding.var] = t
         output = (not isinstance(binding.var, relax.DataflowVar)
                   and self.builder_.current_block_is_dataflow())
         n, k, ho, wo = g.final_shape

@@ -36,7 +36,7 @@ HOST_PREFIX = "vta_host_"
 _AXES = ("h", "w")
 
 __all__ = ["HOST_PREFIX", "RECIPE_ATTR", "ConvGeometry", "ConvInfo", "HostFunction",
-           "LayoutRewrite", "ResolvedLayout", "apply_layout_rewrites", "host_bytes",
+           "LayoutRewrite", "ResolvedLayout", "apply_layout_rewrites", "conv_infos", "host_bytes",
            "host_function", "host_parts", "host_symbol", "input_steps", "layout_rewrite_pass",
            "resolve_layout", "rewrite_weight", "rewritten_conv_geometry", "unpack_steps",
            "var_users"]
@@ -581,11 +581,16 @@ def _conv_matches(mod: tvm.IRModule):
         yield gv, func, list(_find_convs(gv.name_hint, func, names))
 
 
+def conv_infos(mod: tvm.IRModule) -> list[ConvInfo]:
+    """The convs :func:`apply_layout_rewrites` asks ``decide`` about (those a
+    :class:`ConvLayer` expresses), in order."""
+    return [m.info for _, _, ms in _conv_matches(mod) for m in ms if m.info.layer is not None]
+
+
 def conv_layers(mod: tvm.IRModule) -> list[str]:
     """The layers :func:`apply_layout_rewrites` asks ``decide`` about, in order: the total of
     a compile's ``[embedding i/N]`` progress lines."""
-    return [m.info.name for _, _, ms in _conv_matches(mod) for m in ms
-            if m.info.layer is not None]
+    return [info.name for info in conv_infos(mod)]
 
 
 def apply_layout_rewrites(mod: tvm.IRModule, decide: Decide

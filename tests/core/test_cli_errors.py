@@ -165,6 +165,8 @@ CASES = [
     ("target-missing", lambda w: ["compile", w.model("vta")], ["--target"]),
     ("bad-strategy-choice", compile_("vta", "--target-vta-strategy", "best"),
      ["--target-vta-strategy"]),
+    ("bad-layout-choice", compile_("vta", "--target-vta-layout-choice", "greedy"),
+     ["--target-vta-layout-choice"]),
     ("embedding-weights", compile_("vta", "--target-vta-embedding-weights", "a,b"),
      ["--target-vta-embedding-weights"]),
     ("top-k-zero", compile_("vta", "--target-vta-top-k", "0"), ["--target-vta-top-k 0"]),

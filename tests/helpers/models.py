@@ -90,16 +90,31 @@ def conv_residual(c: int = 16, hw: int = 8, k: int = 3, batch: int = 1,
     return b.model("conv_residual", x, (batch, c, hw, hw), [y])
 
 
-def conv_chain_residual(c: int = 16, hw: int = 8, batch: int = 1,
-                        seed: int = 0) -> onnx.ModelProto:
-    """``relu(b(a(x)) + a(x))`` with convs ``a`` (+ relu) and ``b``: a conv output read by the
-    next conv and by the Add (tensors passed from one accelerator call to the next)."""
+def conv_chain_residual(c: int = 16, hw: int = 8, batch: int = 1, seed: int = 0,
+                        cin: int | None = None) -> onnx.ModelProto:
+    """``relu(b(a(x)) + a(x))`` with convs ``a`` (+ relu; ``cin`` input channels, default
+    ``c``) and ``b``: a conv output read by the next conv and by the Add (tensors passed from
+    one accelerator call to the next)."""
     bld = Builder(seed)
     x = INPUT_NAME
-    a = bld.conv(x, c, c, 3, name="a", relu=True)
+    cin = c if cin is None else cin
+    a = bld.conv(x, cin, c, 3, name="a", relu=True)
     y = bld.conv(a, c, c, 3, name="b")
     y = bld.relu(bld.add(y, a, "add"), "relu")
-    return bld.model("conv_chain_residual", x, (batch, c, hw, hw), [y])
+    return bld.model("conv_chain_residual", x, (batch, cin, hw, hw), [y])
+
+
+def residual_blocks(c: int = 16, hw: int = 8, blocks: int = 2, batch: int = 1,
+                    seed: int = 0) -> onnx.ModelProto:
+    """``y = a(x)``, then ``blocks`` times ``y = relu(b_i(y) + y)``: each residual Add reads
+    the previous one's result (a ResNet stage)."""
+    bld = Builder(seed)
+    x = INPUT_NAME
+    y = bld.conv(x, c, c, 3, name="a", relu=True)
+    for i in range(blocks):
+        z = bld.conv(y, c, c, 3, name=f"b{i}")
+        y = bld.relu(bld.add(z, y, f"add{i}"), f"relu{i}")
+    return bld.model("residual_blocks", x, (batch, c, hw, hw), [y])
 
 
 def conv_pool(kind: str = "max", c: int = 16, hw: int = 8, batch: int = 1,
@@ -274,9 +289,9 @@ def conv_pool_flatten(c: int = 8, hw: int = 8, batch: int = 1, seed: int = 0
 #: the builders above by name
 MODELS = {name: globals()[name] for name in (
     "single_conv", "single_pool", "single_upsample", "single_deconv", "single_dilated_conv",
-    "single_dense", "conv_residual", "conv_chain_residual", "conv_pool", "conv_concat",
-    "conv_flatten_dense", "conv_unary", "aspp_head", "squeeze_excitation", "relu_batchnorm",
-    "conv_batchnorm", "conv_product", "conv_pool_flatten")}
+    "single_dense", "conv_residual", "conv_chain_residual", "residual_blocks", "conv_pool",
+    "conv_concat", "conv_flatten_dense", "conv_unary", "aspp_head", "squeeze_excitation",
+    "relu_batchnorm", "conv_batchnorm", "conv_product", "conv_pool_flatten")}
 
 
 def quantized(name: str, activation_type: str = "int8", per_channel: bool | None = None,

@@ -132,3 +132,16 @@ def test_same_layout_compares_shape_dtype_halo_and_fill():
                   TensorPlacement("u", (1, 16, 8, 8), "int8", 0, (0, 0, 0, 0), 3, 1024),
                   TensorPlacement("u", (1, 16, 4, 16), "int8", 0, (0, 0, 0, 0), 0, 1024)):
         assert not carry.same_layout(p, other)
+
+
+def test_chained_residual_adds_stay_in_the_packed_layout():
+    """The second Add reads the first one's packed result as it is: no repack, no relayout,
+    both Adds on every batch lane."""
+    mod, info = load_onnx(models.quantized("residual_blocks", blocks=2))
+    knobs = {"a": {"embedding": "pack 2x4"}, "b0": {"embedding": "pack 2x4"},
+             "b1": {"embedding": "pack 2x4"}}
+    out, report, _ = _compile_and_run((mod, info), knobs)
+    assert not {"relayout", "repack"} & {h["op"] for h in report.host_functions}
+    adds = [f.graph.tensors[ly.output].shape[0] for f in report.functions
+            for ly in f.graph.layers if ly.op_name == "add"]
+    assert adds == [8, 8]
