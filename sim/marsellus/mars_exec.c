@@ -5,6 +5,7 @@
  * row (unpacking) and DMA row; the executors then return ACCEL_ERR_INTERRUPTED without a
  * message (mars_sim_run words it with the cycle). */
 #include "common/simd.h"
+#include "marsellus/mars_bitplane.h"
 #include "marsellus/mars_internal.h"
 
 /* floor(v / 2^s) for any int64 v, s in 0..31, without implementation-defined shifts. */
@@ -77,46 +78,17 @@ static int32_t *unpack_tensor(const uint8_t *base, uint64_t n, int bits, int is_
     return out;
 }
 
-/* --- bit-plane layout helpers ----------------------------------------------------------------- */
-/* The eight bits of x spread to the low bit of eight bytes (bit k -> byte k): the multiply places
- * bit k (k < 7) at bit 8k without overlapping terms, bit 7 is moved on its own. */
-static inline uint64_t spread8(uint32_t x)
-{
-    return (((uint64_t)(x & 0x7fu) * UINT64_C(0x0002040810204081)) & UINT64_C(0x0101010101010101)) |
-           ((uint64_t)(x & 0x80u) << 49);
-}
-
-/* v[j] = sum_b bit j of plane b << b for the 32 lanes of `bits` 32-bit planes stride bytes apart. */
-static void planes_to_values(const uint8_t *base, uint64_t stride, int bits, uint8_t v[32])
-{
-    uint64_t q[4] = {0, 0, 0, 0};
-    for (int b = 0; b < bits; b++) {
-        const uint32_t word = accel_ld_u32le(base + (uint64_t)b * stride);
-        for (int i = 0; i < 4; i++)
-            q[i] |= spread8(word >> (8 * i)) << b;
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 8; j++)
-            v[8 * i + j] = (uint8_t)(q[i] >> (8 * j));
-}
-
+/* --- bit-plane layout helpers (mars_bitplane.h) ------------------------------------------- */
 /* Value of channel k of the pixel at byte offset pix (layout (K/32, bits, 32)), unsigned. */
 static void unpack_pixel(const uint8_t *pix, int64_t k_count, int bits, uint8_t *out)
 {
     for (int64_t t = 0; t * 32 < k_count; t++) {
         int64_t kt = k_count - t * 32 < 32 ? k_count - t * 32 : 32;
         uint8_t v[32];
-        planes_to_values(pix + 4 * (uint64_t)t * (uint64_t)bits, 4, bits, v);
+        mars_planes_to_values(pix + 4 * (uint64_t)t * (uint64_t)bits, 4, bits, v);
         for (int64_t j = 0; j < kt; j++)
             out[t * 32 + j] = v[j];
     }
-}
-
-/* The low bits of eight bytes gathered into one byte (byte k -> bit k), spread8's inverse: the
- * multiply sums byte k's bit into bit 56 + k with no carries (exact for all 256 patterns). */
-static inline uint32_t gather8(uint64_t x)
-{
-    return (uint32_t)((x * UINT64_C(0x0102040810204080)) >> 56);
 }
 
 static void pack_pixel(uint8_t *pix, int64_t k_count, int bits, const int64_t *vals)
@@ -129,82 +101,43 @@ static void pack_pixel(uint8_t *pix, int64_t k_count, int bits, const int64_t *v
         for (int b = 0; b < bits; b++) {
             uint32_t word = 0;
             for (int i = 0; i < 4; i++)
-                word |= gather8((q[i] >> b) & UINT64_C(0x0101010101010101)) << (8 * i);
+                word |= mars_gather8((q[i] >> b) & UINT64_C(0x0101010101010101)) << (8 * i);
             accel_st_u32le(pix + 4 * ((uint64_t)t * (uint64_t)bits + (uint64_t)b), word);
         }
     }
 }
 
 /* --- RBE ------------------------------------------------------------------------------------- */
-/* Unpacks the RBE weights into w (Kout, taps, Kin) as signed values; returns 1 when a stop was
- * requested. Layout: 3x3 (Kout, Kin/32, W, 9, 32), 1x1 (Kout, Kin/32, W, 32); stored
- * offset-binary unless w_unsigned. */
-static int rbe_weights(const mars_cmd *c, const uint8_t *l1, int16_t *w)
-{
-    const int64_t Ki = c->k_in, Ko = c->k_out;
-    const int taps = c->kh * c->kw;
-    const uint64_t n_ki = (uint64_t)(Ki + 31) / 32;
-    const int64_t off = c->w_unsigned ? 0 : ((int64_t)1 << (c->w_bits - 1));
-    for (int64_t o = 0; o < Ko; o++) {
-        if (accel_should_stop())
-            return 1;
-        for (uint64_t t = 0; t < n_ki; t++) {
-            const int64_t kt = Ki - (int64_t)t * 32 < 32 ? Ki - (int64_t)t * 32 : 32;
-            for (int f = 0; f < taps; f++) {
-                const uint64_t word_i = ((uint64_t)o * n_ki + t) * (uint64_t)c->w_bits * (uint64_t)taps + (uint64_t)f;
-                uint8_t v[32];
-                planes_to_values(l1 + c->w + 4 * word_i, 4 * (uint64_t)taps, c->w_bits, v);
-                for (int64_t j = 0; j < kt; j++)
-                    w[(o * taps + f) * Ki + (int64_t)t * 32 + j] = v[j];
-            }
-        }
-    }
-    if (off)
-        for (int64_t i = 0; i < Ko * taps * Ki; i++)
-            w[i] = (int16_t)(w[i] - off);
-    return 0;
-}
-
-#if ACCEL_HAVE_AVX2
-/* The accumulators on AVX2 (mars_rbe_simd.c), then NormQuant into y as exec_rbe does. */
-static int rbe_normquant_simd(const mars_cmd *c, uint64_t idx, const uint8_t *l1, const uint8_t *x, const int16_t *w,
-                              int64_t *y, accel_err *e)
-{
-    const uint64_t lanes = ((uint64_t)c->k_out + 31) / 32 * 32, npix = (uint64_t)(c->h_out * c->w_out);
-    void *buf = accel_calloc(mars_rbe_simd_bytes(c), 1);
-    uint32_t *acc = accel_calloc(npix * lanes, sizeof(uint32_t));
-    int rc = ACCEL_OK;
-    if (!buf || !acc)
-        rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (RBE): out of host memory", (unsigned long long)idx);
-    else if (mars_rbe_acc_avx2(c, x, w, buf, acc))
-        rc = ACCEL_ERR_INTERRUPTED;
-    for (uint64_t p = 0; rc == ACCEL_OK && p < npix; p++)
-        for (int64_t o = 0; o < c->k_out; o++) {
-            uint32_t kappa;
-            int32_t lambda;
-            nq_record(l1, c->nq, o, &kappa, &lambda);
-            y[p * (uint64_t)c->k_out + (uint64_t)o] = normquant(accel_as_i32(acc[p * lanes + (uint64_t)o]), kappa, lambda,
-                                                                c->shift, c->out_bits, c->out_signed, c->relu);
-        }
-    free(buf);
-    free(acc);
-    return rc;
-}
-#endif
-
-static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+/* One RBE job: the weights from the run's cache (mars_rbe_cache.c), then the AVX2 job
+ * (mars_rbe_simd.c) or this portable loop; both read all inputs before writing any output. */
+static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, mars_rbe_cache *cache, accel_err *e)
 {
     uint8_t *l1 = m->mem[MARS_MEM_L1];
     int64_t H = c->h_in, W = c->w_in, Ki = c->k_in, Ko = c->k_out;
     int taps = c->kh * c->kw;
-    uint8_t *x = accel_calloc((uint64_t)(H * W * Ki), 1);
-    int16_t *w = accel_calloc((uint64_t)(Ko * taps * Ki), sizeof(int16_t));
-    int64_t *y = accel_calloc((uint64_t)(c->h_out * c->w_out * Ko), sizeof(int64_t));
-    int rc = ACCEL_OK;
-    if (!x || !w || !y) {
-        rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (RBE): out of host memory", (unsigned long long)idx);
-        goto done;
+    const int simd = accel_use_avx2();
+    const mars_rbe_wts *wt = NULL;
+    const int16_t *w;
+    uint8_t *x = NULL;
+    int64_t *y = NULL;
+    int rc = mars_rbe_weights(cache, c, l1, simd, &wt);
+    if (rc == ACCEL_ERR_NOMEM)
+        goto nomem;
+    if (rc != ACCEL_OK)
+        return rc;
+#if ACCEL_HAVE_AVX2
+    if (simd) {
+        void *scratch = mars_rbe_scratch(cache, mars_rbe_simd_bytes(c));
+        if (!scratch)
+            goto nomem;
+        return mars_rbe_job_avx2(c, l1, wt, scratch) ? ACCEL_ERR_INTERRUPTED : ACCEL_OK;
     }
+#endif
+    w = wt->w;
+    x = accel_calloc((uint64_t)(H * W * Ki), 1);
+    y = accel_calloc((uint64_t)(c->h_out * c->w_out * Ko), sizeof(int64_t));
+    if (!x || !y)
+        goto nomem;
     for (int64_t h = 0; h < H; h++) {
         if (accel_should_stop())
             goto stopped;
@@ -212,18 +145,6 @@ static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
             unpack_pixel(l1 + c->x + (uint64_t)h * c->x_rs + (uint64_t)ww * c->x_ps, Ki, c->in_bits,
                          x + (h * W + ww) * Ki);
     }
-    if (rbe_weights(c, l1, w))
-        goto stopped;
-#if ACCEL_HAVE_AVX2
-    if (accel_use_avx2()) {
-        rc = rbe_normquant_simd(c, idx, l1, x, w, y, e);
-        if (rc == ACCEL_ERR_INTERRUPTED)
-            goto stopped;
-        if (rc != ACCEL_OK)
-            goto done;
-        goto pack;
-    }
-#endif
     for (int64_t ho = 0; ho < c->h_out; ho++)
         for (int64_t wo = 0; wo < c->w_out; wo++) {
             if (accel_should_stop())
@@ -255,17 +176,18 @@ static int exec_rbe(const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
                 }
             }
         }
-pack:
     for (int64_t ho = 0; ho < c->h_out; ho++)
         for (int64_t wo = 0; wo < c->w_out; wo++)
             pack_pixel(l1 + c->y + (uint64_t)ho * c->y_rs + (uint64_t)wo * c->y_ps, Ko, c->out_bits,
                        y + (ho * c->w_out + wo) * Ko);
     goto done;
+nomem:
+    rc = accel_fail(e, ACCEL_ERR_NOMEM, "cmd %llu (RBE): out of host memory", (unsigned long long)idx);
+    goto done;
 stopped:
     rc = ACCEL_ERR_INTERRUPTED;
 done:
     free(x);
-    free(w);
     free(y);
     return rc;
 }
@@ -542,12 +464,13 @@ static int exec_dma(const mars_cmd *c, mars_mems *m)
     return ACCEL_OK;
 }
 
-int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t idx, mars_mems *m, accel_err *e)
+int mars_exec(const mars_config *cfg, const mars_cmd *c, uint64_t idx, mars_mems *m, mars_rbe_cache *cache,
+              accel_err *e)
 {
     (void)cfg;
     switch (c->op) {
     case MARS_OP_DMA: return exec_dma(c, m);
-    case MARS_OP_RBE: return exec_rbe(c, idx, m, e);
+    case MARS_OP_RBE: return exec_rbe(c, idx, m, cache, e);
     case MARS_OP_CLUSTER: return exec_cluster(c, idx, m, e);
     default: return ACCEL_OK;
     }
