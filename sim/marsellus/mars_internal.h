@@ -44,6 +44,7 @@ typedef struct {
 typedef struct {
     int64_t k_in, k_out;
     int w_bits, taps, w_unsigned;
+    uint64_t bytes;          /* host bytes held by the entry */
     uint8_t *packed;         /* copy of the job's packed L1 weight bytes */
     uint64_t packed_bytes;
     int16_t *w;              /* signed weights [k_out][tap][k_in] */
@@ -51,12 +52,15 @@ typedef struct {
     uint32_t *wsum;          /* [tap][k_out rounded up to 32] sum_k w, modulo 2^32 */
 } mars_rbe_wts;
 
-#define MARS_RBE_CACHE_ENTRIES 4
+/* a network's weight groups fit (ResNet-20: 42, about 2 MB); the bytes held are bounded too */
+#define MARS_RBE_CACHE_ENTRIES 128
+#define MARS_RBE_CACHE_BYTES (UINT64_C(32) << 20)
 
-/* Host state of one run kept between RBE jobs: recently unpacked weights and a scratch buffer. */
+/* Host state kept between RBE jobs: recently unpacked weights and a scratch buffer. */
 typedef struct {
     mars_rbe_wts e[MARS_RBE_CACHE_ENTRIES];
     unsigned next;
+    uint64_t bytes;          /* host bytes held by the entries */
     void *scratch;
     uint64_t scratch_bytes;
 } mars_rbe_cache;
@@ -80,6 +84,10 @@ int mars_rbe_weights(mars_rbe_cache *cache, const mars_cmd *c, const uint8_t *l1
 /* A buffer of at least bytes (contents undefined), owned by the cache; NULL without memory. */
 void *mars_rbe_scratch(mars_rbe_cache *cache, uint64_t bytes);
 void mars_rbe_cache_free(mars_rbe_cache *cache);
+/* The cache a run uses: the process-wide one when no other run holds it, else own (zeroed);
+ * handed back with mars_rbe_cache_release(cache, own) at the end of the run. */
+mars_rbe_cache *mars_rbe_cache_acquire(mars_rbe_cache *own);
+void mars_rbe_cache_release(mars_rbe_cache *cache, mars_rbe_cache *own);
 
 /* mars_rbe_simd.c (x86-64 with GCC / Clang), AVX2: the whole RBE job c (input unpacking, the
  * 32-bit accumulators, NormQuant, output packing) with the weights t, in a scratch buffer of

@@ -6,8 +6,13 @@
  * packed bytes they came from; a job reuses it only when its geometry is the same and its L1
  * weight bytes equal the copy byte for byte, so a DMA or an output that overwrote them is seen.
  * The weights are a function of those bytes and that geometry alone: a hit gives what unpacking
- * again would. The entries are host state of the run, not of the modelled hardware (no cycle
- * or counter depends on them). */
+ * again would. The entries are host state, not state of the modelled hardware (no cycle or
+ * counter depends on them).
+ *
+ * One process-wide cache is lent to one run at a time, so the runs of a network's layers, one
+ * inference after another, find their weights unpacked; a run that finds it lent (another thread
+ * simulating) uses a cache of its own for its duration. Its size is bounded: a bounded number of entries of
+ * weights read from L1, and the largest scratch buffer a job needed. */
 #include <string.h>
 
 #include "marsellus/mars_bitplane.h"
@@ -19,8 +24,9 @@ static uint64_t packed_bytes(const mars_cmd *c)
     return (uint64_t)c->k_out * n_ki * (uint64_t)c->w_bits * (uint64_t)(c->kh * c->kw) * 4;
 }
 
-static void entry_free(mars_rbe_wts *t)
+static void entry_free(mars_rbe_cache *cache, mars_rbe_wts *t)
 {
+    cache->bytes -= t->bytes;
     free(t->packed);
     free(t->w);
     free(t->pairs);
@@ -31,9 +37,32 @@ static void entry_free(mars_rbe_wts *t)
 void mars_rbe_cache_free(mars_rbe_cache *cache)
 {
     for (int i = 0; i < MARS_RBE_CACHE_ENTRIES; i++)
-        entry_free(&cache->e[i]);
+        entry_free(cache, &cache->e[i]);
     free(cache->scratch);
     memset(cache, 0, sizeof(*cache));
+}
+
+static mars_rbe_cache shared;
+static int shared_lent;
+
+mars_rbe_cache *mars_rbe_cache_acquire(mars_rbe_cache *own)
+{
+#if defined(__GNUC__)
+    if (__atomic_exchange_n(&shared_lent, 1, __ATOMIC_ACQUIRE) == 0)
+        return &shared;
+#endif
+    return own;
+}
+
+void mars_rbe_cache_release(mars_rbe_cache *cache, mars_rbe_cache *own)
+{
+    if (cache == own) {
+        mars_rbe_cache_free(own);
+        return;
+    }
+#if defined(__GNUC__)
+    __atomic_store_n(&shared_lent, 0, __ATOMIC_RELEASE);
+#endif
 }
 
 void *mars_rbe_scratch(mars_rbe_cache *cache, uint64_t bytes)
@@ -88,6 +117,7 @@ static int build_pairs(const mars_cmd *c, mars_rbe_wts *t)
     t->wsum = accel_calloc(lanes * taps, sizeof(uint32_t));
     if (!t->pairs || !t->wsum)
         return ACCEL_ERR_NOMEM;
+    t->bytes += 4 * lanes * taps * (nq + 1);
     for (g = 0; g < lanes / 32; g++)
         for (f = 0; f < taps; f++)
             for (q = 0; q < nq; q++)
@@ -124,17 +154,20 @@ int mars_rbe_weights(mars_rbe_cache *cache, const mars_cmd *c, const uint8_t *l1
         if (same_job(&cache->e[i], c, packed, n))
             t = &cache->e[i];
     if (!t) {
+        const uint64_t need = n + 2 * (uint64_t)(c->k_out * c->kh * c->kw) * (uint64_t)c->k_in;
         t = &cache->e[cache->next];
         cache->next = (cache->next + 1) % MARS_RBE_CACHE_ENTRIES;
-        entry_free(t);
+        entry_free(cache, t);
+        for (i = 0; i < MARS_RBE_CACHE_ENTRIES && cache->bytes + need > MARS_RBE_CACHE_BYTES; i++)
+            entry_free(cache, &cache->e[i]);
         t->packed = accel_calloc(n, 1);
         t->w = accel_calloc((uint64_t)(c->k_out * c->kh * c->kw) * (uint64_t)c->k_in, sizeof(int16_t));
         if (!t->packed || !t->w) {
-            entry_free(t);
+            entry_free(cache, t);
             return ACCEL_ERR_NOMEM;
         }
         if (unpack_weights(c, l1, t->w)) {
-            entry_free(t);
+            entry_free(cache, t);
             return ACCEL_ERR_INTERRUPTED;
         }
         memcpy(t->packed, packed, (size_t)n);
@@ -144,10 +177,16 @@ int mars_rbe_weights(mars_rbe_cache *cache, const mars_cmd *c, const uint8_t *l1
         t->w_bits = c->w_bits;
         t->taps = c->kh * c->kw;
         t->w_unsigned = c->w_unsigned;
+        t->bytes = need;
+        cache->bytes += need;
     }
-    if (pairs && !t->pairs && build_pairs(c, t) != ACCEL_OK) {
-        entry_free(t);
-        return ACCEL_ERR_NOMEM;
+    if (pairs && !t->pairs) {
+        const uint64_t before = t->bytes;
+        if (build_pairs(c, t) != ACCEL_OK) {
+            entry_free(cache, t);
+            return ACCEL_ERR_NOMEM;
+        }
+        cache->bytes += t->bytes - before;
     }
     *out = t;
     return ACCEL_OK;
