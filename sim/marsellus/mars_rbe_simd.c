@@ -35,11 +35,11 @@ static inline int32_t pair_at(const int16_t *x)
 }
 
 /* Scratch layout: kappa and lambda as doubles [lanes], accumulators [pixel][lanes], input
- * values int16 [pixel][k_in rounded up to even]. */
+ * values int16 [pixel][k_in rounded up to even] and 32 more. */
 uint64_t mars_rbe_simd_bytes(const mars_cmd *c)
 {
     const uint64_t kp = ((uint64_t)c->k_in + 1) / 2 * 2, lanes = ((uint64_t)c->k_out + 31) / 32 * 32;
-    return 2 * 8 * lanes + 4 * (uint64_t)(c->h_out * c->w_out) * lanes + 2 * (uint64_t)(c->h_in * c->w_in) * kp;
+    return 2 * 8 * lanes + 4 * (uint64_t)(c->h_out * c->w_out) * lanes + 2 * ((uint64_t)(c->h_in * c->w_in) * kp + 32);
 }
 
 /* The 32 values of `bits` plane words stride bytes apart, one per byte. */
@@ -69,17 +69,11 @@ ACCEL_TARGET_AVX2 static int unpack_input(const mars_cmd *c, const uint8_t *l1, 
             int16_t *out = xs + (uint64_t)(h * c->w_in + w) * kp;
             for (uint64_t t = 0; t * 32 < Ki; t++) {
                 const __m256i v = planes_to_bytes(pix + 4 * t * bits, 4, (int)bits);
-                const __m256i lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
-                const __m256i hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
-                if (Ki - t * 32 >= 32) {
-                    _mm256_storeu_si256((__m256i *)(void *)(out + t * 32), lo);
-                    _mm256_storeu_si256((__m256i *)(void *)(out + t * 32 + 16), hi);
-                } else {
-                    int16_t tmp[32];
-                    _mm256_storeu_si256((__m256i *)(void *)tmp, lo);
-                    _mm256_storeu_si256((__m256i *)(void *)(tmp + 16), hi);
-                    memcpy(out + t * 32, tmp, 2 * (Ki - t * 32));
-                }
+                /* a partial last group spills into the next pixel's values, written next, or
+                 * into the slack at the end of the buffer */
+                _mm256_storeu_si256((__m256i *)(void *)(out + t * 32), _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)));
+                _mm256_storeu_si256((__m256i *)(void *)(out + t * 32 + 16),
+                                    _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)));
             }
             if (kp != Ki)
                 out[Ki] = 0;
