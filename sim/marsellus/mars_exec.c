@@ -491,14 +491,15 @@ static int exec_dma(const mars_cmd *c, mars_mems *m)
     const uint8_t *src = m->mem[c->src_mem];
     uint8_t *dst = m->mem[c->dst_mem];
     const uint64_t len = c->len;
-    uint64_t n = 0;
     if (!len || !c->rows || !c->planes)
         return ACCEL_OK;
-    for (uint64_t p = 0; p < c->planes; p++)
-        for (uint64_t r = 0; r < c->rows; r++, n++) {
-            uint8_t *d = dst + c->dst + p * c->dst_s2 + r * c->dst_s1;
-            const uint8_t *s = src + c->src + p * c->src_s2 + r * c->src_s1;
-            if (n % ACCEL_STOP_POLL == 0 && accel_should_stop())
+    for (uint64_t p = 0; p < c->planes; p++) {
+        uint8_t *dp = dst + c->dst + p * c->dst_s2;
+        const uint8_t *sp = src + c->src + p * c->src_s2;
+        for (uint64_t r = 0; r < c->rows; r++) {
+            uint8_t *d = dp + r * c->dst_s1;
+            const uint8_t *s = sp + r * c->src_s1;
+            if (r % ACCEL_STOP_POLL == 0 && accel_should_stop())
                 return ACCEL_ERR_INTERRUPTED;
             if (len == 2) { /* fixed-size copies compile to one load and one store */
                 uint16_t v;
@@ -512,6 +513,7 @@ static int exec_dma(const mars_cmd *c, mars_mems *m)
                 memmove(d, s, (size_t)len);
             }
         }
+    }
     return ACCEL_OK;
 }
 
