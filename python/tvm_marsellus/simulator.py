@@ -114,8 +114,13 @@ class MarsellusStats:
     def _from_c(cls, s) -> list[MarsellusStats]:
         """The stats of a C array of ``_Stats`` (all uint64 counters back to back: read in one
         go, each row's counters reordered from C order to the fields' order)."""
-        rows = np.frombuffer(s, np.uint64).reshape(-1, len(_C_STATS_ORDER)).tolist()
-        return [cls(*[r[i] for i in _FIELD_POS]) for r in rows]
+        rows = np.frombuffer(s, np.uint64).reshape(-1, len(_C_STATS_ORDER))[:, _FIELD_POS]
+        out = []
+        for r in rows.tolist():  # the fields set directly: __init__ of 31 arguments costs more
+            st = object.__new__(cls)
+            st.__dict__.update(zip(_FIELD_NAMES, r, strict=True))
+            out.append(st)
+        return out
 
 
 #: the fields of :class:`MarsellusStats` in the order of the counters of ``_Stats``
@@ -123,7 +128,8 @@ _C_STATS_ORDER = ("cycles", *(f"{e.lower()}_{k}" for k in ("busy", "stall", "cmd
                               for e in ENGINES),
                   *(f"rbe_{p}" for p in RBE_PHASES), *(n for n, _ in _Stats._fields_[5:]))
 #: position in ``_C_STATS_ORDER`` of each field of :class:`MarsellusStats`
-_FIELD_POS = [_C_STATS_ORDER.index(f.name) for f in fields(MarsellusStats)]
+_FIELD_NAMES = tuple(f.name for f in fields(MarsellusStats))
+_FIELD_POS = [_C_STATS_ORDER.index(n) for n in _FIELD_NAMES]
 
 
 _fns: dict = {}
