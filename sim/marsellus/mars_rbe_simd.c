@@ -128,24 +128,83 @@ ACCEL_TARGET_AVX2 static inline __attribute__((always_inline)) void group_sums(
     _mm256_storeu_si256((__m256i *)(void *)(a + 24), s3);
 }
 
-/* The 32-bit accumulators [pixel][lanes]; 1 when a stop was requested. */
+/* group_sums of two horizontally adjacent outputs (wo, wo + 1) whose taps all lie inside the
+ * input: each weight load serves both pixels. */
+ACCEL_TARGET_AVX2 static inline __attribute__((always_inline)) void group_sums2(
+    const mars_cmd *c, const int16_t *xs, const mars_rbe_wts *t, int64_t ho, int64_t wo, uint64_t g, const int nv,
+    uint32_t *a, uint32_t *b)
+{
+    const int64_t W = c->w_in;
+    const uint64_t taps = (uint64_t)(c->kh * c->kw), kp = ((uint64_t)c->k_in + 1) / 2 * 2, nq = kp / 2;
+    const uint64_t step = (uint64_t)c->stride_w * kp;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, u0 = s0, u1 = s0, u2 = s0, u3 = s0;
+    for (int ky = 0; ky < c->kh; ky++)
+        for (int kx = 0; kx < c->kw; kx++) {
+            const int64_t hi = ho * c->stride_h + ky - c->pad_t, wi = wo * c->stride_w + kx - c->pad_l;
+            const uint64_t f = (uint64_t)(ky * c->kw + kx);
+            const int16_t *x0 = xs + (uint64_t)(hi * W + wi) * kp, *x1 = x0 + step;
+            const int32_t *wr = t->pairs + (g * taps + f) * nq * 32;
+            for (uint64_t q = 0; q < nq; q++, wr += 32) {
+                const __m256i p0 = _mm256_set1_epi32(pair_at(x0 + 2 * q)), p1 = _mm256_set1_epi32(pair_at(x1 + 2 * q));
+                __m256i w = LD256(wr);
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, w));
+                u0 = _mm256_add_epi32(u0, _mm256_madd_epi16(p1, w));
+                if (nv > 1) {
+                    w = LD256(wr + 8);
+                    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p0, w));
+                    u1 = _mm256_add_epi32(u1, _mm256_madd_epi16(p1, w));
+                }
+                if (nv > 2) {
+                    w = LD256(wr + 16);
+                    s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(p0, w));
+                    u2 = _mm256_add_epi32(u2, _mm256_madd_epi16(p1, w));
+                }
+                if (nv > 3) {
+                    w = LD256(wr + 24);
+                    s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(p0, w));
+                    u3 = _mm256_add_epi32(u3, _mm256_madd_epi16(p1, w));
+                }
+            }
+        }
+    _mm256_storeu_si256((__m256i *)(void *)a, s0);
+    _mm256_storeu_si256((__m256i *)(void *)(a + 8), s1);
+    _mm256_storeu_si256((__m256i *)(void *)(a + 16), s2);
+    _mm256_storeu_si256((__m256i *)(void *)(a + 24), s3);
+    _mm256_storeu_si256((__m256i *)(void *)b, u0);
+    _mm256_storeu_si256((__m256i *)(void *)(b + 8), u1);
+    _mm256_storeu_si256((__m256i *)(void *)(b + 16), u2);
+    _mm256_storeu_si256((__m256i *)(void *)(b + 24), u3);
+}
+
+/* The 32-bit accumulators [pixel][lanes]; 1 when a stop was requested. Two adjacent outputs
+ * whose windows lie inside the input go through group_sums2, the others one at a time. */
 ACCEL_TARGET_AVX2 static int accumulate(const mars_cmd *c, const int16_t *xs, const mars_rbe_wts *t, uint32_t *acc)
 {
     const uint64_t groups = ((uint64_t)c->k_out + 31) / 32, lanes = groups * 32;
     for (int64_t ho = 0; ho < c->h_out; ho++) {
+        const int64_t top = ho * c->stride_h - c->pad_t;
+        const int rows_inside = top >= 0 && top + c->kh <= c->h_in;
         if (accel_should_stop())
             return 1;
-        for (int64_t wo = 0; wo < c->w_out; wo++) {
+        for (int64_t wo = 0; wo < c->w_out;) {
+            const int64_t left = wo * c->stride_w - c->pad_l;
+            const int two = rows_inside && wo + 1 < c->w_out && left >= 0 && left + c->stride_w + c->kw <= c->w_in;
             uint32_t *a = acc + (uint64_t)(ho * c->w_out + wo) * lanes;
             for (uint64_t g = 0; g < groups; g++) {
                 const uint64_t live = (uint64_t)c->k_out - g * 32 < 32 ? (uint64_t)c->k_out - g * 32 : 32;
-                switch ((live + 7) / 8) {
-                case 1: group_sums(c, xs, t, ho, wo, g, 1, a + g * 32); break;
-                case 2: group_sums(c, xs, t, ho, wo, g, 2, a + g * 32); break;
-                case 3: group_sums(c, xs, t, ho, wo, g, 3, a + g * 32); break;
-                default: group_sums(c, xs, t, ho, wo, g, 4, a + g * 32); break;
+                uint32_t *ag = a + g * 32, *bg = a + lanes + g * 32;
+                switch ((live + 7) / 8 + (two ? 4 : 0)) {
+                case 1: group_sums(c, xs, t, ho, wo, g, 1, ag); break;
+                case 2: group_sums(c, xs, t, ho, wo, g, 2, ag); break;
+                case 3: group_sums(c, xs, t, ho, wo, g, 3, ag); break;
+                case 4: group_sums(c, xs, t, ho, wo, g, 4, ag); break;
+                case 5: group_sums2(c, xs, t, ho, wo, g, 1, ag, bg); break;
+                case 6: group_sums2(c, xs, t, ho, wo, g, 2, ag, bg); break;
+                case 7: group_sums2(c, xs, t, ho, wo, g, 3, ag, bg); break;
+                default: group_sums2(c, xs, t, ho, wo, g, 4, ag, bg); break;
                 }
             }
+            wo += two ? 2 : 1;
         }
     }
     return 0;
