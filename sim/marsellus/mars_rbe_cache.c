@@ -1,4 +1,4 @@
-/* The RBE's unpacked weights, kept between the jobs of one run (mars_sim_run).
+/* The RBE's unpacked weights, kept between jobs and between runs (mars_sim_run).
  *
  * A layer's weights are loaded into L1 once and read by every job of its tiles; unpacking their
  * bit planes for every job was a third of the simulator's time. An entry is the signed weights
@@ -11,8 +11,9 @@
  *
  * One process-wide cache is lent to one run at a time, so the runs of a network's layers, one
  * inference after another, find their weights unpacked; a run that finds it lent (another thread
- * simulating) uses a cache of its own for its duration. Its size is bounded: a bounded number of entries of
- * weights read from L1, and the largest scratch buffer a job needed. */
+ * simulating) uses a cache of its own for its duration. Its size is bounded: at most
+ * MARS_RBE_CACHE_ENTRIES entries and MARS_RBE_CACHE_BYTES of weights (one larger job's
+ * excepted), and the largest scratch buffer a job needed. */
 #include <string.h>
 
 #include "marsellus/mars_bitplane.h"
