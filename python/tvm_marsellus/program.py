@@ -9,9 +9,8 @@ it with the config it was compiled for; ``runtime.execute_program`` runs it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from tvm_accel.blob import Blob, pack_blob, unpack_target_blob
 from tvm_accel.errors import BlobError, DecodeError
@@ -43,7 +42,7 @@ class TensorPlacement:
         if self.layout == "rbe":
             h, w, k = self.shape
             return activation_bytes(h, w, k, self.bits)
-        return -(-int(np.prod(self.shape)) * self.bits // 8)
+        return -(-math.prod(self.shape) * self.bits // 8)
 
 
 @dataclass

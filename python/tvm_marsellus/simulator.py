@@ -111,16 +111,25 @@ class MarsellusStats:
         return self.ops / t / 1e3 if t else 0.0
 
     @classmethod
-    def _from_c(cls, s: _Stats) -> MarsellusStats:
-        # the struct is all uint64 counters back to back: read them in one go, in C order
-        return cls(**dict(zip(_C_STATS_ORDER, np.frombuffer(s, np.uint64).tolist(),
-                              strict=True)))
+    def _from_c(cls, s) -> list[MarsellusStats]:
+        """The stats of a C array of ``_Stats`` (all uint64 counters back to back: read in one
+        go, each row's counters reordered from C order to the fields' order)."""
+        rows = np.frombuffer(s, np.uint64).reshape(-1, len(_C_STATS_ORDER))[:, _FIELD_POS]
+        out = []
+        for r in rows.tolist():  # the fields set directly: __init__ of 31 arguments costs more
+            st = object.__new__(cls)
+            st.__dict__.update(zip(_FIELD_NAMES, r, strict=True))
+            out.append(st)
+        return out
 
 
 #: the fields of :class:`MarsellusStats` in the order of the counters of ``_Stats``
 _C_STATS_ORDER = ("cycles", *(f"{e.lower()}_{k}" for k in ("busy", "stall", "cmds")
                               for e in ENGINES),
                   *(f"rbe_{p}" for p in RBE_PHASES), *(n for n, _ in _Stats._fields_[5:]))
+#: position in ``_C_STATS_ORDER`` of each field of :class:`MarsellusStats`
+_FIELD_NAMES = tuple(f.name for f in fields(MarsellusStats))
+_FIELD_POS = [_C_STATS_ORDER.index(n) for n in _FIELD_NAMES]
 
 
 _fns: dict = {}
@@ -258,22 +267,21 @@ def simulate_streams(cfg: MarsellusConfig, streams: list[bytes], l1: np.ndarray 
 
     mems = (ptr(l3), l3.nbytes, ptr(l2), l2.nbytes, ptr(l1), l1.nbytes)
 
-    def run_all() -> tuple[list[_Stats], int]:
+    stats = (_Stats * len(streams))()
+
+    def run_all() -> int:
         # on the simulator thread; an interrupted run returns its status and ends the loop
-        done, off = [], offset_us
+        off = offset_us
         for i, cmds in enumerate(streams):
-            stats = _Stats()
-            code = run(ctypes.byref(c_cfg), cmds, len(cmds), *mems, ctypes.byref(stats), path,
+            code = run(ctypes.byref(c_cfg), cmds, len(cmds), *mems, ctypes.byref(stats[i]), path,
                        off, int(append or i > 0), err, len(err))
             if code:
-                return done, code
-            done.append(stats)
-            off += stats.cycles / cfg.CLOCK_MHZ
-        return done, 0
+                return code
+            off += stats[i].cycles / cfg.CLOCK_MHZ
+        return 0
 
-    done, code = simlib.call(run_all)
-    simlib.check(code, err, WHAT)
-    return [MarsellusStats._from_c(s) for s in done]
+    simlib.check(simlib.call(run_all), err, WHAT)
+    return MarsellusStats._from_c(stats) if streams else []
 
 
 def rbe_job_phases(cfg: MarsellusConfig, job: RbeJob) -> dict[str, int]:

@@ -59,6 +59,7 @@ typedef struct {
     double trace_offset_us, us_per_cycle;
     mars_stats *stats;
     mars_mems mem;
+    mars_rbe_cache own_cache, *rbe_cache; /* unpacked RBE weights between jobs */
     mars_cmd *cs;
     uint64_t n, budget;
     uint64_t *queue; /* command indices grouped by engine */
@@ -233,7 +234,7 @@ static int issue(mars_run *r, int q, uint64_t ci, uint64_t start, uint64_t ready
         return accel_fail(&r->e, ACCEL_ERR_BUDGET, "cmd %llu (%s) on %s: cycle budget of %llu exceeded "
                           "(it would end at cycle %llu)", (ull)ci, mars_cmd_name(c), ENGINE_NAMES[q],
                           (ull)r->budget, (ull)*end);
-    if (accel_should_stop() || (rc = mars_exec(r->cfg, c, ci, &r->mem, &r->e)) != ACCEL_OK) {
+    if (accel_should_stop() || (rc = mars_exec(r->cfg, c, ci, &r->mem, r->rbe_cache, &r->e)) != ACCEL_OK) {
         if (rc == ACCEL_OK || rc == ACCEL_ERR_INTERRUPTED)
             return accel_interrupted(&r->e, "cmd", ci, mars_cmd_name(c), *begin);
         return r->e.code;
@@ -331,6 +332,7 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
     r.trace_offset_us = trace_offset_us;
     if ((rc = check_args(&r, cmds, n_bytes, l3, l3_size, l2, l2_size, l1, l1_size)) != ACCEL_OK)
         return rc;
+    r.rbe_cache = mars_rbe_cache_acquire(&r.own_cache);
     r.cs = accel_calloc(r.n, sizeof(mars_cmd));
     r.queue = accel_calloc(r.n, sizeof(uint64_t));
     if (!r.cs || !r.queue)
@@ -345,6 +347,7 @@ int mars_sim_run(const mars_config *cfg, const uint8_t *cmds, uint64_t n_bytes, 
     }
     for (int s = 0; s < MARS_NUM_SEMS; s++)
         accel_sem_free(&r.sems[s]);
+    mars_rbe_cache_release(r.rbe_cache, &r.own_cache);
     free(r.cs);
     free(r.queue);
     return rc;

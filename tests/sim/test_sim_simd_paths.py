@@ -33,12 +33,12 @@ def at_levels(monkeypatch, run):
     return out
 
 
-def rbe_case(rng, wb: int, ib: int, corner: int):
-    """One RBE job (3x3, odd Kin so a pair is half padding, Kout past one 32-lane group, padded
-    taps with a non-zero pad value) and its numpy reference; ``corner`` picks NormQuant extremes:
-    kappa 0 / 65535, lambda at +-2^24, shift 0 / 31, ReLU, signed and unsigned outputs,
-    offset-binary and unsigned weights."""
-    ki, ko, h, w_, ob = 33, 40, 4, 5, 8
+def rbe_case(rng, wb: int, ib: int, corner: int, ko: int = 40):
+    """One RBE job (3x3, odd Kin so a pair is half padding, by default Kout past one 32-lane
+    group, padded taps with a non-zero pad value) and its numpy reference; ``corner`` picks
+    NormQuant extremes: kappa 0 / 65535, lambda at +-2^24, shift 0 / 31, ReLU, signed and
+    unsigned outputs, offset-binary and unsigned weights."""
+    ki, h, w_, ob = 33, 4, 5, 8
     w_unsigned = corner % 2
     x = rng.integers(0, 1 << ib, (h, w_, ki))
     lo, hi = (0, 1 << wb) if w_unsigned else (-(1 << (wb - 1)), 1 << (wb - 1))
@@ -98,6 +98,47 @@ def test_rbe_integer_convolution_equals_binconv_at_every_w_i_and_normquant_corne
         for y, st in results:
             assert np.array_equal(y, ref), f"W={wb} I={ib} corner {corner}"
             assert st == results[0][1]
+
+
+@pytest.mark.parametrize("ko", [16, 20, 40])
+def test_rbe_weights_rewritten_between_jobs_and_runs_are_read_again(monkeypatch, ko):
+    """The simulator keeps unpacked RBE weights between jobs and runs (mars_rbe_cache.c): a job
+    whose weight bytes a DMA overwrote since the last job of the same geometry and address, and a
+    run on other weight bytes at that address, read the new weights at every SIMD level (Kout 16,
+    20 and 40 leave 2, 3 and 4 + 1 live 8-lane vectors in the AVX2 kernel)."""
+    rng = np.random.default_rng(ko)
+    job, l1, ref, (h, w_, _, ob, signed) = rbe_case(rng, 8, 6, 1, ko)
+    job2, l1b, ref2, _ = rbe_case(rng, 8, 6, 1, ko)
+    assert (job2.w_ptr, job2.y_ptr) == (job.w_ptr, job.y_ptr)
+    y_bytes = layout.activation_bytes(h, w_, ko, ob)
+    saved = job.y_ptr  # L2 offset of the first job's outputs, past the second job's inputs
+    stream = cg.encode_stream([
+        cg.RbeJob(**{**vars(job), "signal": (0,)}),
+        cg.Dma(src_mem="L1", dst_mem="L2", src=job.y_ptr, dst=saved, length=y_bytes, wait=(0,),
+               signal=(1,)),
+        cg.Dma(src_mem="L2", dst_mem="L1", src=0, dst=0, length=job.y_ptr, wait=(1,),
+               signal=(2,)),
+        cg.RbeJob(**{**vars(job2), "wait": (2,)})])
+
+    def outputs(mem):
+        return layout.unpack_activations(mem, h, w_, ko, ob, signed=signed)
+
+    def run():
+        mem, l2 = l1.copy(), np.zeros(MARS.L2_BYTES, np.uint8)
+        l2[:job.y_ptr] = l1b[:job.y_ptr]
+        st = simulate(MARS, stream, l1=mem, l2=l2)
+        other = l1b.copy()
+        simulate(MARS, cg.encode_stream([job2]), l1=other)
+        again = l1.copy()
+        simulate(MARS, cg.encode_stream([job]), l1=again)
+        return [outputs(l2[saved:]), outputs(mem[job.y_ptr:]), outputs(other[job.y_ptr:]),
+                outputs(again[job.y_ptr:])], st
+
+    results = at_levels(monkeypatch, run)
+    for ys, st in results:
+        for y, want in zip(ys, (ref, ref2, ref2, ref), strict=True):
+            np.testing.assert_array_equal(y, want)
+        assert st == results[0][1]
 
 
 #: (target, config, model, quantization) whose offloaded layers take every SIMD kernel: VTA's
