@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if ACCEL_HAVE_AVX2
 /* The level ACCELSIM_SIMD caps the kernels to: 0 "c", 1 "avx2", 2 otherwise (the best the CPU
  * has). */
 static int env_cap(void)
@@ -15,6 +16,7 @@ static int env_cap(void)
         return 1;
     return 2;
 }
+#endif
 
 int accel_use_avx2(void)
 {

@@ -303,7 +303,6 @@ static int exec_conv(dpu_state *s, const dpu_insn *insn, accel_err *err)
     const uint64_t kk = (uint64_t)(in->kernel_h * in->kernel_w);
     const uint64_t nw = oc * kk * (in->depthwise ? 1 : ic);
     const uint64_t nx = in->win_rows * in->win_cols * ic;
-    const int simd = ACCEL_HAVE_AVX2 && !in->depthwise && accel_use_avx2();
     int32_t *Wp = NULL;
     int16_t *X = (int16_t *)scratch(s, S_X, (nx + 2) * sizeof(int16_t)); /* 2 slack: see dpu_conv_simd.c */
     int16_t *W = (int16_t *)scratch(s, S_W, nw * sizeof(int16_t));
@@ -345,7 +344,7 @@ static int exec_conv(dpu_state *s, const dpu_insn *insn, accel_err *err)
     circ_rd16(s->pm, g->pm_bytes, (uint64_t)in->param_addr, W, nw);
     X[nx] = X[nx + 1] = 0;
 #if ACCEL_HAVE_AVX2
-    if (simd) {
+    if (!in->depthwise && accel_use_avx2()) {
         Wp = (int32_t *)scratch(s, S_B, (dpu_conv_pairs_len(in) + dpu_conv_sums_len(in)) * sizeof(int32_t));
         if (!Wp)
             return accel_fail(err, ACCEL_ERR_NOMEM, "insn %u (%s): out of host memory for the conv buffers",
