@@ -1,9 +1,10 @@
 """Runtime pieces shared by every target's ``<package>.run`` packed function.
 
 A target supplies ``load_blob(bytes) -> (program, config, name)`` and
-``run_blob(blob, inputs) -> outputs``; this module caches decoded blobs, checks the inputs
-against the blob's memory map, and registers the ``call_dps_packed`` entry that writes the
-outputs into the buffers the Relax VM allocated.
+``run_blob(blob, inputs, decoded=None) -> outputs`` (``decoded``: the blob's decode when the
+caller has it); this module caches decoded blobs, checks the inputs against the blob's memory
+map, and registers the ``call_dps_packed`` entry that writes the outputs into the buffers the
+Relax VM allocated.
 """
 
 from __future__ import annotations
@@ -70,14 +71,16 @@ def check_inputs(program, inputs: list[np.ndarray], target: str, name: str,
 
 
 def register_run(func_name: str, cache: BlobCache,
-                 run_blob: Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]]) -> None:
-    """Register the packed function ``(blob, *inputs, *outputs)`` behind call_dps_packed."""
+                 run_blob: Callable[..., list[np.ndarray]]) -> None:
+    """Register the packed function ``(blob, *inputs, *outputs)`` behind call_dps_packed. The
+    blob (a VM constant) is read in place through DLPack, not copied, and decoded once per
+    call: ``run_blob(blob, inputs, decoded)`` gets the decode."""
 
     def _run(blob, *args):
-        data = blob.numpy()
-        program = cache.decode(data)[0]
-        n_in = len(program.inputs)
-        results = run_blob(data, [a.numpy() for a in args[:n_in]])
+        data = np.from_dlpack(blob)
+        decoded = cache.decode(data)
+        n_in = len(decoded[0].inputs)
+        results = run_blob(data, [a.numpy() for a in args[:n_in]], decoded)
         outs = args[n_in:]
         if len(outs) != len(results):
             raise BlobError(f"{func_name}: the function expects {len(results)} output buffers, "

@@ -141,9 +141,10 @@ def decode_blob(data: np.ndarray):
     return _CACHE.decode(data)
 
 
-def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def run_blob(blob: np.ndarray, inputs: list[np.ndarray], decoded: tuple | None = None
+             ) -> list[np.ndarray]:
     """Run one offloaded function on the simulator; per-layer profiler records when profiling."""
-    program, cfg, name = decode_blob(blob)
+    program, cfg, name = decoded or decode_blob(blob)
     if len(inputs) != len(program.inputs):
         raise BlobError(f"marsellus function {name} takes {len(program.inputs)} inputs, got "
                         f"{len(inputs)}")

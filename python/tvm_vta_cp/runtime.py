@@ -104,9 +104,10 @@ def decode_blob(data: np.ndarray):
     return _CACHE.decode(data)
 
 
-def run_blob(blob: np.ndarray, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def run_blob(blob: np.ndarray, inputs: list[np.ndarray], decoded: tuple | None = None
+             ) -> list[np.ndarray]:
     """Run one offloaded function on the simulator; records per-layer stats when profiling."""
-    program, cfg, name = decode_blob(blob)
+    program, cfg, name = decoded or decode_blob(blob)
     feed = check_inputs(program, inputs, "vta", name, lambda p: (p.io_shape(cfg), p.io_dtype))
     prof = profiler.active()
     trace = prof.trace_file() if prof is not None else None
