@@ -214,6 +214,10 @@ class Parallel(Propagator):
 
 
 class AllDifferent(Propagator):
+    """No two variables of the group take the same value. An assigned value is removed from
+    the domains of the group's unassigned variables (value elimination: a box domain excludes
+    the point, a point set drops it), so a taken value is never tried by the search."""
+
     name = "AllDiff"
 
     def __init__(self, vars_: list[int], group: int):
@@ -226,9 +230,15 @@ class AllDifferent(Propagator):
         p = eng.val[v]
         taken = eng.taken[self.group]
         holder = taken.get(p)
-        if holder is not None and holder != v:
-            raise Fail(self.name)
+        if holder is not None:
+            if holder != v:
+                raise Fail(self.name)
+            return
         taken[p] = v
+        val, dom = eng.val, eng.dom
+        for u in self.vars:
+            if val[u] is None and u != v and dom[u].contains(p):
+                eng.narrow(u, dom[u].without(p), self.name)
 
 
 class FixedAxes(Propagator):
