@@ -201,6 +201,11 @@ class ReductionStep(Propagator):
 
 
 class Parallel(Propagator):
+    """Spatial edge: two parallel multiplications differ on some spatial dimension. With one
+    end assigned, the other end's domain loses that end's spatial point: a point set drops the
+    points sharing it; a box fails when it is that spatial point on every spatial dimension
+    and, when it is on all but one, that dimension drops the value (exact, never a split)."""
+
     name = "subgraph isomorphism"
 
     def __init__(self, anchor: int, other: int, spatial: tuple[int, ...]):
@@ -208,9 +213,34 @@ class Parallel(Propagator):
         self.spatial = spatial
 
     def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
-        a, b = (eng.val[x] for x in self.vars)
-        if a is not None and b is not None and all(a[d] == b[d] for d in self.spatial):
+        x, y = self.vars
+        a, b = eng.val[x], eng.val[y]
+        sp = self.spatial
+        if a is not None and b is not None:
+            if all(a[d] == b[d] for d in sp):
+                raise Fail(self.name)
+            return
+        if a is None and b is None:
+            return
+        p, u = (a, y) if a is not None else (b, x)
+        dom = eng.dom[u]
+        if dom.pts is not None:
+            eng.narrow(u, Dom(pts=frozenset(q for q in dom.pts
+                                            if any(q[d] != p[d] for d in sp))), self.name)
+            return
+        vals = dom.value_sets()
+        free = None
+        for d in sp:
+            vd = vals[d]
+            if p[d] not in vd:
+                return
+            if len(vd) > 1:
+                if free is not None:
+                    return
+                free = d
+        if free is None:
             raise Fail(self.name)
+        eng.narrow(u, dom.restrict(free, frozenset(vals[free]) - {p[free]}), self.name)
 
 
 class AllDifferent(Propagator):
