@@ -294,13 +294,19 @@ class _Model:
 
     def _rectangle_constraints(self, spatial_strides: dict[str, tuple[int, ...]]
                                ) -> list[Propagator]:
-        """Per tensor: the hyper-rectangle and the linear-access restriction."""
+        """Per tensor: the hyper-rectangle and the linear-access restriction.
+
+        Linear access is defined per group: every lane of one instruction lies in one group
+        (the ``z`` lanes share the spatial point, ``y`` lanes an input element, ``x`` lanes a
+        weight element, and each fixes ``g``), so ``g`` is an offset and a grouped conv's
+        channel coordinate ``g * cg + c`` counts as linear in ``c``."""
         op, opts = self.op, self.opts
+        per = (op.index("g"),) if "g" in op.dims else ()
         props: list[Propagator] = []
         for key, (kind, t) in enumerate((("out", "out"), ("inp", "in"), ("wgt", "wgt"))):
             acc = op.access[t]
             ndim = len(op.shapes[t])
-            nonlinear = tuple(a for a in range(ndim) if not acc.is_linear(a))
+            nonlinear = tuple(a for a in range(ndim) if not acc.is_linear(a, per))
             axes = tuple(a for a in range(ndim)
                          if not (opts.linear_access and a in nonlinear))
             cause = {a: "linear memory access" for a in nonlinear}

@@ -67,10 +67,12 @@ class Access:
         """Loop dimensions that tensor coordinate ``coord`` depends on."""
         return tuple(d for d, c in enumerate(self.coeffs[coord]) if c)
 
-    def is_linear(self, coord: int) -> bool:
+    def is_linear(self, coord: int, per: tuple[int, ...] = ()) -> bool:
         """The coordinate is one iterator times a constant stride (the paper's "linear memory
-        access", section 4.2.3); a stencil ``oh * sh + r * dh`` is not."""
-        return len(self.iterators(coord)) <= 1
+        access", section 4.2.3); a stencil ``oh * sh + r * dh`` is not. Iterators in ``per``
+        are held fixed (an offset): ``per=(g,)`` is linear access within one group, where the
+        input channel ``g * cg + c`` is linear in ``c``."""
+        return sum(d not in per for d in self.iterators(coord)) <= 1
 
 
 @dataclass(frozen=True)
