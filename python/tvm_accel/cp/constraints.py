@@ -7,8 +7,10 @@
 - :class:`ReductionStep`: ``add[i] -> add[i+1]`` keeps the output point; strict order steps to
   the lexicographic successor of the reduction point, commutative order only needs another one
   (``R2``; AllDiff keeps the points distinct).
-- :class:`Parallel`: spatial edges; parallel multiplications compute different outputs.
-- :class:`AllDifferent`: no instance or tensor element is used twice.
+- :class:`Parallel`: spatial edges; parallel multiplications compute different outputs (one
+  end assigned prunes the other end's domain).
+- :class:`AllDifferent`: no instance or tensor element is used twice (an assigned value leaves
+  the other domains of the group).
 - :class:`HyperRectangle`: the ordered points of a tensor form an axis-parallel hyper-rectangle
   in lexicographic order (Fig. 3), with the allowed axes (the linear-access restriction removes
   stencil axes) and strides (dense: 1). Its propagator infers the steps and sizes from the
