@@ -10,7 +10,7 @@
 - :class:`Parallel`: spatial edges; parallel multiplications compute different outputs (one
   end assigned prunes the other end's domain).
 - :class:`AllDifferent`: no instance or tensor element is used twice (an assigned value leaves
-  the other domains of the group).
+  the group's other point-set domains).
 - :class:`HyperRectangle`: the ordered points of a tensor form an axis-parallel hyper-rectangle
   in lexicographic order (Fig. 3), with the allowed axes (the linear-access restriction removes
   stencil axes) and strides (dense: 1). Its propagator infers the steps and sizes from the
@@ -216,15 +216,19 @@ class Parallel(Propagator):
 
     def propagate(self, eng: Engine, v: int, assigned: bool) -> None:
         x, y = self.vars
-        a, b = eng.val[x], eng.val[y]
-        sp = self.spatial
-        if a is not None and b is not None:
-            if all(a[d] == b[d] for d in sp):
-                raise Fail(self.name)
-            return
-        if a is None and b is None:
-            return
-        p, u = (a, y) if a is not None else (b, x)
+        val, sp = eng.val, self.spatial
+        a, b = val[x], val[y]
+        if a is None:
+            if b is None:
+                return
+            p, u = b, x
+        elif b is None:
+            p, u = a, y
+        else:
+            for d in sp:
+                if a[d] != b[d]:
+                    return
+            raise Fail(self.name)
         dom = eng.dom[u]
         if dom.pts is not None:
             eng.narrow(u, Dom(pts=frozenset(q for q in dom.pts
@@ -246,9 +250,12 @@ class Parallel(Propagator):
 
 
 class AllDifferent(Propagator):
-    """No two variables of the group take the same value. An assigned value is removed from
-    the domains of the group's unassigned variables (value elimination: a box domain excludes
-    the point, a point set drops it), so a taken value is never tried by the search."""
+    """No two variables of the group take the same value. Value elimination where it is exact
+    and cheap: an assigned value leaves the point-set domains of the group's unassigned
+    variables (a one-point set assigns its variable, an empty one fails the node). Box
+    domains keep it: recording it as an excluded point in every box of the group, or even
+    computing each box's size to catch the boxes it would empty, made the search 5-13x slower
+    on the Fig. 8 problems and saved no search node there."""
 
     name = "AllDiff"
 
@@ -269,8 +276,11 @@ class AllDifferent(Propagator):
         taken[p] = v
         val, dom = eng.val, eng.dom
         for u in self.vars:
-            if val[u] is None and u != v and dom[u].contains(p):
-                eng.narrow(u, dom[u].without(p), self.name)
+            if val[u] is not None or u == v:
+                continue
+            pts = dom[u].pts
+            if pts is not None and p in pts:
+                eng.narrow(u, Dom(pts=pts - {p}), self.name)
 
 
 class FixedAxes(Propagator):
