@@ -255,7 +255,7 @@ class AllDifferent(Propagator):
     group's unassigned variables (the other point is assigned, or the node fails). Wider
     elimination cost more than it saved: recording the value as an excluded point in every
     box of the group made the Fig. 8 searches up to 14x slower in CPU time, and dropping it
-    from every point set 2.5x on a DeepBench layer (each narrowing re-runs the access
+    from every point set 2.3x on a DeepBench layer (each narrowing re-runs the access
     preimages), with no search node saved."""
 
     name = "AllDiff"
