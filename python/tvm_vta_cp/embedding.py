@@ -81,8 +81,12 @@ def rewrite_of(emb: Embedding) -> tuple[LayoutRewrite | None, str]:
             return None, (f"no rewrite rule for x on {size} adjacent {d} positions (a per-lane "
                           "stencil copy)")
         pieces[d] = size
-    if op.params.get("groups", 1) > 1 and (unroll or pieces != {"oh": 1, "ow": 1}):
-        return None, "rewrites of grouped convolutions are not implemented"
+    if op.params.get("groups", 1) > 1:
+        if unroll or pieces != {"oh": 1, "ow": 1}:
+            return None, "rewrites of grouped convolutions are not implemented"
+        if any(d in ("k", "c") for d, _, _ in emb.padded):
+            return None, ("no rewrite rule for per-group channel padding (the static template "
+                          "runs a grouped conv block-diagonally)")
     if op.kind == "dense":
         return IDENTITY, ""
     return LayoutRewrite(unroll=unroll, pack=(pieces["oh"], pieces["ow"])), ""

@@ -7,7 +7,14 @@ import islpy
 import numpy as np
 import pytest
 
-from tvm_accel.cp import Options, conv2d_op, dense_op, enumerate_embeddings, find_embedding
+from tvm_accel.cp import (
+    Options,
+    conv2d_op,
+    conv_transpose2d_op,
+    dense_op,
+    enumerate_embeddings,
+    find_embedding,
+)
 from tvm_accel.cp.embedding import solutions_raw
 from tvm_accel.cp.intrinsic import gemm_intrinsic
 from tvm_accel.deepbench import DEFAULT_CSV as DEEPBENCH
@@ -43,6 +50,47 @@ def test_strict_model_finds_exactly_the_static_template_mapping(gemm, batch):
     res = enumerate_embeddings(op, gemm_intrinsic(*gemm), Options.strict())
     assert [e.describe() for e in res.embeddings] == [
         ("x=1 " if gemm[0] == 1 else f"x=n{gemm[0]} ") + f"y=k{gemm[1]} z=c{gemm[2]}"]
+
+
+@pytest.mark.parametrize("gemm, batch", [((1, 16, 16), 1), ((8, 8, 8), 8)])
+@pytest.mark.parametrize("groups", [2, 4])
+def test_strict_model_finds_the_static_mapping_of_a_grouped_conv(gemm, batch, groups):
+    """Linear access per group: within a group the channel access ``g * cg + c`` is linear, so
+    the strict model finds the static template's per-group mapping (channels per group a
+    multiple of the block: each output block reads the input blocks of its own group)."""
+    op = conv2d_op(batch, 32 * groups, 8, 8, 32 * groups, 3, 3, padding=(1, 1, 1, 1),
+                   groups=groups)
+    assert op.kind == "group_conv2d"
+    res = enumerate_embeddings(op, gemm_intrinsic(*gemm), Options.strict())
+    assert [e.describe() for e in res.embeddings] == [
+        ("x=1 " if gemm[0] == 1 else f"x=n{gemm[0]} ") + f"y=k{gemm[1]} z=c{gemm[2]}"]
+
+
+def test_depthwise_conv_embeds_per_group_with_channel_padding():
+    """A depthwise conv reduces only over its kernel window (a stencil), so the strict model
+    needs the per-group padding of section 4.2.4; the static template's block-diagonal
+    mapping (16 groups in one block) is no embedding: its zero weights are no instances."""
+    op = conv2d_op(1, 32, 8, 8, 32, 3, 3, padding=(1, 1, 1, 1), groups=32)
+    assert op.kind == "depthwise_conv2d"
+    dfg = gemm_intrinsic(1, 16, 16)
+    assert enumerate_embeddings(op, dfg, Options.strict()).status == "none"
+    res = enumerate_embeddings(op, dfg, Options(padding=True))
+    assert [e.describe() for e in res.embeddings] == ["x=1 y=k16 z=c16 pad k 1->16 pad c 1->16"]
+
+
+@pytest.mark.parametrize("gemm, batch", [((1, 16, 16), 1), ((8, 8, 8), 8)])
+def test_strict_model_embeds_a_transpose_conv_in_its_scatter_form(gemm, batch):
+    """The transpose conv as one operator (kernel taps spatial, channels reduced): the strict
+    model maps batch, output and input channels, the static template's lanes per phase."""
+    op = conv_transpose2d_op(batch, 32, 6, 6, 32, 3, 3, strides=(2, 2), padding=(1, 1, 1, 1),
+                             output_padding=(1, 1))
+    assert op.shapes["out"] == (batch, 32, 13, 13) and op.params["ho"] == 12
+    res = enumerate_embeddings(op, gemm_intrinsic(*gemm), Options.strict())
+    assert [e.describe() for e in res.embeddings] == [
+        ("x=1 " if gemm[0] == 1 else f"x=n{gemm[0]} ") + f"y=k{gemm[1]} z=c{gemm[2]}"]
+    padded = find_embedding(conv_transpose2d_op(batch, 3, 6, 6, 16, 3, 3, strides=(2, 2)),
+                            gemm_intrinsic(*gemm), Options(padding=True))
+    assert padded.embeddings[0].describe().endswith(f"pad c 3->{gemm[2]}")
 
 
 def test_batch_one_on_8x8x8_needs_padding_or_a_relaxation():
@@ -107,7 +155,11 @@ def _brute_force(op, X, Y, Z, linear):
     out_rects = _rectangles(X * Y, 4, (0,) * 4)
     in_rects = _rectangles(X * Z, 4, (0,) * 4)
     w_rects = _rectangles(Y * Z, 4, (0,) * 4)
-    nonlin = [a for a in range(4) if not acc["in"].is_linear(a)]
+    # linear access per group: the group iterator is an offset, not a second iterator
+    group = [op.index(d) for d in op.dims if d == "g"]
+    nonlin = {t: [a for a in range(4)
+                  if len([d for d in acc[t].iterators(a) if d not in group]) > 1]
+              for t in ("in", "wgt", "out")}
     red = [op.index(d) for d in op.reduction_dims]
     sols = []
     spaces = [range(e) for e in op.extents]
@@ -134,7 +186,9 @@ def _brute_force(op, X, Y, Z, linear):
             wvec = tuple(wgt[o, i] for o in range(Y) for i in range(Z))
             if ivec not in in_rects or wvec not in w_rects:
                 continue
-            if linear and any(v[a] != ivec[0][a] for v in ivec for a in nonlin):
+            if linear and any(v[a] != vec[0][a] for t, vec in (("in", ivec), ("wgt", wvec),
+                                                               ("out", orect))
+                              for v in vec for a in nonlin[t]):
                 continue
             if len(set(mul.values())) != len(mul) or any(
                     all(mul[b, o, i][r] == mul[b, o, j][r] for r in red)
@@ -144,12 +198,16 @@ def _brute_force(op, X, Y, Z, linear):
     return sols
 
 
+@pytest.mark.parametrize("kind", ["conv", "group_conv", "conv_transpose"])
 @pytest.mark.parametrize("linear", [True, False])
-def test_solver_finds_exactly_the_brute_force_embeddings(linear):
+def test_solver_finds_exactly_the_brute_force_embeddings(linear, kind):
     """Symmetry factored out: none at this level. Both sides list complete assignments with a
     fixed origin and the lanes of each axis in lexicographic order; with a commutative
     reduction every order of the z lanes that keeps the rectangles is its own solution."""
-    op = conv2d_op(1, 2, 3, 3, 2, 2, 2)
+    op = {"conv": lambda: conv2d_op(1, 2, 3, 3, 2, 2, 2),
+          "group_conv": lambda: conv2d_op(1, 4, 3, 3, 4, 2, 2, groups=2),
+          "conv_transpose": lambda: conv_transpose2d_op(1, 2, 2, 3, 2, 2, 2, strides=(2, 1))
+          }[kind]()
     X, Y, Z = 1, 2, 2
     solver = solutions_raw(op, gemm_intrinsic(X, Y, Z), Options(linear_access=linear,
                                                                 portfolio=False, bound=False))

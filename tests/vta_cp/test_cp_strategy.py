@@ -12,12 +12,25 @@ from tvm_vta_cp.codegen import load_blob
 from tvm_vta_cp.embedding import candidates, check_weights, choose
 
 
-def _layer(c, k, kh, kw, stride, pad):
+def _layer(c, k, kh, kw, stride, pad, groups=1):
     rng = np.random.default_rng(0)
-    w = rng.integers(-5, 6, size=(k, c, kh, kw))
+    w = rng.integers(-5, 6, size=(k, c // groups, kh, kw))
     rq = Requant(0, np.full(k, 3, dtype=np.int64), np.full(k, 1 << 7), 8, 0, -128, 127)
     return ConvLayer("conv", "x", "y", w, np.zeros(k, dtype=np.int64), 0, (stride, stride),
-                     (pad,) * 4, rq)
+                     (pad,) * 4, rq, groups=groups)
+
+
+def test_grouped_conv_embedding_is_the_static_template_and_depthwise_padding_is_refused():
+    """Linear access per group: a grouped conv with whole channel blocks per group gets the
+    static template's per-group embedding as its candidate (no rewrite); a depthwise conv's
+    per-group padded embedding has no rule (the template runs it block-diagonally)."""
+    cfg = tvm_vta_cp.load_config("vta_1x16x16")
+    grouped = candidates(_layer(64, 64, 3, 3, 1, 1, groups=4), (1, 64, 8, 8), cfg)
+    assert [(c.name, c.embedding.describe()) for c in grouped.candidates] == [
+        ("static", "x=1 y=k16 z=c16")]
+    dw = candidates(_layer(32, 32, 3, 3, 1, 1, groups=32), (1, 32, 8, 8), cfg)
+    assert not dw.candidates
+    assert any("per-group channel padding" in why for _, why in dw.rejected)
 
 
 def test_single_channel_speech_layer_gets_stencil_candidates_that_beat_padding():

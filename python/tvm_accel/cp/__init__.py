@@ -16,7 +16,8 @@ from tvm_accel.cp.embedding import (
     find_embedding,
 )
 from tvm_accel.cp.intrinsic import InstructionDFG, gemm_intrinsic
-from tvm_accel.cp.operator import TensorOp, conv2d_op, dense_op
+from tvm_accel.cp.operator import TensorOp, conv2d_op, conv_transpose2d_op, dense_op
 
 __all__ = ["Embedding", "InstructionDFG", "Options", "SearchResult", "TensorOp", "conv2d_op",
-           "dense_op", "enumerate_embeddings", "find_embedding", "gemm_intrinsic"]
+           "conv_transpose2d_op", "dense_op", "enumerate_embeddings", "find_embedding",
+           "gemm_intrinsic"]

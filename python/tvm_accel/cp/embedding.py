@@ -44,7 +44,7 @@ from tvm_accel.cp.constraints import (
     ReductionStep,
 )
 from tvm_accel.cp.intrinsic import DFGNode, InstructionDFG
-from tvm_accel.cp.operator import TensorOp, conv2d_op, dense_op
+from tvm_accel.cp.operator import TensorOp, conv2d_op, conv_transpose2d_op, dense_op
 from tvm_accel.cp.solver import Dom, Engine, Propagator, SearchLimit, Solver
 
 __all__ = ["Embedding", "Options", "SearchResult", "enumerate_embeddings", "find_embedding",
@@ -166,6 +166,10 @@ def pad_operator(op: TensorOp, dfg: InstructionDFG, mode: str = "multiple"
     for d, a, b in (("n", p["n"], n), ("k", kg, kg2), ("c", cg, cg2)):
         if a != b:
             pads.append((d, a, b))
+    if op.kind == "conv2d_transpose":  # channels and batch only: its kernel taps are spatial
+        return (conv_transpose2d_op(n, cg2 * g, p["h"], p["w"], kg2 * g, p["kh"], p["kw"],
+                                    p["strides"], p["padding"], p["output_padding"],
+                                    p["dilation"], g) if pads else op), tuple(pads)
     pt, pl, pb, pr = p["padding"]
     kh, kw = p["kh"], p["kw"]
     (sh, sw), (dh, dw) = p["strides"], p["dilation"]
@@ -294,13 +298,19 @@ class _Model:
 
     def _rectangle_constraints(self, spatial_strides: dict[str, tuple[int, ...]]
                                ) -> list[Propagator]:
-        """Per tensor: the hyper-rectangle and the linear-access restriction."""
+        """Per tensor: the hyper-rectangle and the linear-access restriction.
+
+        Linear access is defined per group: every lane of one instruction lies in one group
+        (the ``z`` lanes share the spatial point, ``y`` lanes an input element, ``x`` lanes a
+        weight element, and each fixes ``g``), so ``g`` is an offset and a grouped conv's
+        channel coordinate ``g * cg + c`` counts as linear in ``c``."""
         op, opts = self.op, self.opts
+        per = (op.index("g"),) if "g" in op.dims else ()
         props: list[Propagator] = []
         for key, (kind, t) in enumerate((("out", "out"), ("inp", "in"), ("wgt", "wgt"))):
             acc = op.access[t]
             ndim = len(op.shapes[t])
-            nonlinear = tuple(a for a in range(ndim) if not acc.is_linear(a))
+            nonlinear = tuple(a for a in range(ndim) if not acc.is_linear(a, per))
             axes = tuple(a for a in range(ndim)
                          if not (opts.linear_access and a in nonlinear))
             cause = {a: "linear memory access" for a in nonlinear}

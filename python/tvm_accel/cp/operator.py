@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["LAYOUTS", "Access", "TensorOp", "conv2d_op", "dense_op"]
+__all__ = ["LAYOUTS", "Access", "TensorOp", "conv2d_op", "conv_transpose2d_op", "dense_op"]
 
 #: conv2d loop-dimension orders by operator layout (spatial dims first, then reduction)
 LAYOUTS = {"NCHW": ("n", "g", "k", "oh", "ow", "c", "r", "s"),
@@ -67,10 +67,12 @@ class Access:
         """Loop dimensions that tensor coordinate ``coord`` depends on."""
         return tuple(d for d, c in enumerate(self.coeffs[coord]) if c)
 
-    def is_linear(self, coord: int) -> bool:
+    def is_linear(self, coord: int, per: tuple[int, ...] = ()) -> bool:
         """The coordinate is one iterator times a constant stride (the paper's "linear memory
-        access", section 4.2.3); a stencil ``oh * sh + r * dh`` is not."""
-        return len(self.iterators(coord)) <= 1
+        access", section 4.2.3); a stencil ``oh * sh + r * dh`` is not. Iterators in ``per``
+        are held fixed (an offset): ``per=(g,)`` is linear access within one group, where the
+        input channel ``g * cg + c`` is linear in ``c``."""
+        return sum(d not in per for d in self.iterators(coord)) <= 1
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,46 @@ def conv2d_op(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
                   padding=tuple(padding), dilation=(dh, dw), groups=groups, ho=ho, wo=wo,
                   layout=layout)
     return _op(kind, dims, {"c", "r", "s"}, tensors, params)
+
+
+def conv_transpose2d_op(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int,
+                        strides: tuple[int, int] = (1, 1),
+                        padding: tuple[int, int, int, int] = (0,) * 4,
+                        output_padding: tuple[int, int] = (0, 0),
+                        dilation: tuple[int, int] = (1, 1), groups: int = 1) -> TensorOp:
+    """Transpose conv (ONNX ConvTranspose: weight ``(C, K/g, KH, KW)``) in its scatter form:
+    ``full[n, g*kg + k, ih*sh + r*dh, iw*sw + s*dw] += in[n, g*cg + c, ih, iw] *
+    wgt[g*cg + c, k, r, s]`` over the loop dimensions ``n, g, k, ih, iw, r, s`` (spatial: one
+    point per product's output position) and ``c`` (reduction). Every access is affine, so no
+    zero-inflated input and no sub-convolution; the output tensor is the uncropped ``full``
+    (``max((h - 1) * sh + (kh - 1) * dh + 1, pt + Ho)`` rows, as ``deconv_accumulate``): the
+    padding crops it and the output padding extends it, both outside the instance set. The
+    output rows ``ih * sh + r * dh`` are a stencil (not linear access)."""
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    if c % groups or k % groups:
+        raise ValueError(f"{c} input / {k} output channels do not split into {groups} groups")
+    cg, kg = c // groups, k // groups
+    ho = (h - 1) * sh - pt - pb + dh * (kh - 1) + output_padding[0] + 1
+    wo = (w - 1) * sw - pl - pr + dw * (kw - 1) + output_padding[1] + 1
+    if ho < 1 or wo < 1:
+        raise ValueError("the padding crops the whole output")
+    fh = max((h - 1) * sh + (kh - 1) * dh + 1, pt + ho)
+    fw = max((w - 1) * sw + (kw - 1) * dw + 1, pl + wo)
+    dims = {"n": n, "g": groups, "k": kg, "ih": h, "iw": w, "r": kh, "s": kw, "c": cg}
+    tensors = {
+        "in": (("N", "C", "H", "W"), (n, c, h, w),
+               [{"n": 1}, {"g": cg, "c": 1}, {"ih": 1}, {"iw": 1}]),
+        "wgt": (("C", "K", "R", "S"), (c, kg, kh, kw),
+                [{"g": cg, "c": 1}, {"k": 1}, {"r": 1}, {"s": 1}]),
+        "out": (("N", "K", "H", "W"), (n, k, fh, fw),
+                [{"n": 1}, {"g": kg, "k": 1}, {"ih": sh, "r": dh}, {"iw": sw, "s": dw}]),
+    }
+    params = dict(n=n, c=c, h=h, w=w, k=k, kh=kh, kw=kw, strides=(sh, sw),
+                  padding=tuple(padding), output_padding=tuple(output_padding),
+                  dilation=(dh, dw), groups=groups, ho=ho, wo=wo)
+    return _op("conv2d_transpose", dims, {"c"}, tensors, params)
 
 
 def dense_op(n: int, c: int, k: int) -> TensorOp:
