@@ -3,7 +3,8 @@ target, side by side with onnxruntime (one thread) on the same QDQ model.
 
 Ours is the whole ``vm["main"]`` call (host operators + C simulator); onnxruntime runs the QDQ
 model with its default graph optimizations (its fused int8 kernels) on one intra-op thread.
-Each figure is the median of ``--repeat`` runs after one warm-up, as wall time and as the
+Each figure is the median of ``--repeat`` runs after one warm-up, ours and onnxruntime's calls
+in alternating rounds so both see the same machine (:func:`timed`), as wall time and as the
 process's CPU time (the steadier figure when other jobs share the machine). The table also
 prints the simulated cycles (from a separate profiled run) and a digest of the outputs, so a
 change to the simulator's functional core can be checked to leave both unchanged. Each row
@@ -31,17 +32,26 @@ ROWS: dict[str, tuple[str, str, str | None, dict]] = {
 }
 
 
-def timed(fn, repeat: int) -> tuple[float, float]:
-    """Median wall and CPU seconds of ``repeat`` calls of ``fn`` after one warm-up call (the CPU
-    time is this process's, steadier than the wall time on a shared machine)."""
-    fn()
-    wall, cpu = [], []
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
+def timed(fns: list, repeat: int, blocks: int = 5) -> list[tuple[float, float]]:
+    """Median wall and CPU seconds of ``repeat`` calls of each of ``fns`` after one warm-up
+    call each. The calls run in ``blocks`` rounds of ``repeat / blocks`` consecutive calls per
+    function (a, a, ..., b, b, ..., a, a, ...): consecutive, so each keeps its caches warm (one
+    call each in turn would let the simulator's working set evict onnxruntime's), and in
+    rounds, so both see the same drift of a shared machine's speed. The CPU time is this
+    process's, steadier than the wall time."""
+    for fn in fns:
         fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return statistics.median(wall), statistics.median(cpu)
+    wall: list[list[float]] = [[] for _ in fns]
+    cpu: list[list[float]] = [[] for _ in fns]
+    per = max(1, repeat // blocks)
+    for _ in range(max(1, min(blocks, repeat))):
+        for i, fn in enumerate(fns):
+            for _ in range(per):
+                t0, c0 = time.perf_counter(), time.process_time()
+                fn()
+                wall[i].append(time.perf_counter() - t0)
+                cpu[i].append(time.process_time() - c0)
+    return [(statistics.median(w), statistics.median(c)) for w, c in zip(wall, cpu, strict=True)]
 
 
 def measure(row: str, repeat: int, hw50: int) -> dict:
@@ -65,7 +75,6 @@ def measure(row: str, repeat: int, hw50: int) -> dict:
     ex, _ = compile_model(mod, get_target(kind), config)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     args = [tvm.runtime.tensor(x) for x in feed.values()]
-    ours = timed(lambda: vm["main"](*args), repeat)
     with profiling() as prof:
         out = outputs_to_numpy(vm["main"](*args))
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(o).tobytes() for o in out))
@@ -74,7 +83,7 @@ def measure(row: str, repeat: int, hw50: int) -> dict:
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     sess = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    theirs = timed(lambda: sess.run(None, feed), repeat)
+    ours, theirs = timed([lambda: vm["main"](*args), lambda: sess.run(None, feed)], repeat)
     shape = "x".join(str(d) for d in next(iter(info.inputs.values()))[0][2:])
     return {"row": row, "input": shape, "ours_ms": ours[0] * 1e3, "ort_ms": theirs[0] * 1e3,
             "ours_cpu_ms": ours[1] * 1e3, "ort_cpu_ms": theirs[1] * 1e3,

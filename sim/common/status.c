@@ -1,7 +1,14 @@
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* sigaction under -std=c99 */
+#endif
 #include "common/status.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#if !defined(_WIN32)
+#include <signal.h>
+#include <string.h>
+#endif
 
 int accelsim_abi_version(void) { return ACCELSIM_ABI_VERSION; }
 
@@ -18,6 +25,37 @@ void accelsim_clear_stop(void) { accel_stop_flag = 0; }
 #endif
 
 int accelsim_stop_requested(void) { return accel_should_stop(); }
+
+#if !defined(_WIN32)
+static volatile sig_atomic_t sigint_seen = 0;
+static struct sigaction sigint_saved;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    sigint_seen = 1;
+    accelsim_request_stop(); /* one lock-free store: async-signal-safe */
+}
+
+int accelsim_sigint_begin(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigint_seen = 0;
+    return sigaction(SIGINT, &sa, &sigint_saved) == 0 ? 0 : -1;
+}
+
+int accelsim_sigint_end(void)
+{
+    sigaction(SIGINT, &sigint_saved, NULL);
+    return sigint_seen ? 1 : 0;
+}
+#else
+int accelsim_sigint_begin(void) { return -1; }
+int accelsim_sigint_end(void) { return 0; }
+#endif
 
 int accel_interrupted(accel_err *e, const char *what, uint64_t index, const char *name, uint64_t cycle)
 {

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 /* Bumped whenever an exported signature or struct layout changes; checked by tvm_accel/simlib.py. */
-#define ACCELSIM_ABI_VERSION 3
+#define ACCELSIM_ABI_VERSION 4
 
 typedef enum {
     ACCEL_OK = 0,
@@ -55,6 +55,13 @@ int accel_fail(accel_err *e, int code, const char *fmt, ...);
 void accelsim_request_stop(void);
 void accelsim_clear_stop(void);
 int accelsim_stop_requested(void);
+
+/* Ctrl-C for a call made on the caller's own (main) thread: begin() installs a SIGINT handler
+ * that requests the stop (0 on success, -1 where there is no sigaction); end() puts the
+ * previous handler back and says whether a SIGINT arrived in between (1), so the caller can
+ * clear the stop and raise its own interrupt. The pair is not reentrant: one call at a time. */
+int accelsim_sigint_begin(void);
+int accelsim_sigint_end(void);
 
 #if defined(__GNUC__)
 extern int accel_stop_flag __attribute__((visibility("hidden")));
