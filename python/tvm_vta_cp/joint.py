@@ -39,11 +39,11 @@ from dataclasses import dataclass, field, replace
 from tvm import relax
 
 from tvm_accel.layers import conv_output_shape
-from tvm_accel.partition import qadd_pattern, static_shape
+from tvm_accel.partition import static_shape
 from tvm_vta_cp import host_cost
 from tvm_vta_cp.embedding import Candidate, Decision
 from tvm_vta_cp.hw_config import VTAConfig
-from tvm_vta_cp.propagate import _chain
+from tvm_vta_cp.propagate import _chain, binding_order, residual_adds
 from tvm_vta_cp.rewrite import ConvInfo, var_users
 
 __all__ = ["JOINT", "LAYOUT_CHOICES", "PER_LAYER", "Node", "choose_jointly", "network_cost",
@@ -76,13 +76,10 @@ def network_graph(mod) -> dict[str, Node]:
     from tvm_vta_cp.rewrite import _conv_matches
 
     nodes: dict[str, Node] = {}
-    pattern, ann_pats = qadd_pattern()
     for _, func, matches in _conv_matches(mod):
         var2val = relax.analysis.get_var2val(func)
-        bound = {val.__chandle__(): var for var, val in var2val.items()}
         users = var_users(func)
-        order = {b.var: i for i, b in enumerate(
-            b for blk in func.body.blocks for b in blk.bindings)}
+        order = binding_order(func)
         of_var: dict = {}     # root var -> node name
         inside: set = set()   # binding vars that belong to a modelled node
         pending = []
@@ -93,25 +90,18 @@ def network_graph(mod) -> dict[str, Node]:
             of_var[root] = m.info.name
             inside.update(v for v, _ in m.chain)
             pending.append((m.info.name, root, [m.data], m.info, ()))
-        for block in func.body.blocks:
-            for b in block.bindings:
-                if not isinstance(b.value, relax.Call):
-                    continue
-                am = pattern.extract_matched_expr(b.value, var2val)
-                if am is None:
-                    continue
-                ops = [bound.get(am[ann_pats[k]].__chandle__(), am[ann_pats[k]])
-                       for k in ("lhs", "rhs")]
-                shape = static_shape(b.var)
-                if not all(isinstance(v, relax.Var) and static_shape(v) == shape for v in ops):
-                    continue  # a broadcasting add: not the image on both sides
-                chain = _chain(b.var, b.value, set(ops), var2val, order)
-                if chain is None:
-                    continue  # propagate leaves it alone too
-                name = f"add:{b.var.name}"
-                of_var[b.var] = name
-                inside.update(v for v, _ in chain)
-                pending.append((name, b.var, ops, None, tuple(int(s) for s in shape)))
+        for b, _, lhs, rhs in residual_adds(func, var2val):
+            ops = [lhs, rhs]
+            shape = static_shape(b.var)
+            if not all(isinstance(v, relax.Var) and static_shape(v) == shape for v in ops):
+                continue  # a broadcasting add: not the image on both sides
+            chain = _chain(b.var, b.value, set(ops), var2val, order)
+            if chain is None:
+                continue  # propagate leaves it alone too
+            name = f"add:{b.var.name}"
+            of_var[b.var] = name
+            inside.update(v for v, _ in chain)
+            pending.append((name, b.var, ops, None, tuple(int(s) for s in shape)))
         for name, root, ins, info, shape in sorted(pending, key=lambda t: order[t[1]]):
             producers = [of_var.get(v) if isinstance(v, relax.Var) else None for v in ins]
             outside = {u for u in users.get(root, ()) if u == "return" or u not in inside}

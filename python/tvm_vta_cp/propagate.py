@@ -108,51 +108,62 @@ def _chain(root_var, root, stops: set, var2val: dict, order: dict):
     return sorted(out, key=lambda ve: order[ve[0]])
 
 
-def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]:
+def binding_order(func: relax.Function) -> dict:
+    """Each binding var of ``func`` -> its position in program order."""
+    return {b.var: i for i, b in enumerate(b for blk in func.body.blocks for b in blk.bindings)}
+
+
+def residual_adds(func: relax.Function, var2val: dict):
+    """``(binding, core, lhs, rhs)`` of every quantized residual add of ``func`` in program
+    order: ``core`` the matched add itself, ``lhs`` / ``rhs`` the vars bound to its operands
+    (the matcher hands back the values), or the operand expressions where no var holds them."""
     pattern, ann_pats = qadd_pattern()
-    var2val = relax.analysis.get_var2val(func)
-    users = var_users(func)
     bound = {val.__chandle__(): var for var, val in var2val.items()}
-    order = {b.var: i for i, b in enumerate(b for blk in func.body.blocks for b in blk.bindings)}
-    edits = []
-    earlier: dict = {}  # result var of an add run packed -> (its unpack recipe, geometry)
     for block in func.body.blocks:
         for b in block.bindings:
             if not isinstance(b.value, relax.Call):
                 continue
             m = pattern.extract_matched_expr(b.value, var2val)
-            if m is None:
-                continue
-            # the matcher hands back the values bound to the operand vars
-            lhs, rhs = (bound.get(m[ann_pats[k]].__chandle__(), m[ann_pats[k]])
-                        for k in ("lhs", "rhs"))
-            if not (isinstance(lhs, relax.Var) and isinstance(rhs, relax.Var)):
-                continue
-            recipes = {v: earlier[v][0] if v in earlier else _recipe_of(var2val.get(v), hosts)
-                       for v in (lhs, rhs)}
-            geos = {v: earlier[v][1] if v in earlier else PackedGeometry.of_recipe(r)
-                    for v, r in recipes.items() if r}
-            if not geos:
-                continue
-            first = lhs if lhs in geos else rhs
-            g = geos[first]
-            if any(static_shape(v) != g.final_shape for v in (lhs, rhs)):
-                continue  # a broadcasting add: the operands are not both the image
-            chain = _chain(b.var, b.value, {lhs, rhs}, var2val, order)
-            if chain is None:
-                continue
-            own = {v for v, _ in chain}
-            if any(u not in own for v, _ in chain[:-1] for u in users.get(v, ())):
-                continue
-            from_add = frozenset(v for v in (lhs, rhs) if v in earlier and geos[v] == g)
-            packed = {v: (v if v in from_add else var2val[v].args[0]) if geos.get(v) == g
-                      else None for v in (lhs, rhs)}
-            core_var = next((v for v, e in chain if e.same_as(m[ann_pats["core"]])), b.var)
-            name = layer_name(core_var.name)
-            edits.append(_AddEdit(names.get(name, name), chain, lhs, rhs, packed,
-                                  recipes[first], g, from_add))
-            earlier[b.var] = (recipes[first], g)
-            note_own_shape(name, g.output_shape, g.final_shape, g.final_shape)
+            if m is not None:
+                lhs, rhs = (bound.get(m[ann_pats[k]].__chandle__(), m[ann_pats[k]])
+                            for k in ("lhs", "rhs"))
+                yield b, m[ann_pats["core"]], lhs, rhs
+
+
+def _find_adds(func: relax.Function, hosts: dict, names: dict) -> list[_AddEdit]:
+    var2val = relax.analysis.get_var2val(func)
+    users = var_users(func)
+    order = binding_order(func)
+    edits = []
+    earlier: dict = {}  # result var of an add run packed -> (its unpack recipe, geometry)
+    for b, core, lhs, rhs in residual_adds(func, var2val):
+        if not (isinstance(lhs, relax.Var) and isinstance(rhs, relax.Var)):
+            continue
+        recipes = {v: earlier[v][0] if v in earlier else _recipe_of(var2val.get(v), hosts)
+                   for v in (lhs, rhs)}
+        geos = {v: earlier[v][1] if v in earlier else PackedGeometry.of_recipe(r)
+                for v, r in recipes.items() if r}
+        if not geos:
+            continue
+        first = lhs if lhs in geos else rhs
+        g = geos[first]
+        if any(static_shape(v) != g.final_shape for v in (lhs, rhs)):
+            continue  # a broadcasting add: the operands are not both the image
+        chain = _chain(b.var, b.value, {lhs, rhs}, var2val, order)
+        if chain is None:
+            continue
+        own = {v for v, _ in chain}
+        if any(u not in own for v, _ in chain[:-1] for u in users.get(v, ())):
+            continue
+        from_add = frozenset(v for v in (lhs, rhs) if v in earlier and geos[v] == g)
+        packed = {v: (v if v in from_add else var2val[v].args[0]) if geos.get(v) == g
+                  else None for v in (lhs, rhs)}
+        core_var = next((v for v, e in chain if e.same_as(core)), b.var)
+        name = layer_name(core_var.name)
+        edits.append(_AddEdit(names.get(name, name), chain, lhs, rhs, packed,
+                              recipes[first], g, from_add))
+        earlier[b.var] = (recipes[first], g)
+        note_own_shape(name, g.output_shape, g.final_shape, g.final_shape)
     return edits
 
 

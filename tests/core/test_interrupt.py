@@ -322,7 +322,7 @@ def test_a_main_thread_call_runs_on_the_main_thread_under_pythons_handler():
 
 def test_a_custom_sigint_handler_still_runs_during_a_long_call():
     class Custom(Exception):
-        pass
+        """What the user's handler raises."""
 
     def handler(sig, frame):
         raise Custom

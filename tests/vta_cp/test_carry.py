@@ -9,9 +9,9 @@ from tvm import relax
 
 import tvm_vta_cp
 from helpers import models
-from tvm_accel.frontend import load_onnx, random_inputs
-from tvm_accel.pipeline import canonicalize_for, compile_model, compile_reference, offload
-from tvm_accel.profiler import profiling, time_host_functions
+from helpers.run import compile_and_run
+from tvm_accel.frontend import load_onnx
+from tvm_accel.pipeline import canonicalize_for, offload
 from tvm_vta_cp import carry, propagate
 from tvm_vta_cp.codegen import load_blob
 
@@ -26,16 +26,7 @@ def chain():
 
 
 def _compile_and_run(chain, knobs=None):
-    mod, info = chain
-    ex, report = compile_model(mod, tvm_vta_cp.TARGET, "vta_8x8x8", knobs)
-    inputs = [tvm.runtime.tensor(x) for x in random_inputs(info, seed=3).values()]
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    with profiling() as prof:
-        time_host_functions(vm, report.host_functions, prof)
-        out = vm["main"](*inputs).numpy()
-    ref = relax.VirtualMachine(compile_reference(mod, tvm_vta_cp.TARGET), tvm.cpu())
-    np.testing.assert_array_equal(out, ref["main"](*inputs).numpy())
-    return out, report, prof
+    return compile_and_run(chain, tvm_vta_cp.TARGET, "vta_8x8x8", knobs)
 
 
 def _programs(report) -> dict:

@@ -2,17 +2,14 @@
 so neighbouring VTA calls share their layout, never more modelled cycles than the per-layer
 choice, bit-exact."""
 
-import numpy as np
 import pytest
-import tvm
-from tvm import relax
 
 import tvm_vta_cp
 from helpers import models
+from helpers.run import compile_and_run
 from tvm_accel.errors import AccelError
-from tvm_accel.frontend import load_onnx, random_inputs
-from tvm_accel.pipeline import canonicalize_for, compile_model, compile_reference
-from tvm_accel.profiler import profiling, time_host_functions
+from tvm_accel.frontend import load_onnx
+from tvm_accel.pipeline import canonicalize_for, compile_model
 from tvm_vta_cp import joint
 
 
@@ -24,16 +21,9 @@ def stem_chain():
 
 
 def _run(model, choice: str):
-    mod, info = model
-    ex, report = compile_model(mod, tvm_vta_cp.TARGET, "vta_8x8x8",
-                               tvm_vta_cp.strategy_knobs(None, "auto", layout_choice=choice))
-    inputs = [tvm.runtime.tensor(x) for x in random_inputs(info, seed=3).values()]
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    with profiling() as prof:
-        time_host_functions(vm, report.host_functions, prof)
-        out = vm["main"](*inputs).numpy()
-    ref = relax.VirtualMachine(compile_reference(mod, tvm_vta_cp.TARGET), tvm.cpu())
-    np.testing.assert_array_equal(out, ref["main"](*inputs).numpy())
+    _, report, prof = compile_and_run(
+        model, tvm_vta_cp.TARGET, "vta_8x8x8",
+        tvm_vta_cp.strategy_knobs(None, "auto", layout_choice=choice))
     total = sum(r.cycles for r in prof.records) + sum(h.model_cycles for h in prof.host)
     return {d.layer: d for d in report.layouts}, report, total
 
